@@ -1,0 +1,21 @@
+"""Speed Ladder's shared harness: flags, data, timing, memory, MFU and results records.
+
+No step changes it: every step measures the same way. A step script uses it as
+
+    args = harness.parse_args(__doc__)
+    run = harness.Run(args, STEP, __file__)
+    ...
+    run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start
+    ...  run.step_done(loss, tokens)            # after each optimizer step
+    with run.paused(): ...                      # evaluation / sampling, never timed
+    run.finish(train_loss, val_loss)
+
+and ends with `harness.main(main)`, which turns bad input into one error line.
+"""
+
+from .cli import main, parse_args
+from .device import bf16_is_fast
+from .errors import UserError
+from .run import Run
+
+__all__ = ["Run", "UserError", "bf16_is_fast", "main", "parse_args"]

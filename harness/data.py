@@ -1,0 +1,115 @@
+"""The training text and its GPT-2 token ids: download once, tokenize once, split 90/10."""
+
+import hashlib
+import os
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TEXT = ROOT / "data" / "middlemarch.txt"
+GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/145/pg145.txt"  # Middlemarch, Gutenberg #145
+TRAIN_RATIO = 0.90
+
+
+def cache_dir() -> Path:
+    """Where token ids and the CPU peak go; SPEED_LADDER_CACHE overrides (tests use a temp dir)."""
+    return Path(os.environ.get("SPEED_LADDER_CACHE", ROOT / "data" / "cache"))
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    """Write to a temp file beside `path`, fsync, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_text(data: str | None) -> tuple[str, Path]:
+    """The text from --data, else data/middlemarch.txt, downloaded from Gutenberg if missing."""
+    if data is not None:
+        path = Path(data)
+        if not path.is_file():
+            raise UserError(f"--data {data}: no such file")
+    else:
+        path = DEFAULT_TEXT
+        if not path.is_file():
+            print(f"downloading Middlemarch (Gutenberg #145) to {path} ...", flush=True)
+            try:
+                with urllib.request.urlopen(GUTENBERG_URL, timeout=30) as r:
+                    atomic_write_bytes(path, r.read())
+            except OSError as e:
+                raise UserError(
+                    f"cannot download {GUTENBERG_URL} ({e.__class__.__name__}: {e}); "
+                    "offline? pass a local text with --data PATH"
+                ) from None
+    try:
+        return path.read_text(encoding="utf-8-sig"), path
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def gpt2_tokenizer():
+    """tiktoken's GPT-2 BPE; offline it reads its two files from TIKTOKEN_CACHE_DIR."""
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # requests/urllib errors differ by tiktoken version
+        where = os.environ.get("TIKTOKEN_CACHE_DIR", "unset")
+        raise UserError(
+            f"cannot load the GPT-2 tokenizer ({e.__class__.__name__}); offline, put its "
+            f"encoder.json and vocab.bpe in TIKTOKEN_CACHE_DIR (now: {where}) under tiktoken's "
+            "cache names, see README 'Offline'; the text itself comes from --data"
+        ) from None
+
+
+def token_ids(text: str) -> np.ndarray:
+    """GPT-2 token ids of `text`, cached by the text's sha256."""
+    key = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    path = cache_dir() / f"tokens-gpt2-{key}.npy"
+    if path.is_file():
+        return np.load(path)
+    ids = gpt2_tokenizer().encode(text, allowed_special={"<|endoftext|>"})
+    arr = np.asarray(ids, dtype=np.uint16)  # GPT-2 vocab 50257 < 2**16
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(tmp, arr)
+    os.replace(tmp, path)
+    return arr
+
+
+def num_windows(n_tokens: int, context_length: int) -> int:
+    """How many (input, target) windows of stride context_length fit (as the steps' dataset)."""
+    return max(0, -(-(n_tokens - context_length) // context_length))
+
+
+def load_split(data: str | None, context_length: int, batch_size: int, world_size: int):
+    """(train_ids, val_ids) as int64 tensors; one clear error when the text is too short."""
+    import torch
+
+    text, path = read_text(data)
+    ids = token_ids(text)
+    split = int(TRAIN_RATIO * len(ids))
+    train, val = ids[:split], ids[split:]
+    need = batch_size * world_size
+    have = num_windows(len(train), context_length)
+    if have < need or num_windows(len(val), context_length) < 1:
+        raise UserError(
+            f"{path.name}: text too short: {len(ids):,} tokens give {have} training windows of "
+            f"{context_length + 1} tokens and {num_windows(len(val), context_length)} validation "
+            f"windows; one batch needs {need} (batch {batch_size} x {world_size} processes) and "
+            "validation needs 1. Use a longer --data text or a smaller --preset"
+        )
+    return torch.from_numpy(train.astype(np.int64)), torch.from_numpy(val.astype(np.int64))

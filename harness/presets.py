@@ -1,0 +1,74 @@
+"""Presets: model, optimizer and run-length settings shared by every step.
+
+`gpt2-124m` is the reference config of the published ladder (GPT-2 small, Radford et al. 2019;
+Raschka, LLMs-from-scratch ch05/10). `cpu` keeps GPT-2's shape of work on a 2-core CPU: the
+50257-way output layer is a third of the matmul FLOPs, not most of them (see `flop_split`).
+`tiny` is for tests: seconds per run, and dropout 0 so that the loss-parity tests compare
+deterministic numbers.
+"""
+
+PRESETS = {
+    "gpt2-124m": {
+        "context_length": 1024,
+        "emb_dim": 768,
+        "n_heads": 12,
+        "n_layers": 12,
+        "drop_rate": 0.1,
+        "qkv_bias": False,
+        "batch_size": 8,
+        "large_batch_size": 32,  # used from step 10 (larger batch) on
+        "lr": 5e-4,
+        "weight_decay": 0.1,
+        "epochs": 15,
+        "max_steps": None,
+        "warmup_steps": 10,
+        "eval_freq": 50,
+        "eval_iters": 5,
+        "sample_tokens": 50,
+    },
+    "cpu": {
+        "context_length": 256,
+        "emb_dim": 512,
+        "n_heads": 8,
+        "n_layers": 10,
+        "drop_rate": 0.1,
+        "qkv_bias": False,
+        "batch_size": 2,
+        "large_batch_size": 8,
+        "lr": 5e-4,
+        "weight_decay": 0.1,
+        "epochs": 1,
+        "max_steps": 14,
+        "warmup_steps": 3,
+        "eval_freq": 0,  # evaluate at the end only
+        "eval_iters": 2,
+        "sample_tokens": 20,
+    },
+    "tiny": {
+        "context_length": 32,
+        "emb_dim": 64,
+        "n_heads": 4,
+        "n_layers": 2,
+        "drop_rate": 0.0,
+        "qkv_bias": False,
+        "batch_size": 4,
+        "large_batch_size": 8,
+        "lr": 5e-4,
+        "weight_decay": 0.1,
+        "epochs": 1,
+        "max_steps": 20,
+        "warmup_steps": 2,
+        "eval_freq": 0,
+        "eval_iters": 1,
+        "sample_tokens": 5,
+    },
+}
+
+GPT2_VOCAB = 50257
+
+
+def flop_split(p: dict, vocab: int = GPT2_VOCAB) -> float:
+    """Share of the output layer in the matmul parameters (GPT-2 124M: 0.31)."""
+    body = 12 * p["emb_dim"] ** 2 * p["n_layers"]
+    head = p["emb_dim"] * vocab
+    return head / (body + head)

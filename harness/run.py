@@ -1,0 +1,283 @@
+"""`Run`: what a step calls to pick device and preset, load data, time steps and write a record.
+
+The timed window: the first `warmup_steps` optimizer steps are left out (allocator warm-up,
+cuDNN/oneDNN plans, torch.compile). At the window start the device is synchronized and the
+peak-memory counters are reset. Every step ends with a device synchronize before the clock is
+read; a step's time is end-to-end, from the previous step's end (data loading included) to its
+own. Evaluation and sampling run inside `run.paused()`, which restarts the clock after them, so
+they are never timed. tokens/s = tokens per step (all ranks) / median step time.
+
+MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
+(embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
+(PaLM, Chowdhery et al. 2022, app. B). The peak is the device's bf16 peak for every step, fp32
+steps included (see device.GPU_PEAK_BF16; CPU and MPS: the best matmul rate measured here).
+"""
+
+import datetime as dt
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from . import device as dev
+from .data import ROOT, gpt2_tokenizer, load_split
+from .errors import UserError
+from .presets import PRESETS
+from .record import FIELDS, append_jsonl, file_sha256, git_sha
+
+_current = None  # the live Run, for failure records written by cli.main
+
+
+def _dist():
+    d = torch.distributed
+    return d if d.is_available() and d.is_initialized() else None
+
+
+def record_failure(status: str, reason: str) -> None:
+    if _current is not None:
+        _current.write_failure(status, reason)
+
+
+class Run:
+    def __init__(self, args, step: str, script: str):
+        global _current
+        _current = self
+        self.args, self.step = args, step
+        self.script = Path(script).resolve()
+        self.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.t_begin = time.time()
+        self.is_rank0 = int(os.environ.get("RANK", "0")) == 0
+        self.notes: list[str] = []
+        self.device = dev.resolve(args.device)
+
+        name = args.preset
+        if name is None:
+            name = "gpt2-124m" if self.device.type == "cuda" else "cpu"
+            why = f"default for {self.device.type}"
+        else:
+            why = "--preset"
+        self.preset_name = name
+        p = dict(PRESETS[name])
+        for key in ("epochs", "max_steps", "warmup_steps"):
+            if getattr(args, key) is not None:
+                p[key] = getattr(args, key)
+        if args.batch_size is not None:
+            p["batch_size"] = p["large_batch_size"] = args.batch_size
+        if p["max_steps"] is not None and p["max_steps"] <= p["warmup_steps"]:
+            raise UserError(
+                f"--max-steps {p['max_steps']} leaves no timed step after "
+                f"{p['warmup_steps']} warm-up steps; raise --max-steps or lower --warmup-steps"
+            )
+        self.preset = p
+        self.print(f"[{step}] preset {name} ({why}); device {self.device.type}: "
+                   f"{dev.name(self.device)}")  # fmt: skip
+
+        self.steps_done = 0
+        self.losses: list[float] = []
+        self.step_times: list[float] = []
+        self.tokens_per_step = 0
+        self.flops_per_token = None
+        self.cfg, self.batch_size = None, None
+        self._t_last = None
+        self._t_print = 0.0
+        self._window_note = None
+        self._written = False
+
+    # ------------------------------------------------------------ helpers for the step
+    def print(self, *a, **k) -> None:
+        if self.is_rank0:
+            print(*a, **k, flush=True)
+
+    def note(self, text: str) -> None:
+        """A remark for the record, e.g. why an optimization does nothing on this device."""
+        if text not in self.notes:
+            self.notes.append(text)
+            self.print(f"[{self.step}] note: {text}")
+
+    def tokenizer(self):
+        return gpt2_tokenizer()
+
+    def load_tokens(self, context_length: int, batch_size: int):
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return load_split(self.args.data, context_length, batch_size, world)
+
+    def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
+        """Count FLOPs per token and start the clock (call right before the training loop)."""
+        self.cfg, self.batch_size = cfg, batch_size
+        emb = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding)
+               for p in m.parameters()}  # fmt: skip
+        n = sum(p.numel() for p in model.parameters() if id(p) not in emb)
+        L, H, T = cfg["n_layers"], cfg["n_heads"], cfg["context_length"]
+        Q = cfg["emb_dim"] // H
+        self.flops_per_token = 6 * n + 12 * L * H * Q * T
+        self.peak, self.peak_source = dev.peak_flops(self.device)  # cached after the first run
+        if self.preset["warmup_steps"] == 0:
+            self._start_window()
+        self._t_last = self._now()
+
+    @property
+    def finished(self) -> bool:
+        m = self.preset["max_steps"]
+        return m is not None and self.steps_done >= m
+
+    def eval_due(self) -> bool:
+        f = self.preset["eval_freq"]
+        return bool(f) and self.steps_done % f == 0
+
+    @contextmanager
+    def paused(self):
+        """Evaluation, sampling and printing inside this block are not timed."""
+        dev.synchronize(self.device)
+        try:
+            yield
+        finally:
+            self._t_last = self._now()
+
+    # ------------------------------------------------------------ timing
+    def _now(self) -> float:
+        dev.synchronize(self.device)
+        return time.perf_counter()
+
+    def _start_window(self) -> None:
+        dev.synchronize(self.device)
+        self._window_note = dev.reset_peak_memory(self.device)
+
+    def step_done(self, loss: torch.Tensor, tokens: int) -> None:
+        """Call after optimizer.step(): syncs, clocks the step, logs progress."""
+        now = self._now()
+        self.steps_done += 1
+        self.losses.append(loss.item())
+        warm = self.steps_done <= self.preset["warmup_steps"]
+        if not warm:
+            self.step_times.append(now - self._t_last)
+            self.tokens_per_step = tokens
+        if self.steps_done == self.preset["warmup_steps"]:
+            self._start_window()
+            now = self._now()
+        self._t_last = now
+        if self.is_rank0 and (now - self._t_print > 2.0 or self.finished):
+            self._t_print = now
+            total = self.preset["max_steps"] or "?"
+            if self.step_times:
+                rate = f"{tokens * self._world() / statistics.median(self.step_times):,.0f} tok/s"
+            else:
+                rate = "warm-up"
+            print(f"  step {self.steps_done:>5}/{total}  loss {self.losses[-1]:.3f}  {rate}",
+                  flush=True)  # fmt: skip
+
+    def _world(self) -> int:
+        d = _dist()
+        return d.get_world_size() if d else 1
+
+    # ------------------------------------------------------------ the record
+    def _base_record(self, status: str) -> dict:
+        cuda = self.device.type == "cuda"
+        return {
+            "step": self.step,
+            "script": os.path.relpath(self.script, ROOT),
+            "status": status,
+            "device": self.device.type,
+            "device_name": dev.name(self.device),
+            "world_size": self._world(),
+            "preset": self.preset_name,
+            "batch_size": self.batch_size,
+            "context_length": (self.cfg or {}).get("context_length"),
+            "torch_version": torch.__version__,
+            "cuda_version": torch.version.cuda if cuda else None,
+            "git_sha": git_sha(ROOT),
+            "script_sha256": file_sha256(self.script),
+            "started_at": self.started_at,
+            "duration_s": round(time.time() - self.t_begin, 2),
+            "notes": self.notes,
+            "config": {
+                "preset": self.preset_name,
+                "device": self.device.type,
+                "max_steps": self.preset["max_steps"],
+                "epochs": self.preset["epochs"],
+                "warmup_steps": self.preset["warmup_steps"],
+                "seed": self.args.seed,
+                "batch_size_override": self.args.batch_size,
+                "data": self.args.data,
+            },
+        }
+
+    def finish(self, train_loss: float | None, val_loss: float | None) -> dict:
+        """Reduce across ranks, print the summary and append the record (rank 0)."""
+        if not self.step_times:
+            raise UserError(
+                f"no timed steps: the run ended after {self.steps_done} steps, all warm-up; "
+                "raise --max-steps/--epochs or lower --warmup-steps"
+            )
+        median = statistics.median(self.step_times)
+        reserved, allocated = dev.peak_memory(self.device)
+        if self._window_note:
+            self.note(self._window_note)
+        tokens, losses = self.tokens_per_step, list(self.losses)
+        d = _dist()
+        if d:  # global tokens, slowest rank's step time, max memory, mean loss
+            on = self.device if self.device.type == "cuda" else torch.device("cpu")
+            s = torch.tensor([float(tokens)], dtype=torch.float64, device=on)
+            d.all_reduce(s)
+            tokens = int(s.item())
+            m = torch.tensor([median, reserved or 0, allocated or -1], dtype=torch.float64,
+                             device=on)  # fmt: skip
+            d.all_reduce(m, op=d.ReduceOp.MAX)
+            median = m[0].item()
+            reserved = int(m[1].item()) if reserved is not None else None
+            allocated = int(m[2].item()) if allocated is not None else None
+            lt = torch.tensor(losses + [train_loss or 0.0, val_loss or 0.0],
+                              dtype=torch.float64, device=on)  # fmt: skip
+            d.all_reduce(lt)
+            lt = (lt / d.get_world_size()).tolist()
+            losses = lt[:-2]
+            train_loss = lt[-2] if train_loss is not None else None
+            val_loss = lt[-1] if val_loss is not None else None
+        tps = tokens / median
+        world = self._world()
+        mfu = None
+        if self.peak:
+            mfu = tps * self.flops_per_token / (self.peak * world)
+        self.note(f"MFU over {self.peak_source}")
+        rec = self._base_record("ok")
+        rec.update(
+            tokens_per_sec=round(tps, 1),
+            step_time_ms=round(median * 1000, 3),
+            peak_mem_reserved_bytes=reserved,
+            peak_mem_allocated_bytes=allocated,
+            mfu=round(mfu, 5) if mfu is not None else None,
+            train_loss=train_loss,
+            val_loss=val_loss,
+            losses=losses,
+            timed_steps=len(self.step_times),
+            tokens_per_step=tokens,
+            flops_per_token=self.flops_per_token,
+        )
+        rec = {k: rec[k] for k in FIELDS} | {k: v for k, v in rec.items() if k not in FIELDS}
+        gib = (reserved or 0) / 2**30
+        self.print(
+            f"[{self.step}] done: {tps:,.0f} tok/s ({world} x {self.batch_size} x "
+            f"{rec['context_length']} tokens / {median * 1000:.1f} ms median over "
+            f"{len(self.step_times)} timed steps)  peak mem {gib:.2f} GiB  "
+            f"MFU {'-' if mfu is None else f'{mfu:.1%}'}  train loss "
+            f"{'-' if train_loss is None else f'{train_loss:.3f}'}  val loss "
+            f"{'-' if val_loss is None else f'{val_loss:.3f}'}"
+        )
+        self._write(rec)
+        return rec
+
+    def _write(self, rec: dict) -> None:
+        if self.args.results and self.is_rank0 and not self._written:
+            append_jsonl(self.args.results, rec)
+            self._written = True
+
+    def write_failure(self, status: str, reason: str) -> None:
+        try:
+            rec = self._base_record(status)
+            rec["reason"] = reason
+            self._write(rec)
+        except Exception as e:  # never hide the original error behind this one
+            print(f"(could not write the failure record: {e})", file=sys.stderr)
