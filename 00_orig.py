@@ -6,17 +6,23 @@ LayerNorm and GELU written out by hand, a causal mask registered as a buffer of 
 fp32 weights and math, torch.optim.AdamW. Every later step is this file plus one optimization;
 diff neighbours to see it (e.g. `code --diff 00_orig.py steps/01_dynamic_causal_mask.py`).
 
-Run (the harness's flags are the same on every step; --help lists them):
-    python 00_orig.py                                   # CUDA: gpt2-124m preset; else: cpu preset
-    python 00_orig.py --device cpu                      # the CPU run, ~30 s of timed steps
-    python 00_orig.py --preset tiny --max-steps 5 --results r.jsonl   # a seconds-long check
+Run (flags shared by every step; --help lists them):
+    python 00_orig.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
+    python 00_orig.py --device cpu  # CPU: about 30 s of timed steps
+    python 00_orig.py --preset tiny --max-steps 5 --results r.jsonl
 """
+
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-import harness
+# The shared harness lives at the repository root; find it from wherever this file sits.
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "harness").is_dir())
+sys.path.insert(0, str(REPO))
+import harness  # noqa: E402
 
 STEP = "00"
 

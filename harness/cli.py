@@ -33,19 +33,41 @@ _positive, _non_negative = _int_at_least(1), _int_at_least(0)
 
 def parse_args(doc: str | None, argv=None) -> argparse.Namespace:
     p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto",
-                   help="where to train (default: cuda, else mps, else cpu)")
-    p.add_argument("--preset", metavar="NAME",
-                   help=f"one of {', '.join(PRESETS)} (default: gpt2-124m on CUDA, cpu elsewhere)")
-    p.add_argument("--max-steps", type=_positive, metavar="N",
-                   help="stop after N optimizer steps, warm-up included (default: the preset's)")
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda", "mps"],
+        default="auto",
+        help="where to train (default: cuda, else mps, else cpu)",
+    )
+    p.add_argument(
+        "--preset",
+        metavar="NAME",
+        help=f"one of {', '.join(PRESETS)} (default: gpt2-124m on CUDA, cpu elsewhere)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=_positive,
+        metavar="N",
+        help="stop after N optimizer steps, warm-up included (default: the preset's)",
+    )
     p.add_argument("--epochs", type=_positive, metavar="N", help="epochs over the text")
-    p.add_argument("--warmup-steps", type=_non_negative, metavar="N",
-                   help="steps left out of the timed window (default: the preset's)")
-    p.add_argument("--batch-size", type=_positive, metavar="N",
-                   help="sequences per step and process (default: the preset's)")
-    p.add_argument("--data", metavar="PATH",
-                   help="training text (default: data/middlemarch.txt, downloaded once)")
+    p.add_argument(
+        "--warmup-steps",
+        type=_non_negative,
+        metavar="N",
+        help="steps left out of the timed window (default: the preset's)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_positive,
+        metavar="N",
+        help="sequences per step and process (default: the preset's)",
+    )
+    p.add_argument(
+        "--data",
+        metavar="PATH",
+        help="training text (default: data/middlemarch.txt, downloaded once)",
+    )
     p.add_argument("--results", metavar="FILE", help="append one JSON record of this run")
     p.add_argument("--seed", type=int, default=123, help="seed for weights and data order")
     args = p.parse_args(argv)

@@ -125,7 +125,9 @@ def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024) -> flo
 def measured_matmul_rates(device: torch.device) -> dict:
     """{"fp32": FLOP/s, "bf16": FLOP/s} of a 1024^3 matmul, measured once and cached per
     device name, thread count and torch version (CPU/MPS have no datasheet table here)."""
-    key = f"{device.type}|{name(device)}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    key = (
+        f"{device.type}|{name(device)}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    )
     path = cache_dir() / "matmul_peak.json"
     try:
         table = json.loads(path.read_text())

@@ -7,11 +7,31 @@ import subprocess
 from pathlib import Path
 
 FIELDS = [
-    "step", "script", "status", "device", "device_name", "world_size", "preset", "batch_size",
-    "context_length", "tokens_per_sec", "step_time_ms", "peak_mem_reserved_bytes",
-    "peak_mem_allocated_bytes", "mfu", "train_loss", "val_loss", "losses", "torch_version",
-    "cuda_version", "git_sha", "script_sha256", "started_at", "duration_s", "notes",
-]  # fmt: skip
+    "step",
+    "script",
+    "status",
+    "device",
+    "device_name",
+    "world_size",
+    "preset",
+    "batch_size",
+    "context_length",
+    "tokens_per_sec",
+    "step_time_ms",
+    "peak_mem_reserved_bytes",
+    "peak_mem_allocated_bytes",
+    "mfu",
+    "train_loss",
+    "val_loss",
+    "losses",
+    "torch_version",
+    "cuda_version",
+    "git_sha",
+    "script_sha256",
+    "started_at",
+    "duration_s",
+    "notes",
+]
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:
@@ -47,13 +67,23 @@ def file_sha256(path: str | Path) -> str:
 def git_sha(where: Path) -> str | None:
     """HEAD of the checkout, with '-dirty' when tracked files differ from it."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=where,
-                              capture_output=True, text=True, timeout=10)  # fmt: skip
+        head = subprocess.run(
+            ["git", "rev-parse", "--verify", "-q", "HEAD"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         sha = head.stdout.strip()
         if head.returncode != 0 or not sha:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=where, capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return sha + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None

@@ -73,8 +73,9 @@ class Run:
                 f"{p['warmup_steps']} warm-up steps; raise --max-steps or lower --warmup-steps"
             )
         self.preset = p
-        self.print(f"[{step}] preset {name} ({why}); device {self.device.type}: "
-                   f"{dev.name(self.device)}")  # fmt: skip
+        self.print(
+            f"[{step}] preset {name} ({why}); device {self.device.type}: {dev.name(self.device)}"
+        )
 
         self.steps_done = 0
         self.losses: list[float] = []
@@ -108,8 +109,12 @@ class Run:
     def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
         """Count FLOPs per token and start the clock (call right before the training loop)."""
         self.cfg, self.batch_size = cfg, batch_size
-        emb = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding)
-               for p in m.parameters()}  # fmt: skip
+        emb = {
+            id(p)
+            for m in model.modules()
+            if isinstance(m, torch.nn.Embedding)
+            for p in m.parameters()
+        }
         n = sum(p.numel() for p in model.parameters() if id(p) not in emb)
         L, H, T = cfg["n_layers"], cfg["n_heads"], cfg["context_length"]
         Q = cfg["emb_dim"] // H
@@ -166,8 +171,10 @@ class Run:
                 rate = f"{tokens * self._world() / statistics.median(self.step_times):,.0f} tok/s"
             else:
                 rate = "warm-up"
-            print(f"  step {self.steps_done:>5}/{total}  loss {self.losses[-1]:.3f}  {rate}",
-                  flush=True)  # fmt: skip
+            print(
+                f"  step {self.steps_done:>5}/{total}  loss {self.losses[-1]:.3f}  {rate}",
+                flush=True,
+            )
 
     def _world(self) -> int:
         d = _dist()
@@ -223,14 +230,16 @@ class Run:
             s = torch.tensor([float(tokens)], dtype=torch.float64, device=on)
             d.all_reduce(s)
             tokens = int(s.item())
-            m = torch.tensor([median, reserved or 0, allocated or -1], dtype=torch.float64,
-                             device=on)  # fmt: skip
+            m = torch.tensor(
+                [median, reserved or 0, allocated or -1], dtype=torch.float64, device=on
+            )
             d.all_reduce(m, op=d.ReduceOp.MAX)
             median = m[0].item()
             reserved = int(m[1].item()) if reserved is not None else None
             allocated = int(m[2].item()) if allocated is not None else None
-            lt = torch.tensor(losses + [train_loss or 0.0, val_loss or 0.0],
-                              dtype=torch.float64, device=on)  # fmt: skip
+            lt = torch.tensor(
+                losses + [train_loss or 0.0, val_loss or 0.0], dtype=torch.float64, device=on
+            )
             d.all_reduce(lt)
             lt = (lt / d.get_world_size()).tolist()
             losses = lt[:-2]

@@ -1,0 +1,113 @@
+"""Maintain the ladder: golden diffs and fix propagation, by tool, never by hand-copying.
+
+python tools/ladder.py goldens            # rewrite tests/golden/NN.diff from the files
+python tools/ladder.py check              # exit 1 if a consecutive diff left its golden
+python tools/ladder.py propagate 00_orig.py [--base REV]
+    # carry the uncommitted change of one file (against REV, default HEAD) into every later
+    # step with `git merge-file` (a 3-way merge: later file, old file, new file), then copy
+    # step 10 / 11 onto the summary files. Conflicts are left marked for you to resolve.
+"""
+
+import argparse
+import difflib
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+SUMMARIES = {"01_opt_single_gpu.py": "10", "02_opt_multi_gpu_ddp.py": "11"}
+
+
+def ladder() -> list[Path]:
+    """00_orig.py, then steps/NN_*.py in order."""
+    return [ROOT / "00_orig.py", *sorted((ROOT / "steps").glob("[0-9][0-9]_*.py"))]
+
+
+def step_of(path: Path) -> str:
+    return path.name[:2]
+
+
+def unified(a: Path, b: Path) -> str:
+    rel_a, rel_b = a.relative_to(ROOT).as_posix(), b.relative_to(ROOT).as_posix()
+    lines = difflib.unified_diff(
+        a.read_text().splitlines(keepends=True),
+        b.read_text().splitlines(keepends=True),
+        fromfile=rel_a,
+        tofile=rel_b,
+        n=3,
+    )
+    return "".join(lines)
+
+
+def pairs():
+    files = ladder()
+    return [(files[i - 1], files[i]) for i in range(1, len(files))]
+
+
+def goldens() -> None:
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    for a, b in pairs():
+        (GOLDEN / f"{step_of(b)}.diff").write_text(unified(a, b))
+    print(f"wrote {len(pairs())} golden diffs to {GOLDEN.relative_to(ROOT)}")
+
+
+def check() -> int:
+    bad = [
+        b.name for a, b in pairs() if (GOLDEN / f"{step_of(b)}.diff").read_text() != unified(a, b)
+    ]
+    for name, step in SUMMARIES.items():
+        src = next((p for p in ladder() if step_of(p) == step), None)
+        if src and (ROOT / name).read_bytes() != src.read_bytes():
+            bad.append(name)
+    print("golden diffs: " + ("ok" if not bad else "differ: " + ", ".join(bad)))
+    return 1 if bad else 0
+
+
+def propagate(name: str, base: str) -> int:
+    files = ladder()
+    changed = (ROOT / name).resolve()
+    if changed not in files:
+        sys.exit(f"{name} is not a ladder file")
+    old = subprocess.run(["git", "show", f"{base}:{changed.relative_to(ROOT).as_posix()}"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    conflicts = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        old_path, new_path = Path(tmp) / "old.py", Path(tmp) / "new.py"
+        old_path.write_text(old)
+        shutil.copy(changed, new_path)
+        for later in files[files.index(changed) + 1 :]:
+            r = subprocess.run(["git", "merge-file", "-L", later.name, "-L", "old", "-L", "new",
+                                str(later), str(old_path), str(new_path)])  # fmt: skip
+            conflicts += max(r.returncode, 0)
+            print(f"{later.relative_to(ROOT)}: {'CONFLICT' if r.returncode else 'merged'}")
+    for name_, step in SUMMARIES.items():
+        src = next((p for p in files if step_of(p) == step), None)
+        if src:
+            shutil.copy(src, ROOT / name_)
+    return 1 if conflicts else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("goldens")
+    sub.add_parser("check")
+    pr = sub.add_parser("propagate")
+    pr.add_argument("file")
+    pr.add_argument("--base", default="HEAD")
+    a = p.parse_args()
+    if a.cmd == "goldens":
+        goldens()
+        return 0
+    if a.cmd == "check":
+        return check()
+    return propagate(a.file, a.base)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
