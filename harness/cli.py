@@ -48,7 +48,8 @@ def parse_args(doc: str | None, argv=None) -> argparse.Namespace:
         "--max-steps",
         type=_positive,
         metavar="N",
-        help="stop after N optimizer steps, warm-up included (default: the preset's)",
+        help="stop after N optimizer steps, warm-up included, and skip the epoch-end "
+        "sample (default: the preset's)",
     )
     p.add_argument("--epochs", type=_positive, metavar="N", help="epochs over the text")
     p.add_argument(

@@ -133,6 +133,10 @@ class Run:
         f = self.preset["eval_freq"]
         return bool(f) and self.steps_done % f == 0
 
+    def sample_due(self) -> bool:
+        """Epoch-end samples belong to tutorial runs; a run given --max-steps only measures."""
+        return self.args.max_steps is None
+
     @contextmanager
     def paused(self):
         """Evaluation, sampling and printing inside this block are not timed."""

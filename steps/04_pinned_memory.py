@@ -302,10 +302,11 @@ def main():
                               f"train loss {train_loss:.3f}, val loss {val_loss:.3f}")  # fmt: skip
             if run.finished:
                 break
-        with run.paused():  # a short greedy sample at the end of each epoch
-            generate_and_print_sample(
-                model, run, device, "Every effort moves you", SETTINGS["sample_tokens"]
-            )
+        if run.sample_due():  # a short greedy sample at the end of each epoch
+            with run.paused():
+                generate_and_print_sample(
+                    model, run, device, "Every effort moves you", SETTINGS["sample_tokens"]
+                )
         if run.finished:
             break
 
