@@ -122,12 +122,16 @@ def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024) -> flo
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
+def rates_key(device: torch.device) -> str:
+    return (
+        f"{device.type}|{name(device)}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    )
+
+
 def measured_matmul_rates(device: torch.device) -> dict:
     """{"fp32": FLOP/s, "bf16": FLOP/s} of a 1024^3 matmul, measured once and cached per
     device name, thread count and torch version (CPU/MPS have no datasheet table here)."""
-    key = (
-        f"{device.type}|{name(device)}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-    )
+    key = rates_key(device)
     path = cache_dir() / "matmul_peak.json"
     try:
         table = json.loads(path.read_text())
@@ -142,14 +146,19 @@ def measured_matmul_rates(device: torch.device) -> dict:
     return table[key]
 
 
+def gpu_peak(gpu_name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of a GPU by its name, None when unknown."""
+    return next((flops for tag, flops in GPU_PEAK_BF16 if tag in gpu_name), None)
+
+
 def peak_flops(device: torch.device) -> tuple[float | None, str]:
     """The MFU denominator for one device and where it comes from."""
     if device.type == "cuda":
         gpu = name(device)
-        for tag, flops in GPU_PEAK_BF16:
-            if tag in gpu:
-                return flops, f"{tag} dense bf16 datasheet peak {flops / 1e12:.0f} TFLOP/s"
-        return None, f"no bf16 peak known for {gpu}: MFU left empty"
+        flops = gpu_peak(gpu)
+        if flops is None:
+            return None, f"no bf16 peak known for {gpu}: MFU left empty"
+        return flops, f"{gpu} dense bf16 datasheet peak {flops / 1e12:.0f} TFLOP/s"
     rates = measured_matmul_rates(device)
     best = max(rates, key=rates.get)
     return rates[best], (

@@ -44,8 +44,6 @@ def record_failure(status: str, reason: str) -> None:
 
 class Run:
     def __init__(self, args, step: str, script: str):
-        global _current
-        _current = self
         self.args, self.step = args, step
         self.script = Path(script).resolve()
         self.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -87,6 +85,8 @@ class Run:
         self._t_print = 0.0
         self._window_note = None
         self._written = False
+        global _current
+        _current = self  # from here on, a failure can be recorded
 
     # ------------------------------------------------------------ helpers for the step
     def print(self, *a, **k) -> None:
@@ -228,19 +228,22 @@ class Run:
         if self._window_note:
             self.note(self._window_note)
         tokens, losses = self.tokens_per_step, list(self.losses)
+        reserved_per_rank = [reserved]
         d = _dist()
         if d:  # global tokens, slowest rank's step time, max memory, mean loss
             on = self.device if self.device.type == "cuda" else torch.device("cpu")
             s = torch.tensor([float(tokens)], dtype=torch.float64, device=on)
             d.all_reduce(s)
             tokens = int(s.item())
-            m = torch.tensor(
-                [median, reserved or 0, allocated or -1], dtype=torch.float64, device=on
-            )
+            per_rank = torch.zeros(d.get_world_size(), dtype=torch.float64, device=on)
+            per_rank[d.get_rank()] = reserved or 0
+            d.all_reduce(per_rank)  # each rank's own peak, gathered
+            reserved_per_rank = [int(v) for v in per_rank.tolist()]
+            m = torch.tensor([median, allocated or -1], dtype=torch.float64, device=on)
             d.all_reduce(m, op=d.ReduceOp.MAX)
             median = m[0].item()
-            reserved = int(m[1].item()) if reserved is not None else None
-            allocated = int(m[2].item()) if allocated is not None else None
+            reserved = max(reserved_per_rank) if reserved is not None else None
+            allocated = int(m[1].item()) if allocated is not None else None
             lt = torch.tensor(
                 losses + [train_loss or 0.0, val_loss or 0.0], dtype=torch.float64, device=on
             )
@@ -268,6 +271,7 @@ class Run:
             timed_steps=len(self.step_times),
             tokens_per_step=tokens,
             flops_per_token=self.flops_per_token,
+            peak_mem_reserved_per_rank=reserved_per_rank,
         )
         rec = {k: rec[k] for k in FIELDS} | {k: v for k, v in rec.items() if k not in FIELDS}
         gib = (reserved or 0) / 2**30

@@ -1,0 +1,40 @@
+"""python -m harness: the ladder's tools.
+
+python -m harness run                          # every step, results/<tag>/ + charts
+python -m harness run --steps 05-08 --repeats 3
+python -m harness run --device cpu --preset tiny --max-steps 5 --data data/the-verdict.txt
+"""
+
+import argparse
+import sys
+
+from .errors import UserError, fail
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + message
+        fail(f"{message} (see --help)")
+
+
+def main(argv=None) -> int:
+    from . import sweep
+
+    p = _Parser(
+        prog="python -m harness",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sweep.add_run_parser(sub)
+    args = p.parse_args(argv)
+    if args.command is None:
+        p.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except UserError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Step 11 under stock torchrun on CPU (gloo): 2 processes, a simulated 2-node job, a failing rank.
+
+The runs use TORCH_COMPILE_DISABLE=1 to stay within the suite's time budget (a cold compile costs
+about a minute per process on 2 cores); the slow ladder tests cover DDP with compile.
+"""
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, VERDICT, records, run_script
+
+DDP = str(ROOT / "steps" / "11_ddp.py")
+EAGER = {"TORCH_COMPILE_DISABLE": "1"}
+TINY = ["--preset", "tiny", "--device", "cpu", "--max-steps", 4, "--warmup-steps", 1,
+        "--data", VERDICT]  # fmt: skip
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    # tiny's step-11 batch is 8 per process: 2 processes x 4 = 1 process x 8, the same windows
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    p1 = run_script([sys.executable, DDP, *TINY, "--batch-size", 8, "--results", one], env=EAGER)
+    assert p1.returncode == 0, p1.stderr[-2000:]
+    p2 = run_script([*TORCHRUN, "--standalone", "--nproc_per_node=2", DDP, *TINY,
+                     "--batch-size", 4, "--results", two], env=EAGER, timeout=600)  # fmt: skip
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    (r1,), (r2,) = records(one), records(two)  # rank 0 alone writes the record
+    assert r2["status"] == "ok" and r2["world_size"] == 2 and r1["world_size"] == 1
+    assert r2["tokens_per_step"] == 2 * 4 * 32 == r1["tokens_per_step"]  # global tokens
+    assert r2["tokens_per_sec"] == pytest.approx(
+        r2["tokens_per_step"] / r2["step_time_ms"] * 1e3, rel=1e-3
+    )
+    worst = max(abs(a - b) for a, b in zip(r1["losses"], r2["losses"], strict=True))
+    assert worst < 1e-4, (r1["losses"], r2["losses"])  # mean of rank means == the global mean
+    assert len(r2["peak_mem_reserved_per_rank"]) == 2
+    assert r2["peak_mem_reserved_bytes"] == max(r2["peak_mem_reserved_per_rank"])
+
+
+def test_simulated_two_node_job_with_c10d_rendezvous(tmp_path):
+    res = tmp_path / "r.jsonl"
+    port = free_port()
+    node = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ladder-test", "--max-restarts=0",
+            DDP, *TINY, "--batch-size", 4, "--results", res]  # fmt: skip
+    node = [str(a) for a in node]
+    env = {**__import__("os").environ, **EAGER}
+    procs = [subprocess.Popen(node, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    (rec,) = records(res)
+    assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["tokens_per_step"] == 256
+
+
+def test_a_failing_rank_ends_the_job_promptly(tmp_path):
+    # rank 1 raises once the model is built; rank 0 would wait for it in the first all-reduce
+    wrapper = tmp_path / "fail_rank1.py"
+    wrapper.write_text(
+        "import os, runpy, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import harness.run\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    def boom(self, *a, **k):\n"
+        "        raise RuntimeError('injected failure on rank 1')\n"
+        "    harness.run.Run.set_model = boom\n"
+        f"sys.argv[0] = {DDP!r}\n"
+        f"runpy.run_path({DDP!r}, run_name='__main__')\n"
+    )
+    t0 = time.monotonic()
+    proc = run_script([*TORCHRUN, "--standalone", "--nproc_per_node=2", wrapper, *TINY,
+                       "--batch-size", 4], env=EAGER, timeout=300)  # fmt: skip
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert "injected failure on rank 1" in proc.stderr + proc.stdout
+    assert elapsed < 120, f"took {elapsed:.0f} s"

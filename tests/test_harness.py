@@ -1,0 +1,177 @@
+"""The shared harness: data, tokenizer cache, MFU, peaks, the bf16 gate and records."""
+
+import http.server
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, VERDICT, py, records
+
+from harness import data, device, record
+from harness.errors import UserError
+from harness.presets import PRESETS, flop_split
+
+
+def test_middlemarch_download_is_atomic_and_cached(tmp_path, monkeypatch):
+    body = "Miss Brooke had that kind of beauty. " * 500
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "pg145.txt").write_text(body)
+
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "srv"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        target = tmp_path / "data" / "middlemarch.txt"
+        monkeypatch.setattr(data, "DEFAULT_TEXT", target)
+        monkeypatch.setattr(
+            data, "GUTENBERG_URL", f"http://127.0.0.1:{server.server_port}/pg145.txt"
+        )
+        text, path = data.read_text(None)
+        assert text == body and path == target and target.read_text() == body
+        assert [p.name for p in target.parent.iterdir()] == ["middlemarch.txt"]  # no temp left
+        server.shutdown()
+        assert data.read_text(None)[0] == body  # second time: from disk, no server needed
+    finally:
+        server.server_close()
+
+
+def test_offline_without_text_names_data_flag(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "DEFAULT_TEXT", tmp_path / "middlemarch.txt")
+    monkeypatch.setattr(data, "GUTENBERG_URL", "http://127.0.0.1:9/pg145.txt")  # nothing listens
+    with pytest.raises(UserError, match="--data"):
+        data.read_text(None)
+    assert not (tmp_path / "middlemarch.txt").exists()
+
+
+def test_offline_tokenizer_error_names_cache_dir(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("A text this machine has never tokenized. " * 300)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {"TIKTOKEN_CACHE_DIR": str(empty), "SPEED_LADDER_CACHE": str(tmp_path / "c"),
+           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}  # fmt: skip
+    proc = py("00_orig.py", "--preset", "tiny", "--data", text, env=env, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TIKTOKEN_CACHE_DIR" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_tokens_are_cached_by_text_hash_and_split_90_10():
+    text = VERDICT.read_text(encoding="utf-8-sig")
+    ids = data.token_ids(text)
+    cached = list(data.cache_dir().glob("tokens-gpt2-*.npy"))
+    assert cached and (data.token_ids(text) == ids).all()
+    train, val = data.load_split(str(VERDICT), context_length=32, batch_size=2, world_size=1)
+    assert len(train) == int(0.9 * len(ids)) and len(train) + len(val) == len(ids)
+    assert train.dtype == torch.int64 and int(train.max()) < 50257
+
+
+def test_too_short_text_is_one_clear_error(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("Too short to train on.")
+    with pytest.raises(UserError, match="text too short"):
+        data.load_split(str(short), context_length=32, batch_size=4, world_size=1)
+
+
+def test_mfu_flops_per_token_gpt2_124m():
+    sys.path.insert(0, str(ROOT))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("orig", ROOT / "00_orig.py")
+    orig = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(orig)
+    p = PRESETS["gpt2-124m"]
+    keys = ["context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]
+    cfg = {"vocab_size": 50257, **{k: p[k] for k in keys}}
+    with torch.device("meta"):
+        model = orig.GPTModel(cfg)
+
+    class Args:
+        device, preset, max_steps, epochs, warmup_steps, batch_size = (
+            "cpu",
+            "gpt2-124m",
+            20,
+            1,
+            1,
+            None,
+        )
+        data, results, seed = None, None, 1
+
+    from harness.run import Run
+
+    run = Run(Args, "00", str(ROOT / "00_orig.py"))
+    run.peak_flops = None
+    total = sum(t.numel() for t in model.parameters())
+    n = total - 50257 * 768 - 1024 * 768  # matmul parameters: no embedding tables
+    run.set_model(model, cfg, 8)
+    assert total == 163_009_536  # GPT-2 124M with an untied output layer (Raschka ch. 4)
+    assert run.flops_per_token == 6 * n + 12 * 12 * 12 * 64 * 1024
+
+
+def test_gpu_peak_table():
+    assert device.gpu_peak("NVIDIA H200") == 989e12
+    assert device.gpu_peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert device.gpu_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert device.gpu_peak("NVIDIA H100 PCIe") == 756e12
+    assert device.gpu_peak("NVIDIA GeForce GTX 1080") is None
+
+
+def test_cpu_peak_is_measured_once_and_cached():
+    cpu = torch.device("cpu")
+    first = device.measured_matmul_rates(cpu)
+    assert first["fp32"] > 1e9 and first["bf16"] > 1e8
+    table = json.loads((data.cache_dir() / "matmul_peak.json").read_text())
+    assert table[device.rates_key(cpu)] == first
+    assert device.measured_matmul_rates(cpu) == first
+
+
+def test_cpu_peak_rss_resets_at_window_start():
+    cpu = torch.device("cpu")
+    big = torch.ones(256, 1024, 1024)  # 1 GiB
+    del big
+    assert device.reset_peak_memory(cpu) is None  # clear_refs works here
+    peak, allocated = device.peak_memory(cpu)
+    assert allocated is None and peak < 2**30  # the freed GiB is not in the new window
+
+
+def test_cpu_preset_keeps_gpt2_flop_split():
+    assert flop_split(PRESETS["gpt2-124m"]) == pytest.approx(0.30, abs=0.02)
+    assert flop_split(PRESETS["cpu"]) <= 0.5  # the output layer must not dominate
+
+
+def test_append_jsonl_survives_a_torn_line(tmp_path):
+    f = tmp_path / "r.jsonl"
+    record.append_jsonl(f, {"a": 1})
+    with open(f, "a") as h:
+        h.write('{"b": ')  # a writer killed mid-line
+    assert record.read_jsonl(f) == [{"a": 1}]
+
+
+def test_bf16_step_runs_bf16_where_the_device_is_fast(tmp_path):
+    """With a (fake) cached measurement saying bf16 is faster, step 05 trains in bf16 autocast:
+    its loss moves off step 04's by rounding, within the precision step's tolerance."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = device.rates_key(torch.device("cpu"))
+    (cache / "matmul_peak.json").write_text(json.dumps({key: {"fp32": 1e11, "bf16": 2e11}}))
+    out = {}
+    for script in ["steps/04_pinned_memory.py", "steps/05_bf16.py"]:
+        res = tmp_path / f"{script[6:8]}.jsonl"
+        proc = py(script, "--preset", "tiny", "--device", "cpu", "--max-steps", 4,
+                  "--warmup-steps", 1, "--data", VERDICT, "--results", res,
+                  env={"SPEED_LADDER_CACHE": str(cache)})  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[script[6:8]] = records(res)[0]
+    assert not any("bf16 autocast off" in n for n in out["05"]["notes"])
+    diffs = [abs(a - b) for a, b in zip(out["04"]["losses"], out["05"]["losses"], strict=True)]
+    assert 0 < max(diffs) <= 0.02
+
+
+def test_no_committed_data_or_tokenizer_files():
+    tracked = os.popen(f"git -C {ROOT} ls-files").read().split()
+    assert not [t for t in tracked if Path(t).name in
+                {"middlemarch.txt", "encoder.json", "vocab.bpe", "the-verdict.txt"}]  # fmt: skip

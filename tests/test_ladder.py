@@ -1,0 +1,160 @@
+"""Every ladder script trains on `tiny`, writes a valid record, and keeps the previous step's loss.
+
+All steps run once per session (two at a time, for 2 cores) with the same seed and steps; the
+loss-parity rules live in tests/loss_parity.json. A cold torch.compile costs about a minute per
+script on 2 cores, so the fast suite compiles step 08 only and runs 09-13 with
+TORCH_COMPILE_DISABLE=1 (their own change, eager); the `slow` tests run 08-13 compiled. The
+summary files are byte-identical to steps 10/11, so they are checked by identity and --help.
+"""
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, VERDICT, records, run_script
+
+sys.path.insert(0, str(ROOT / "tools"))
+import ladder  # noqa: E402
+
+from harness.record import FIELDS  # noqa: E402
+
+STEPS = [p.relative_to(ROOT).as_posix() for p in ladder.ladder()]
+SUMMARIES = list(ladder.SUMMARIES)
+SCRIPTS = STEPS + SUMMARIES
+COMPILED = [s for s in STEPS if ladder.step_of(ROOT / s) >= "08"]
+MAX_STEPS, WARMUP = 4, 1
+PARITY = json.loads((ROOT / "tests" / "loss_parity.json").read_text())
+
+
+def run_ladder(out, scripts, eager=()):
+    """{script: (CompletedProcess, [records])} for one tiny run of each script."""
+
+    def one(script):
+        res = out / (Path(script).stem + ".jsonl")
+        proc = run_script(
+            [sys.executable, str(ROOT / script), "--preset", "tiny", "--device", "cpu",
+             "--max-steps", MAX_STEPS, "--warmup-steps", WARMUP, "--data", VERDICT,
+             "--results", res],
+            timeout=900,
+            env={"TORCH_COMPILE_DISABLE": "1"} if script in eager else None,
+        )  # fmt: skip
+        return script, (proc, records(res) if res.exists() else [])
+
+    # the compiled step is the slow one: start it first so the two workers stay busy
+    order = sorted(scripts, key=lambda s: s not in COMPILED or s in eager)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, order))
+
+
+@pytest.fixture(scope="session")
+def ladder_runs(tmp_path_factory):
+    return run_ladder(tmp_path_factory.mktemp("ladder"), STEPS, eager=COMPILED[1:])
+
+
+@pytest.fixture(scope="session")
+def compiled_runs(tmp_path_factory, ladder_runs):
+    """Steps 08-13 compiled (slow); earlier steps reuse the fast runs."""
+    runs = dict(ladder_runs)
+    runs.update(run_ladder(tmp_path_factory.mktemp("compiled"), COMPILED))
+    return runs
+
+
+def check_parity(runs, script):
+    i = STEPS.index(script)
+    rule = PARITY["steps"][ladder.step_of(ROOT / script)]
+    prev = runs[STEPS[i - 1]][1][0]["losses"]
+    cur = runs[script][1][0]["losses"]
+    if rule["rule"] == "exact":
+        assert cur == prev, f"{rule['why']}: {cur} != {prev}"
+    else:
+        worst = max(abs(a - b) for a, b in zip(cur, prev, strict=True))
+        assert worst <= rule["atol"], f"{worst:.2e} > {rule['atol']}: {rule['why']}"
+
+
+@pytest.mark.parametrize("script", STEPS)
+def test_script_writes_ok_record(ladder_runs, script):
+    check_record(*ladder_runs[script], script)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", COMPILED[1:])
+def test_compiled_script_writes_ok_record(compiled_runs, script):
+    check_record(*compiled_runs[script], script)
+
+
+def check_record(proc, recs, script):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(recs) == 1
+    rec = recs[0]
+    assert set(FIELDS) <= set(rec), set(FIELDS) - set(rec)
+    assert rec["status"] == "ok"
+    assert rec["script"] == script
+    assert rec["preset"] == "tiny" and rec["device"] == "cpu" and rec["world_size"] == 1
+    assert rec["tokens_per_sec"] > 0 and rec["step_time_ms"] > 0
+    assert rec["peak_mem_reserved_bytes"] > 0
+    assert 0 < rec["mfu"] < 1
+    assert len(rec["losses"]) == MAX_STEPS and rec["timed_steps"] == MAX_STEPS - WARMUP
+    assert rec["tokens_per_step"] == rec["batch_size"] * rec["context_length"]
+    assert len(rec["script_sha256"]) == 64
+    assert rec["val_loss"] > 0 and rec["train_loss"] > 0
+
+
+@pytest.mark.parametrize("script", STEPS[1:])
+def test_loss_matches_previous_step(ladder_runs, script):
+    check_parity(ladder_runs, script)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", COMPILED[1:])
+def test_compiled_loss_matches_previous_step(compiled_runs, script):
+    check_parity(compiled_runs, script)
+
+
+def test_parity_manifest_covers_every_step():
+    assert sorted(PARITY["steps"]) == [Path(s).name[:2] for s in STEPS[1:]]
+
+
+def test_steps_on_cpu_say_why_they_do_nothing(ladder_runs):
+    notes = {Path(s).name[:2]: ladder_runs[s][1][0]["notes"] for s in STEPS}
+    assert any("step 02: TF32" in n and "no effect on cpu" in n for n in notes["02"])
+    assert any("step 04: pinned memory" in n and "no effect on cpu" in n for n in notes["04"])
+    assert any("step 12:" in n and "ran" in n for n in notes["12"])
+
+
+def test_consecutive_diffs_match_goldens():
+    for a, b in ladder.pairs():
+        golden = (ladder.GOLDEN / f"{ladder.step_of(b)}.diff").read_text()
+        assert ladder.unified(a, b) == golden, f"{a.name} -> {b.name} differs from its golden diff"
+
+
+def test_summary_files_are_identical_to_their_steps():
+    by_step = {ladder.step_of(p): p for p in ladder.ladder()}
+    for name, step in ladder.SUMMARIES.items():
+        assert (ROOT / name).read_bytes() == by_step[step].read_bytes(), name
+
+
+def test_step_lines_are_tagged():
+    """Every line a step adds outside its docstring carries its `step NN` tag nearby."""
+    for a, b in ladder.pairs():
+        step = ladder.step_of(b)
+        diff = ladder.unified(a, b).splitlines()
+        body = [ln for ln in diff if ln.startswith("+") and not ln.startswith("+++")]
+        code = [ln for ln in body if '"""' not in ln]
+        assert any(f"step {step}" in ln for ln in code), f"step {step} adds no tagged line"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help(script):
+    proc = run_script([sys.executable, str(ROOT / script), "--help"], timeout=120)
+    assert proc.returncode == 0
+    for flag in ["--device", "--preset", "--max-steps", "--epochs", "--warmup-steps", "--data",
+                 "--results", "--seed"]:  # fmt: skip
+        assert flag in proc.stdout
+    assert "python" in proc.stdout  # the docstring's run commands
+
+
+def test_files_stay_short():
+    for s in SCRIPTS:
+        assert len((ROOT / s).read_text().splitlines()) <= 550, s
