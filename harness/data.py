@@ -14,6 +14,17 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = ROOT / "data" / "middlemarch.txt"
 GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/145/pg145.txt"  # Middlemarch, Gutenberg #145
 TRAIN_RATIO = 0.90
+# tiktoken's cache names for GPT-2's BPE files (sha1 of their download URLs)
+TIKTOKEN_NAMES = {
+    "encoder.json": "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6",
+    "vocab.bpe": "6d1cbeee0f20b3d9449abfede4726ed8212e3aee",
+}
+
+
+def mirror() -> Path:
+    """An offline mirror: SPEED_LADDER_SHARED, else a `shared/` folder beside the checkout,
+    holding data/middlemarch.txt and data/gpt2_bpe/{encoder.json,vocab.bpe}."""
+    return Path(os.environ.get("SPEED_LADDER_SHARED", ROOT.parent / "shared")) / "data"
 
 
 def cache_dir() -> Path:
@@ -44,6 +55,10 @@ def read_text(data: str | None) -> tuple[str, Path]:
             raise UserError(f"--data {data}: no such file")
     else:
         path = DEFAULT_TEXT
+        local = mirror() / "middlemarch.txt"
+        if not path.is_file() and local.is_file():
+            print(f"copying Middlemarch from the local mirror {local} to {path}", flush=True)
+            atomic_write_bytes(path, local.read_bytes())
         if not path.is_file():
             print(f"downloading Middlemarch (Gutenberg #145) to {path} ...", flush=True)
             try:
@@ -64,6 +79,13 @@ def gpt2_tokenizer():
     """tiktoken's GPT-2 BPE; offline it reads its two files from TIKTOKEN_CACHE_DIR."""
     import tiktoken
 
+    bpe = mirror() / "gpt2_bpe"
+    if "TIKTOKEN_CACHE_DIR" not in os.environ and bpe.is_dir():  # offline mirror: no download
+        staged = cache_dir() / "tiktoken"
+        for src, name in TIKTOKEN_NAMES.items():
+            if not (staged / name).is_file():
+                atomic_write_bytes(staged / name, (bpe / src).read_bytes())
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(staged)
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # requests/urllib errors differ by tiktoken version

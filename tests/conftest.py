@@ -10,25 +10,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("SPEED_LADDER_SHARED", ROOT.parent / "shared"))
-VERDICT = SHARED / "data" / "the-verdict.txt"
-BPE = SHARED / "data" / "gpt2_bpe"
-# tiktoken looks its GPT-2 files up under these names (sha1 of their download URLs)
-TIKTOKEN_NAMES = {
-    "encoder.json": "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6",
-    "vocab.bpe": "6d1cbeee0f20b3d9449abfede4726ed8212e3aee",
-}
+sys.path.insert(0, str(ROOT))
+from harness.data import TIKTOKEN_NAMES, mirror  # noqa: E402
+
+BPE = mirror() / "gpt2_bpe"
+# The small test text: the mirror's The Verdict (CI: ../shared), else the first 20,000 characters
+# of Middlemarch, which the harness downloads once (a user with internet and no mirror).
+VERDICT = mirror() / "the-verdict.txt"
+if not VERDICT.is_file():
+    VERDICT = ROOT / "data" / "cache" / "test-text.txt"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def offline_env(tmp_path_factory):
-    """Point tiktoken at a copy of ../shared/data/gpt2_bpe and the harness at a private cache."""
-    if not BPE.is_dir():
-        pytest.exit(f"tests need the GPT-2 BPE files in {BPE} (set SPEED_LADDER_SHARED)", 2)
-    tk = tmp_path_factory.mktemp("tiktoken")
-    for src, name in TIKTOKEN_NAMES.items():
-        shutil.copy(BPE / src, tk / name)
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(tk)
+    """tiktoken reads a copy of the mirror's BPE files (offline); the harness a private cache."""
+    if BPE.is_dir():
+        tk = tmp_path_factory.mktemp("tiktoken")
+        for src, name in TIKTOKEN_NAMES.items():
+            shutil.copy(BPE / src, tk / name)
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(tk)
+    if not VERDICT.is_file():
+        from harness.data import atomic_write_bytes, read_text
+
+        atomic_write_bytes(VERDICT, read_text(None)[0][:20_000].encode())
     os.environ["SPEED_LADDER_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     yield
 

@@ -26,6 +26,7 @@ def test_middlemarch_download_is_atomic_and_cached(tmp_path, monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         target = tmp_path / "data" / "middlemarch.txt"
+        monkeypatch.setenv("SPEED_LADDER_SHARED", str(tmp_path / "no-mirror"))
         monkeypatch.setattr(data, "DEFAULT_TEXT", target)
         monkeypatch.setattr(
             data, "GUTENBERG_URL", f"http://127.0.0.1:{server.server_port}/pg145.txt"
@@ -40,11 +41,23 @@ def test_middlemarch_download_is_atomic_and_cached(tmp_path, monkeypatch):
 
 
 def test_offline_without_text_names_data_flag(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEED_LADDER_SHARED", str(tmp_path / "no-mirror"))
     monkeypatch.setattr(data, "DEFAULT_TEXT", tmp_path / "middlemarch.txt")
     monkeypatch.setattr(data, "GUTENBERG_URL", "http://127.0.0.1:9/pg145.txt")  # nothing listens
     with pytest.raises(UserError, match="--data"):
         data.read_text(None)
     assert not (tmp_path / "middlemarch.txt").exists()
+
+
+def test_offline_mirror_supplies_text_and_tokenizer(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    (shared / "data").mkdir(parents=True)
+    (shared / "data" / "middlemarch.txt").write_text("Dorothea. " * 100)
+    monkeypatch.setenv("SPEED_LADDER_SHARED", str(shared))
+    monkeypatch.setattr(data, "DEFAULT_TEXT", tmp_path / "data" / "middlemarch.txt")
+    monkeypatch.setattr(data, "GUTENBERG_URL", "http://127.0.0.1:9/pg145.txt")
+    assert data.read_text(None)[0] == "Dorothea. " * 100
+    assert (tmp_path / "data" / "middlemarch.txt").is_file()  # copied once, like a download
 
 
 def test_offline_tokenizer_error_names_cache_dir(tmp_path):
