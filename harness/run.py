@@ -258,6 +258,11 @@ class Run:
         if self.peak:
             mfu = tps * self.flops_per_token / (self.peak * world)
         self.note(f"MFU over {self.peak_source}")
+        if mfu is not None and mfu > 1:  # a CPU peak measured while the machine was busy
+            self.note(
+                "MFU above 100%: the cached peak is too low (measured on a busy machine?); "
+                f"delete {dev.cache_dir() / 'matmul_peak.json'} to measure it again"
+            )
         rec = self._base_record("ok")
         rec.update(
             tokens_per_sec=round(tps, 1),
