@@ -2,7 +2,7 @@
 
 python -m harness run                          # every step, results/<tag>/ + charts
 python -m harness run --steps 05-08 --repeats 3
-python -m harness run --device cpu --preset tiny --max-steps 5 --data data/the-verdict.txt
+python -m harness run --device cpu --preset tiny --max-steps 5 --data the-verdict.txt
 """
 
 import argparse

@@ -17,6 +17,7 @@ import argparse
 import collections
 import ctypes
 import datetime as dt
+import json
 import math
 import os
 import re
@@ -156,20 +157,37 @@ def resolve_device(name: str) -> str:
     return resolve(name).type
 
 
-def default_nproc(device_type: str) -> int:
-    if device_type == "cuda":
-        import torch
+_CUDA_INFO = None
 
-        return max(1, torch.cuda.device_count())
-    return 1
+
+def cuda_info() -> tuple[int, str]:
+    """(visible GPUs, name of GPU 0), asked in a short child process: the sweep itself never
+    initializes CUDA, so it holds no GPU memory while the steps run."""
+    global _CUDA_INFO
+    if _CUDA_INFO is None:
+        code = (
+            "import json, torch; "
+            "print(json.dumps([torch.cuda.device_count(), torch.cuda.get_device_name(0)]))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
+        if out.returncode != 0:
+            last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(f"cannot query the CUDA GPUs: {last}")
+        count, name = json.loads(out.stdout.strip().splitlines()[-1])
+        _CUDA_INFO = (int(count), str(name))
+    return _CUDA_INFO
+
+
+def default_nproc(device_type: str) -> int:
+    return max(1, cuda_info()[0]) if device_type == "cuda" else 1
 
 
 def hardware_tag(device_type: str, nproc: int) -> str:
     """`cpu-2c`, `nvidia-h200-x1`, ... : where the numbers were measured."""
     if device_type == "cuda":
-        import torch
-
-        return f"{slug(torch.cuda.get_device_name(0))}-x{nproc}"
+        return f"{slug(cuda_info()[1])}-x{nproc}"
     if device_type == "mps":
         import platform
 
@@ -587,16 +605,22 @@ class _Lock:
     def __enter__(self):
         import fcntl
 
-        self.f = open(self.path, "a+")  # noqa: SIM115
-        try:
-            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        while True:
+            self.f = open(self.path, "a+")  # noqa: SIM115
+            try:
+                fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                self.f.close()
+                raise UserError(
+                    f"another sweep is writing {self.path.parent} (locked); wait for it, or "
+                    "use --tag / --results-dir for a separate folder"
+                ) from None
+            try:  # the holder before us may have removed the file: lock the one on disk
+                if os.stat(self.path).st_ino == os.fstat(self.f.fileno()).st_ino:
+                    return self
+            except FileNotFoundError:
+                pass
             self.f.close()
-            raise UserError(
-                f"another sweep is writing {self.path.parent} (locked); wait for it, or "
-                "use --tag / --results-dir for a separate folder"
-            ) from None
-        return self
 
     def __exit__(self, *exc):
         self.path.unlink(missing_ok=True)
@@ -631,7 +655,12 @@ def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: f
     meta = dict(meta, command=cmd)
     append_jsonl(tmp, {"sweep_meta": meta})
     started_at = _now_iso()
-    res = run_child(cmd, timeout)
+    try:
+        res = run_child(cmd, timeout)
+    except BaseException:  # interrupted: keep the temp file only if it holds a record to recover
+        if not [x for x in read_jsonl(tmp) if "step" in x and "sweep_meta" not in x]:
+            tmp.unlink(missing_ok=True)
+        raise
     recs = [x for x in read_jsonl(tmp) if "step" in x and "sweep_meta" not in x]
     rec = dict(recs[0]) if recs else None
     if res.timed_out or rec is None:

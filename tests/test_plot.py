@@ -1,0 +1,197 @@
+"""plot_results.py: headless charts from a summary.csv, the README table, completeness."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+sys.path.insert(0, str(ROOT))
+import plot_results  # noqa: E402
+
+
+@pytest.fixture
+def tags(tmp_path):
+    """Two tag folders (the fixture summary, and a copy with other numbers) under results/."""
+    results = tmp_path / "results"
+    a = results / "cpu-fixture"
+    shutil.copytree(FIXTURE_TAG, a)
+    b = results / "gpu-fixture-x1"
+    b.mkdir()
+    text = (a / "summary.csv").read_text().replace("Fixture CPU", "Fixture GPU")
+    (b / "summary.csv").write_text(text.replace("1000.0,990.0,1010.0", "9000.0,9000.0,9000.0"))
+    return [a, b]
+
+
+README = """# Title
+
+Intro text.
+
+<!-- results:begin -->
+old table
+<!-- results:end -->
+
+Outro text.
+"""
+
+
+def test_cli_renders_headless_and_regenerates_readme(tags, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "plot_results.py"), *map(str, tags), "--readme", str(readme)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for tag in tags:
+        for png in plot_results.CHARTS:
+            assert (tag / png).read_bytes()[:8] == PNG
+    assert (tmp_path / "results" / "comparison.png").read_bytes()[:8] == PNG
+    text = readme.read_text()
+    assert "old table" not in text and text.startswith("# Title\n\nIntro text.\n\n")
+    assert text.endswith("<!-- results:end -->\n\nOutro text.\n")
+    assert "results/cpu-fixture/tokens_per_sec.png" in text
+    assert "results/gpu-fixture-x1/mfu.png" in text and "results/comparison.png" in text
+
+
+def test_missing_tag_folder_is_an_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "plot_results.py"), str(tmp_path), "--no-readme"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+
+
+def test_failed_steps_are_labels_not_bars(tags, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    written = plot_results.plot_tag(tags[0])
+    assert [p.name for p in written] == list(plot_results.CHARTS)
+    assert plt.get_backend().lower() == "agg"
+    tps, mem, mfu = figures
+    try:
+        ours = tps.axes[0]
+        widths = sorted(round(p.get_width()) for p in ours.patches)
+        assert widths == [1000, 1200, 3100]  # a bar for each ok step, none for the others
+        texts = [t.get_text() for t in ours.texts]
+        assert "failed (oom)" in texts and "failed (error)" in texts and "not run" in texts
+        assert any(t.startswith("3.10x") for t in texts)  # speedup label
+        assert any(t.startswith("1.20x") for t in texts)
+        # the reference: its own panel, labelled as published figures, not ours
+        ref_ax = tps.axes[1]
+        assert "not our measurement" in ref_ax.get_title()
+        assert "REFERENCE" in ref_ax.get_title() and "MEASURED" in ours.get_title()
+        assert [round(p.get_width()) for p in ref_ax.patches][:2] == [12525, 12526]
+        assert all(p.get_hatch() == "//" for p in ref_ax.patches)
+        assert "not our measurement" in ref_ax.get_legend().get_texts()[0].get_text()
+        assert len(mem.axes) == 2 and "not our measurement" in mem.axes[1].get_title()
+        mem_widths = sorted(round(p.get_width(), 2) for p in mem.axes[0].patches)
+        assert mem_widths == [0.31, 0.58, 0.6]
+        assert sorted(round(p.get_width(), 1) for p in mfu.axes[0].patches) == [12.0, 14.4, 37.2]
+    finally:
+        monkeypatch.undo()  # the real plt.close again (it would append to `figures`)
+        for f in list(figures):
+            plt.close(f)
+
+
+def test_readme_table_between_markers(tags, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    assert plot_results.update_readme(readme, tags[:1])
+    text = readme.read_text()
+    block = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
+    assert "#### `cpu-fixture`: Fixture CPU, preset tiny, torch 2.13.0+cpu" in block
+    assert (
+        "| step | title | tok/s | speedup | peak reserved GiB | MFU | val loss | status |" in block
+    )
+    assert "| 00 | the baseline | 1,000 | 1.00x | 0.60 | 12.0% | 10.957 | ok |" in block
+    assert "| 05 | bfloat16 mixed precision (autocast) | 3,100 | 3.10x | 0.31 | 37.2% |" in block
+    oom = "| 02 | tensor cores (TF32) for fp32 matmuls | – | – | – | – | – | oom: CUDA out of"
+    assert oom in block
+    assert (
+        "| 03 | a title \\| with a pipe | – | – | – | – | – | error: RuntimeError: boom |" in block
+    )
+    assert "| 04 | pinned memory and non-blocking copies | – | – | – | – | – | not run |" in block
+    assert "[tok/s](results/cpu-fixture/tokens_per_sec.png)" in block
+    assert "[peak memory](results/cpu-fixture/peak_memory.png)" in block
+    assert "[MFU](results/cpu-fixture/mfu.png)" in block
+    assert "not our measurement" in block
+    assert text.count("<!-- results:begin -->") == 1 and text.endswith("Outro text.\n")
+    again = readme.read_text()
+    assert plot_results.update_readme(readme, tags[:1]) and readme.read_text() == again
+
+
+def test_readme_without_markers_is_left_alone(tags, tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# No markers here\n")
+    assert not plot_results.update_readme(readme, tags)
+    assert readme.read_text() == "# No markers here\n"
+    assert "warning:" in capsys.readouterr().err
+
+
+def test_check_complete(tags):
+    tag = tags[0]
+    steps = ["00", "01", "02", "03", "05"]
+    missing_charts = plot_results.check_complete(tag, steps)
+    assert len(missing_charts) == 3 and all("missing" in p for p in missing_charts)
+    for png in plot_results.CHARTS:
+        (tag / png).write_bytes(PNG)
+    assert plot_results.check_complete(tag, steps) == []  # failed steps are results too
+    problems = plot_results.check_complete(tag, [*steps, "04", "13"])
+    assert problems == [
+        "cpu-fixture: step 04 was not run",
+        "cpu-fixture: step 13 has no row in summary.csv",
+    ]
+    assert plot_results.ladder_steps()[:2] == ["00", "01"]
+
+
+def test_reference_csv_is_the_published_table():
+    ref = plot_results.read_reference()
+    assert list(ref.columns) == [
+        "step",
+        "optimization",
+        "tokens_per_sec",
+        "reserved_memory_gb",
+        "metric",
+        "hardware",
+        "source",
+    ]
+    assert list(ref["step"]) == [f"{n:02d}" for n in range(12)]
+    assert list(ref["tokens_per_sec"]) == [
+        12525, 12526, 27648, 28399, 28402, 45486, 55256, 91901, 112046, 127345, 142156, 419259,
+    ]  # fmt: skip
+    assert list(ref["reserved_memory_gb"])[:6] == [
+        26.2617,
+        26.2422,
+        26.2422,
+        26.2422,
+        26.2422,
+        13.7871,
+    ]
+    assert list(ref["metric"]).index("step tok/s") == 8
+    assert ref["hardware"].iloc[11].startswith("4x A100")
+    assert set(ref["source"]) == {
+        "rasbt/LLMs-from-scratch ch05/10_llm-training-speed README "
+        "(published figures, not measured by this project)"
+    }
+
+
+@pytest.mark.parametrize("tag", plot_results.find_tags(ROOT / "results"), ids=lambda p: p.name)
+def test_committed_results_are_complete(tag):
+    """Every ladder step has a result row and every chart exists, for each committed tag."""
+    assert plot_results.check_complete(tag) == []

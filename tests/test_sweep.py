@@ -1,0 +1,435 @@
+"""`python -m harness run`: records, summary, charts, skip/force, kill -9 and resume, failures.
+
+Real steps (00-02 on `tiny`) check the whole path once; the runner's handling of crashes,
+timeouts, OOM records, torchrun and kills uses fixture scripts (tests/fixtures/ladder_*), which
+train nothing and take milliseconds.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SHARED = Path(os.environ.get("SPEED_LADDER_SHARED", ROOT.parent / "shared"))
+VERDICT = SHARED / "data" / "the-verdict.txt"
+BPE = SHARED / "data" / "gpt2_bpe"
+TIKTOKEN_NAMES = {  # tiktoken's cache names for GPT-2's files (sha1 of their URLs)
+    "encoder.json": "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6",
+    "vocab.bpe": "6d1cbeee0f20b3d9449abfede4726ed8212e3aee",
+}
+TAG = f"cpu-{os.cpu_count()}c"
+
+sys.path.insert(0, str(ROOT))
+from harness import sweep  # noqa: E402
+from harness.record import append_jsonl  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """Offline tokenizer (a copy of ../shared's BPE files) and a private token cache."""
+    if not BPE.is_dir() or not VERDICT.is_file():
+        pytest.skip(f"needs {BPE} and {VERDICT}")
+    tk = tmp_path_factory.mktemp("tiktoken")
+    for src, name in TIKTOKEN_NAMES.items():
+        shutil.copy(BPE / src, tk / name)
+    cache = tmp_path_factory.mktemp("ladder-cache")
+    return {**os.environ, "TIKTOKEN_CACHE_DIR": str(tk), "SPEED_LADDER_CACHE": str(cache)}
+
+
+def harness_run(*args, env, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "run", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def sweep_here(capsys, *args) -> tuple[int, str, str]:
+    """`python -m harness run ARGS` in this process (no interpreter start, torch is loaded);
+    the steps still run as child processes. Returns (exit code, stdout, stderr)."""
+    from harness.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main(["run", *map(str, args)])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def runs_of(results: Path, tag: str = TAG) -> list[dict]:
+    path = results / tag / "runs.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def summary_of(results: Path, tag: str = TAG) -> dict[str, dict]:
+    import pandas as pd
+
+    df = pd.read_csv(results / tag / "summary.csv", dtype={"step": str})
+    return {r["step"]: r for r in df.to_dict("records")}
+
+
+def is_nan(v) -> bool:
+    return isinstance(v, float) and v != v
+
+
+def copy_ladder(name: str, dest: Path) -> Path:
+    """A fixture ladder copied next to fixture_step.py, so a test may edit its scripts."""
+    shutil.copy(FIXTURES / "fixture_step.py", dest / "fixture_step.py")
+    shutil.copytree(FIXTURES / name, dest / name)
+    return dest / name
+
+
+# ---------------------------------------------------------------- real steps
+@pytest.fixture(scope="module")
+def real_sweep(env, tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    args = ["--steps", "00-02", "--preset", "tiny", "--device", "cpu", "--max-steps", 3]
+    args += ["--warmup-steps", 1, "--data", VERDICT, "--results-dir", results]
+    t0 = time.monotonic()
+    proc = harness_run(*args, env=env)
+    return results, args, proc, time.monotonic() - t0
+
+
+def test_sweep_of_real_steps_writes_records_summary_and_charts(real_sweep):
+    results, _, proc, _ = real_sweep
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = runs_of(results)
+    assert [r["step"] for r in recs] == ["00", "01", "02"]
+    for r in recs:
+        assert r["status"] == "ok" and r["preset"] == "tiny" and r["tokens_per_sec"] > 0
+        s = r["sweep"]
+        assert len(s["run_id"]) == 32 and s["tag"] == TAG and s["exit_code"] == 0
+        assert s["config"]["max_steps"] == 3 and s["config"]["nproc"] == 1
+        assert s["script_sha256"] == r["script_sha256"]
+    assert len({r["sweep"]["run_id"] for r in recs}) == 3
+    # progress: an overall line per step, the step's own output indented beneath it
+    assert "[1/3] step 00 the baseline ... elapsed" in proc.stdout
+    assert "[3/3] step 02 " in proc.stdout and "ETA" in proc.stdout
+    assert "\n      [01] done:" in proc.stdout
+
+    summary = summary_of(results)
+    ladder = sweep.discover(ROOT)
+    assert list(summary) == [s.num for s in ladder]  # a row per ladder step
+    assert summary["00"]["speedup_vs_00"] == 1.0
+    for n in ("00", "01", "02"):
+        row = summary[n]
+        assert row["status"] == "ok" and row["runs"] == 1
+        assert row["tokens_per_sec_median"] > 0 and row["peak_reserved_gib"] > 0
+        assert 0 < row["mfu"] < 1 and row["val_loss"] > 0
+    assert summary["01"]["title"] == "a dynamic causal mask"
+    assert summary["03"]["status"] == "not run" and is_nan(summary["03"]["tokens_per_sec_median"])
+    assert not list((results / TAG).glob(".tmp-*"))
+    for png in ("tokens_per_sec.png", "peak_memory.png", "mfu.png"):
+        data = (results / TAG / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_rerun_is_skipped_as_up_to_date(real_sweep, env):
+    results, args, first, first_s = real_sweep
+    assert first.returncode == 0
+    before = (results / TAG / "runs.jsonl").read_bytes()
+    t0 = time.monotonic()
+    proc = harness_run(*args, "--no-plots", env=env)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("up to date") == 3, proc.stdout
+    assert "run(s) to do" in proc.stdout and "0 run(s) to do" in proc.stdout
+    assert (results / TAG / "runs.jsonl").read_bytes() == before
+    assert took < first_s / 2, (took, first_s)
+
+
+# ---------------------------------------------------------------- fixture ladders
+def test_force_reruns_and_changes_invalidate(tmp_path, capsys):
+    ladder = copy_ladder("ladder_ok", tmp_path)
+    results = tmp_path / "results"
+    base = ["--ladder-dir", ladder, "--results-dir", results, "--device", "cpu", "--no-plots"]
+    base += ["--steps", "00,01,03"]
+    assert sweep_here(capsys, *base)[0] == 0
+    assert len(runs_of(results)) == 3
+
+    code, out, _ = sweep_here(capsys, *base)  # up to date
+    assert code == 0 and out.count("up to date") == 3
+    assert len(runs_of(results)) == 3
+
+    code, out, _ = sweep_here(capsys, *base, "--force")
+    assert code == 0 and "up to date" not in out
+    recs = runs_of(results)
+    assert [r["step"] for r in recs] == ["00", "01", "03"] * 2
+    assert len({r["sweep"]["run_id"] for r in recs}) == 6
+
+    # an edited script reruns (its sha256 changed); the others stay up to date
+    script = ladder / "steps" / "01_fixture_ok.py"
+    script.write_text(script.read_text() + "\n# edited\n")
+    code, out, _ = sweep_here(capsys, *base)
+    assert code == 0 and out.count("up to date") == 2
+    assert [r["step"] for r in runs_of(results)][-1] == "01"
+    # another configuration (seed) is not the same measurement: everything reruns
+    code, out, _ = sweep_here(capsys, *base, "--seed", 7)
+    assert code == 0 and "up to date" not in out
+    assert len(runs_of(results)) == 10
+    summary = summary_of(results)
+    assert summary["01"]["runs"] == 1 and summary["02"]["status"] == "not run"
+
+
+def test_repeats_give_median_min_max_and_ddp_goes_through_torchrun(tmp_path, capsys):
+    results = tmp_path / "results"
+    base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
+    base += ["--nproc", 2, "--no-plots"]
+    code, out, err = sweep_here(capsys, *base, "--steps", "00,01", "--repeats", 3)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "(run 3/3)" in out
+    tag = f"{TAG}-x2"
+    recs = runs_of(results, tag)
+    assert [r["step"] for r in recs] == ["00"] * 3 + ["01"] * 3
+    assert [r["sweep"]["repeat"] for r in recs] == [1, 2, 3] * 2
+
+    # a kill mid-way leaves 2 of 3 runs: the rerun does the one missing; median/min/max of 3
+    rows = [json.loads(x) for x in (results / tag / "runs.jsonl").read_text().splitlines()]
+    rows[3]["tokens_per_sec"], rows[4]["tokens_per_sec"] = 1000.0, 5000.0
+    (results / tag / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
+    code, out, _ = sweep_here(capsys, *base, "--steps", "00,01", "--repeats", 3)
+    assert code == 0 and out.count("up to date") == 1 and "(run 3/3)" in out
+    assert "(run 1/3)" not in out
+    row = summary_of(results, tag)["01"]
+    assert row["runs"] == 3 and row["tokens_per_sec_median"] == 2000.0
+    assert row["tokens_per_sec_min"] == 1000.0 and row["tokens_per_sec_max"] == 5000.0
+
+    code, out, err = sweep_here(capsys, *base, "--steps", "02")
+    assert code == 0, out[-3000:] + err[-3000:]
+    ddp = runs_of(results, tag)[-1]
+    assert ddp["step"] == "02" and ddp["world_size"] == 2  # torchrun set WORLD_SIZE
+    assert ddp["sweep"]["command"][1:3] == ["-m", "torch.distributed.run"]
+    assert "--nproc_per_node=2" in ddp["sweep"]["command"]
+    assert recs[0]["sweep"]["config"]["nproc"] == 1 and ddp["sweep"]["config"]["nproc"] == 2
+    row = summary_of(results, tag)["02"]
+    assert row["runs"] == 1 and row["tokens_per_sec_median"] == 6000.0
+    assert row["speedup_vs_00"] == 6.0 and row["world_size"] == 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def test_killed_sweep_keeps_finished_records_and_resumes(tmp_path, capsys, monkeypatch):
+    results, pids = tmp_path / "results", tmp_path / "pids"
+    sweep_args = ["--ladder-dir", FIXTURES / "ladder_ok", "--steps", "00,01,03"]
+    sweep_args += ["--results-dir", results, "--device", "cpu", "--no-plots"]
+    args = [sys.executable, "-m", "harness", "run", *sweep_args]
+    env = dict(os.environ, SWEEP_FIXTURE_SLEEP="1.5", SWEEP_FIXTURE_PIDS=str(pids))
+    proc = subprocess.Popen(
+        [str(a) for a in args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    runs = results / TAG / "runs.jsonl"
+    deadline = time.monotonic() + 60
+    while not (runs.exists() and runs.read_text().count("\n") >= 1):
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        assert time.monotonic() < deadline, "no record within 60 s"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = runs_of(results)
+    assert len(kept) >= 1 and all(r["status"] == "ok" for r in kept)
+
+    # no step outlives the sweep (the step process gets SIGTERM when its parent dies)
+    if sys.platform.startswith("linux"):
+        deadline = time.monotonic() + 10
+        started = [int(p.name.split("-")[1]) for p in pids.iterdir()]
+        while any(_alive(p) for p in started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in started)
+
+    monkeypatch.delenv("SWEEP_FIXTURE_SLEEP", raising=False)
+    code, out, err = sweep_here(capsys, *sweep_args)
+    assert code == 0, out[-3000:] + err[-3000:]
+    recs = runs_of(results)
+    assert sorted(r["step"] for r in recs) == ["00", "01", "03"]  # none lost, none twice
+    assert recs[: len(kept)] == kept
+    assert len({r["sweep"]["run_id"] for r in recs}) == 3
+    assert out.count("up to date") == len(kept)
+    assert not list((results / TAG).glob(".tmp-*")) and not (results / TAG / ".lock").exists()
+    assert [r["status"] for r in summary_of(results).values()] == ["ok", "ok", "not run", "ok"]
+
+
+def test_recover_closes_the_append_delete_window(tmp_path):
+    """What a kill -9 can leave: a torn last line, a temp file already copied (killed between
+    append and delete), one not yet copied (killed after the step wrote it), one empty."""
+    tag_dir = tmp_path / TAG
+    tag_dir.mkdir()
+    runs = tag_dir / "runs.jsonl"
+
+    def meta(rid):
+        return {"run_id": rid, "tag": TAG, "repeat": 1, "config": {}, "script_sha256": "x"}
+
+    step_rec = {"step": "00", "status": "ok", "tokens_per_sec": 1.0}
+    append_jsonl(runs, step_rec | {"sweep": meta("a" * 32) | {"exit_code": 0}})
+    with open(runs, "a") as f:
+        f.write('{"step": "01", "status": "o')  # torn
+    for rid, with_record in (("a" * 32, True), ("b" * 32, True), ("c" * 32, False)):
+        tmp = tag_dir / f".tmp-00-{rid[:12]}.jsonl"
+        append_jsonl(tmp, {"sweep_meta": meta(rid)})
+        if with_record:
+            append_jsonl(tmp, step_rec)
+
+    assert sweep.recover(tag_dir) == 1
+    recs = sweep.load_runs(tag_dir)
+    assert [r["sweep"]["run_id"] for r in recs] == ["a" * 32, "b" * 32]
+    assert recs[1]["sweep"]["recovered"] is True
+    assert runs.read_text().endswith("\n") and len(runs.read_text().splitlines()) == 2
+    assert not list(tag_dir.glob(".tmp-*"))
+    assert sweep.recover(tag_dir) == 0  # idempotent
+    # a duplicated line (however it came) is counted once
+    append_jsonl(runs, recs[1])
+    assert len(sweep.load_runs(tag_dir)) == 2
+
+
+def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
+    results, pids = tmp_path / "results", tmp_path / "pids"
+    args = ["--ladder-dir", FIXTURES / "ladder_fail", "--results-dir", results]
+    args += ["--device", "cpu", "--timeout", 3, "--no-plots"]
+    monkeypatch.setenv("SWEEP_FIXTURE_PIDS", str(pids))
+    t0 = time.monotonic()
+    code, out, err = sweep_here(capsys, *args)
+    assert time.monotonic() - t0 < 60
+    assert code == 1, out[-3000:] + err[-3000:]
+    recs = {r["step"]: r for r in runs_of(results)}
+    assert [recs[n]["status"] for n in sorted(recs)] == ["ok", "error", "timeout", "oom", "ok"]
+    assert recs["01"]["reason"] == "RuntimeError: fixture crash"  # last stderr line
+    assert recs["01"]["sweep"]["exit_code"] == 1
+    assert recs["02"]["reason"] == "timed out after 3 s"
+    assert recs["02"]["sweep"]["exit_code"] is None
+    assert "out of memory" in recs["03"]["reason"]  # the step's own oom record
+    assert recs["03"]["device_name"] == "fixture" and recs["03"]["sweep"]["exit_code"] == 3
+    for n in ("01", "02"):  # synthesized records
+        r = recs[n]
+        assert r["script_sha256"] and r["started_at"] and r["duration_s"] >= 0 and r["script"]
+    assert recs["02"]["duration_s"] >= 3
+    assert "FAILED (timeout)" in out and "failed: step 01 (error)" in err
+    assert "      RuntimeError: fixture crash" in err  # the step's stderr, passed through
+    # the hung step and the child it started were killed with its process group
+    hung = [int(p.name.split("-")[1]) for p in pids.iterdir() if p.name.startswith("02")]
+    assert len(hung) == 2 and not any(_alive(p) for p in hung)
+
+    summary = summary_of(results)
+    for n in ("01", "02", "03"):
+        row = summary[n]
+        assert row["status"] == recs[n]["status"] and row["reason"] == recs[n]["reason"]
+        for col in sweep.NUMBER_COLUMNS:  # a failed step never shows a number
+            assert is_nan(row[col]), (n, col, row[col])
+    assert summary["04"]["status"] == "ok" and summary["04"]["speedup_vs_00"] == 5.0
+
+    # a rerun retries the failed step and skips the ok one
+    code, out, _ = sweep_here(capsys, *args, "--steps", "00,01")
+    assert code == 1 and out.count("up to date") == 1
+    assert [r["step"] for r in runs_of(results)].count("01") == 2
+
+
+def test_unknown_step_is_one_error_line(tmp_path):
+    proc = harness_run(
+        "--steps", "00,42", "--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", tmp_path,
+        env=dict(os.environ),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --steps 00,42: no step 42 in the ladder (steps 00-03)"
+    assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- in-process pieces
+def test_parse_steps():
+    ladder = sweep.discover(FIXTURES / "ladder_fail")
+    nums = lambda spec: [s.num for s in sweep.parse_steps(spec, ladder)]
+    assert nums(None) == nums("all") == ["00", "01", "02", "03", "04"]
+    assert nums("01-03") == ["01", "02", "03"]
+    assert nums("04,00,2") == ["00", "02", "04"]
+    assert nums("0-1, 03 ,1") == ["00", "01", "03"]
+    for bad, msg in (
+        ("05", "no step 05"),
+        ("03-01", "backwards"),
+        ("x", "not a step"),
+        (",", "no steps named"),
+    ):
+        with pytest.raises(sweep.UserError, match=msg):
+            sweep.parse_steps(bad, ladder)
+
+
+def test_discover_titles_and_ddp():
+    ladder = sweep.discover(ROOT)
+    by = {s.num: s for s in ladder}
+    assert ladder[0].num == "00" and by["00"].title == "the baseline"
+    assert by["08"].title == "torch.compile"
+    assert [s.num for s in ladder] == sorted(by)
+    assert all(s.ddp == ("_ddp" in s.path.name) for s in ladder)
+    fixture = sweep.discover(FIXTURES / "ladder_ok")
+    assert [s.ddp for s in fixture] == [False, False, True, False]
+
+
+def test_hardware_tag(monkeypatch):
+    assert sweep.hardware_tag("cpu", 1) == TAG
+    monkeypatch.setattr(sweep, "_CUDA_INFO", (8, "NVIDIA H200"))
+    assert sweep.hardware_tag("cuda", 8) == "nvidia-h200-x8" and sweep.default_nproc("cuda") == 8
+    assert sweep.hardware_tag("cpu", 2) == f"{TAG}-x2"
+    assert sweep.slug("NVIDIA H200") == "nvidia-h200"
+    assert sweep.slug("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
+
+
+def test_failure_reason():
+    assert (
+        sweep.failure_reason(["x", "error: out of memory: boom", "y"], 3) == "out of memory: boom"
+    )
+    torchrun_tail = [
+        "RuntimeError: boom",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================",
+        "  exitcode  : 1 (pid: 42)",
+    ]
+    assert sweep.failure_reason(torchrun_tail, 1) == "RuntimeError: boom"
+    assert sweep.failure_reason([], -9) == "killed by signal SIGKILL"
+    assert sweep.failure_reason([], 1) == "exit code 1"
+
+
+def test_help(capsys):
+    from harness.__main__ import main
+
+    for argv in (["--help"], ["run", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--steps", "--repeats", "--timeout", "--nproc", "--results-dir", "--force"):
+        assert flag in out
+    assert "--ladder-dir" not in out
+
+
+def test_one_sweep_per_tag_folder_and_bad_data(tmp_path, capsys):
+    base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", tmp_path, "--device", "cpu"]
+    (tmp_path / TAG).mkdir()
+    with sweep._Lock(tmp_path / TAG):
+        code, _, err = sweep_here(capsys, *base, "--no-plots")
+    assert code == 2 and err.startswith("error: another sweep is writing")
+    assert not (tmp_path / TAG / ".lock").exists() and not runs_of(tmp_path)
+    code, _, err = sweep_here(capsys, *base, "--data", tmp_path / "nope.txt")
+    assert code == 2 and "no such file" in err
