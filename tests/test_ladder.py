@@ -7,6 +7,7 @@ TORCH_COMPILE_DISABLE=1 (their own change, eager); the `slow` tests run 08-13 co
 summary files are byte-identical to steps 10/11, so they are checked by identity and --help.
 """
 
+import ast
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -145,14 +146,27 @@ def test_step_lines_are_tagged():
         assert any(f"step {step}" in ln for ln in code), f"step {step} adds no tagged line"
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", ["00_orig.py", "steps/07_flash_attention_sdpa.py", SUMMARIES[1]])
 def test_help(script):
+    """--help works from the root and from steps/ (one subprocess each: torch imports take 3 s)."""
     proc = run_script([sys.executable, str(ROOT / script), "--help"], timeout=120)
     assert proc.returncode == 0
     for flag in ["--device", "--preset", "--max-steps", "--epochs", "--warmup-steps", "--data",
                  "--results", "--seed"]:  # fmt: skip
         assert flag in proc.stdout
-    assert "python" in proc.stdout  # the docstring's run commands
+    assert f"python {script}" in proc.stdout or "torchrun" in proc.stdout  # the run commands
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_docstring_gives_its_own_commands(script):
+    """--help prints the module docstring: each names its step, how to run it, the CPU run."""
+    doc = ast.get_docstring(ast.parse((ROOT / script).read_text()))
+    step = ladder.step_of(ROOT / script) if script in STEPS else dict(ladder.SUMMARIES)[script]
+    assert doc.startswith(f"Step {step}: ")
+    runs = [ln.strip() for ln in doc.splitlines() if ln.strip().startswith(("python", "torchrun"))]
+    by_step = {ladder.step_of(p): p.relative_to(ROOT).as_posix() for p in ladder.ladder()}
+    assert any(by_step[step] in ln for ln in runs)
+    assert any("--device cpu" in ln for ln in runs)
 
 
 def test_files_stay_short():
