@@ -69,7 +69,11 @@ def parse_args(doc: str | None, argv=None) -> argparse.Namespace:
         metavar="PATH",
         help="training text (default: data/middlemarch.txt, downloaded once)",
     )
-    p.add_argument("--results", metavar="FILE", help="append one JSON record of this run")
+    p.add_argument(
+        "--results",
+        metavar="FILE",
+        help="append one JSON record of this run (a measuring run: no epoch-end sample)",
+    )
     p.add_argument("--seed", type=int, default=123, help="seed for weights and data order")
     args = p.parse_args(argv)
     if args.preset is not None and args.preset not in PRESETS:

@@ -134,8 +134,9 @@ class Run:
         return bool(f) and self.steps_done % f == 0
 
     def sample_due(self) -> bool:
-        """Epoch-end samples belong to tutorial runs; a run given --max-steps only measures."""
-        return self.args.max_steps is None
+        """Epoch-end samples belong to tutorial runs; a measuring run (--max-steps or
+        --results given, as in the sweep) skips them and their torch.compile recompiles."""
+        return self.args.max_steps is None and self.args.results is None
 
     @contextmanager
     def paused(self):
