@@ -31,6 +31,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cli import _non_negative, _positive
 from .data import atomic_write_bytes
 from .errors import UserError
 from .record import append_jsonl, file_sha256, read_jsonl
@@ -818,26 +819,6 @@ def _plot_results():
 
 
 # ---------------------------------------------------------------- command line
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {v}")
-    return v
-
-
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -868,15 +849,13 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
         default="auto",
         help="passed to each step (default: auto)",
     )
-    p.add_argument("--max-steps", type=_positive_int, metavar="N", help="passed to each step")
-    p.add_argument(
-        "--warmup-steps", type=_non_negative_int, metavar="N", help="passed to each step"
-    )
+    p.add_argument("--max-steps", type=_positive, metavar="N", help="passed to each step")
+    p.add_argument("--warmup-steps", type=_non_negative, metavar="N", help="passed to each step")
     p.add_argument("--data", metavar="PATH", help="training text, passed to each step")
     p.add_argument("--seed", type=int, default=123, help="passed to each step (default: 123)")
     p.add_argument(
         "--repeats",
-        type=_positive_int,
+        type=_positive,
         default=1,
         metavar="K",
         help="runs per step; the summary shows their median, min and max (default: 1)",
@@ -891,7 +870,7 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--nproc",
-        type=_positive_int,
+        type=_positive,
         metavar="N",
         help="processes for DDP steps (default: visible CUDA GPUs, 1 on CPU)",
     )
