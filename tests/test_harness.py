@@ -117,7 +117,6 @@ def test_mfu_flops_per_token_gpt2_124m():
     from harness.run import Run
 
     run = Run(Args, "00", str(ROOT / "00_orig.py"))
-    run.peak_flops = None
     total = sum(t.numel() for t in model.parameters())
     n = total - 50257 * 768 - 1024 * 768  # matmul parameters: no embedding tables
     run.set_model(model, cfg, 8)
