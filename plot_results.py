@@ -17,6 +17,7 @@ Headless: matplotlib's Agg backend, no display needed.
 import argparse
 import math
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -378,7 +379,11 @@ def results_markdown(tag_dirs, base: Path) -> str:
             "| step | title | tok/s | speedup | peak reserved GiB | MFU | val loss | status |",
             "|---|---|--:|--:|--:|--:|--:|---|",
         ]
-        for r in df.to_dict("records"):
+        rows = df.to_dict("records")
+        skipped = [r["step"] for r in rows if (r.get("status") or "not run") == "not run"]
+        for r in rows:
+            if r["step"] in skipped:
+                continue
             ok = _ok(r)
             status = r.get("status") or "not run"
             if not ok and r.get("reason"):
@@ -407,7 +412,10 @@ def results_markdown(tag_dirs, base: Path) -> str:
             f"[{name}]({Path(os.path.relpath(tag_dir / png, base)).as_posix()})"
             for name, png in zip(("tok/s", "peak memory", "MFU"), CHARTS, strict=True)
         ]
-        parts += ["", "Charts: " + " · ".join(links), ""]
+        parts += [""]
+        if skipped:
+            parts += [f"Not run in this tag: steps {', '.join(skipped)}.", ""]
+        parts += ["Charts: " + " · ".join(links), ""]
     if len(tag_dirs) > 1:
         comp = Path(os.path.relpath(Path(tag_dirs[0]).parent / COMPARISON, base)).as_posix()
         parts += [f"All tags side by side: [comparison]({comp})", ""]
@@ -447,11 +455,20 @@ def update_readme(readme_path: Path, tags) -> bool:
 
 
 # ---------------------------------------------------------------- completeness
+def expected_steps(tag_dir: Path, root: Path = ROOT) -> list[str]:
+    """Every ladder step; for a tag of N > 1 processes (`...-xN`) only the DDP steps, since the
+    sweep runs every other step as one process, the same as the single-process tag."""
+    m = re.search(r"-x(\d+)$", Path(tag_dir).name)
+    if m and int(m.group(1)) > 1:
+        return sorted(p.name[:2] for p in (root / "steps").glob("[0-9][0-9]_*ddp*.py"))
+    return ladder_steps(root)
+
+
 def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
     """What a tag lacks: a summary row (with a result, ok or failed) per ladder step, and the
     three charts. An empty list means complete."""
     tag_dir = Path(tag_dir)
-    steps = ladder_steps() if steps is None else steps
+    steps = expected_steps(tag_dir) if steps is None else steps
     problems = []
     if not (tag_dir / "summary.csv").is_file():
         return [f"{tag_dir}: no summary.csv"]

@@ -126,7 +126,7 @@ def test_readme_table_between_markers(tags, tmp_path):
     assert (
         "| 03 | a title \\| with a pipe | – | – | – | – | – | error: RuntimeError: boom |" in block
     )
-    assert "| 04 | pinned memory and non-blocking copies | – | – | – | – | – | not run |" in block
+    assert "| 04 |" not in block and "Not run in this tag: steps 04." in block
     assert "[tok/s](results/cpu-fixture/tokens_per_sec.png)" in block
     assert "[peak memory](results/cpu-fixture/peak_memory.png)" in block
     assert "[MFU](results/cpu-fixture/mfu.png)" in block
@@ -158,6 +158,12 @@ def test_check_complete(tags):
         "cpu-fixture: step 13 has no row in summary.csv",
     ]
     assert plot_results.ladder_steps()[:2] == ["00", "01"]
+
+
+def test_multi_process_tags_expect_the_ddp_steps_only(tmp_path):
+    assert plot_results.expected_steps(tmp_path / "cpu-2c-x2") == ["11"]
+    assert plot_results.expected_steps(tmp_path / "nvidia-h200-x1") == plot_results.ladder_steps()
+    assert plot_results.expected_steps(tmp_path / "cpu-2c") == plot_results.ladder_steps()
 
 
 def test_reference_csv_is_the_published_table():
