@@ -75,17 +75,21 @@ def read_text(data: str | None) -> tuple[str, Path]:
         raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
+def stage_bpe(bpe: Path, dest: Path) -> Path:
+    """Copy GPT-2's encoder.json and vocab.bpe into `dest` under tiktoken's cache names."""
+    for src, name in TIKTOKEN_NAMES.items():
+        if not (dest / name).is_file():
+            atomic_write_bytes(dest / name, (bpe / src).read_bytes())
+    return dest
+
+
 def gpt2_tokenizer():
     """tiktoken's GPT-2 BPE; offline it reads its two files from TIKTOKEN_CACHE_DIR."""
     import tiktoken
 
     bpe = mirror() / "gpt2_bpe"
     if "TIKTOKEN_CACHE_DIR" not in os.environ and bpe.is_dir():  # offline mirror: no download
-        staged = cache_dir() / "tiktoken"
-        for src, name in TIKTOKEN_NAMES.items():
-            if not (staged / name).is_file():
-                atomic_write_bytes(staged / name, (bpe / src).read_bytes())
-        os.environ["TIKTOKEN_CACHE_DIR"] = str(staged)
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(stage_bpe(bpe, cache_dir() / "tiktoken"))
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # requests/urllib errors differ by tiktoken version

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from harness.data import TIKTOKEN_NAMES, mirror  # noqa: E402
+from harness.data import mirror, stage_bpe  # noqa: E402
 
 BPE = mirror() / "gpt2_bpe"
 # The small test text: the mirror's The Verdict (CI: ../shared), else the first 20,000 characters
@@ -25,9 +24,7 @@ if not VERDICT.is_file():
 def offline_env(tmp_path_factory):
     """tiktoken reads a copy of the mirror's BPE files (offline); the harness a private cache."""
     if BPE.is_dir():
-        tk = tmp_path_factory.mktemp("tiktoken")
-        for src, name in TIKTOKEN_NAMES.items():
-            shutil.copy(BPE / src, tk / name)
+        tk = stage_bpe(BPE, tmp_path_factory.mktemp("tiktoken"))
         os.environ["TIKTOKEN_CACHE_DIR"] = str(tk)
     if not VERDICT.is_file():
         from harness.data import atomic_write_bytes, read_text

@@ -17,13 +17,16 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from harness.sweep import discover  # noqa: E402
+
 GOLDEN = ROOT / "tests" / "golden"
 SUMMARIES = {"01_opt_single_gpu.py": "10", "02_opt_multi_gpu_ddp.py": "11"}
 
 
 def ladder() -> list[Path]:
-    """00_orig.py, then steps/NN_*.py in order."""
-    return [ROOT / "00_orig.py", *sorted((ROOT / "steps").glob("[0-9][0-9]_*.py"))]
+    """00_orig.py, then steps/NN_*.py in order (the sweep's own discovery)."""
+    return [step.path for step in discover(ROOT)]
 
 
 def step_of(path: Path) -> str:
