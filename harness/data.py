@@ -1,16 +1,16 @@
 """The training text and its GPT-2 token ids: download once, tokenize once, split 90/10."""
 
 import hashlib
+import io
 import os
-import tempfile
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 from .errors import UserError
+from .files import ROOT, atomic_write_bytes, cache_dir, mirror
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = ROOT / "data" / "middlemarch.txt"
 GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/145/pg145.txt"  # Middlemarch, Gutenberg #145
 TRAIN_RATIO = 0.90
@@ -19,32 +19,6 @@ TIKTOKEN_NAMES = {
     "encoder.json": "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6",
     "vocab.bpe": "6d1cbeee0f20b3d9449abfede4726ed8212e3aee",
 }
-
-
-def mirror() -> Path:
-    """An offline mirror: SPEED_LADDER_SHARED, else a `shared/` folder beside the checkout,
-    holding data/middlemarch.txt and data/gpt2_bpe/{encoder.json,vocab.bpe}."""
-    return Path(os.environ.get("SPEED_LADDER_SHARED", ROOT.parent / "shared")) / "data"
-
-
-def cache_dir() -> Path:
-    """Where token ids and the CPU peak go; SPEED_LADDER_CACHE overrides (tests use a temp dir)."""
-    return Path(os.environ.get("SPEED_LADDER_CACHE", ROOT / "data" / "cache"))
-
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write to a temp file beside `path`, fsync, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_text(data: str | None) -> tuple[str, Path]:
@@ -109,10 +83,9 @@ def token_ids(text: str) -> np.ndarray:
         return np.load(path)
     ids = gpt2_tokenizer().encode(text, allowed_special={"<|endoftext|>"})
     arr = np.asarray(ids, dtype=np.uint16)  # GPT-2 vocab 50257 < 2**16
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(tmp, arr)
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    atomic_write_bytes(path, buf.getvalue())
     return arr
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from .data import atomic_write_bytes, cache_dir
 from .errors import UserError
+from .files import atomic_write_bytes, cache_dir
 
 # Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's datasheets; first match on the device name
 # wins, so the more specific names come first. MFU of every step, fp32 ones too, is taken over

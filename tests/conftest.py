@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from harness.data import mirror, stage_bpe  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness.data import read_text, stage_bpe  # noqa: E402
+from harness.files import ROOT, atomic_write_bytes, mirror  # noqa: E402
 
 BPE = mirror() / "gpt2_bpe"
 # The small test text: the mirror's The Verdict (CI: ../shared), else the first 20,000 characters
@@ -27,8 +27,6 @@ def offline_env(tmp_path_factory):
         tk = stage_bpe(BPE, tmp_path_factory.mktemp("tiktoken"))
         os.environ["TIKTOKEN_CACHE_DIR"] = str(tk)
     if not VERDICT.is_file():
-        from harness.data import atomic_write_bytes, read_text
-
         atomic_write_bytes(VERDICT, read_text(None)[0][:20_000].encode())
     os.environ["SPEED_LADDER_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     yield
