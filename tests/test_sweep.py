@@ -15,31 +15,27 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import BPE, ROOT, VERDICT
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import sweep
+from harness.child import failure_reason
+from harness.data import stage_bpe
+from harness.errors import UserError
+from harness.ladder import discover, parse_steps
+from harness.record import append_jsonl
+from harness.runs import load_runs, recover
+from harness.summary import NUMBER_COLUMNS
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-SHARED = Path(os.environ.get("SPEED_LADDER_SHARED", ROOT.parent / "shared"))
-VERDICT = SHARED / "data" / "the-verdict.txt"
-BPE = SHARED / "data" / "gpt2_bpe"
-TIKTOKEN_NAMES = {  # tiktoken's cache names for GPT-2's files (sha1 of their URLs)
-    "encoder.json": "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6",
-    "vocab.bpe": "6d1cbeee0f20b3d9449abfede4726ed8212e3aee",
-}
 TAG = f"cpu-{os.cpu_count()}c"
-
-sys.path.insert(0, str(ROOT))
-from harness import sweep  # noqa: E402
-from harness.record import append_jsonl  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    """Offline tokenizer (a copy of ../shared's BPE files) and a private token cache."""
+    """Offline tokenizer (the mirror's BPE files, staged) and a private token cache."""
     if not BPE.is_dir() or not VERDICT.is_file():
         pytest.skip(f"needs {BPE} and {VERDICT}")
-    tk = tmp_path_factory.mktemp("tiktoken")
-    for src, name in TIKTOKEN_NAMES.items():
-        shutil.copy(BPE / src, tk / name)
+    tk = stage_bpe(BPE, tmp_path_factory.mktemp("tiktoken"))
     cache = tmp_path_factory.mktemp("ladder-cache")
     return {**os.environ, "TIKTOKEN_CACHE_DIR": str(tk), "SPEED_LADDER_CACHE": str(cache)}
 
@@ -121,7 +117,7 @@ def test_sweep_of_real_steps_writes_records_summary_and_charts(real_sweep):
     assert "\n      [01] done:" in proc.stdout
 
     summary = summary_of(results)
-    ladder = sweep.discover(ROOT)
+    ladder = discover(ROOT)
     assert list(summary) == [s.num for s in ladder]  # a row per ladder step
     assert summary["00"]["speedup_vs_00"] == 1.0
     for n in ("00", "01", "02"):
@@ -295,16 +291,16 @@ def test_recover_closes_the_append_delete_window(tmp_path):
         if with_record:
             append_jsonl(tmp, step_rec)
 
-    assert sweep.recover(tag_dir) == 1
-    recs = sweep.load_runs(tag_dir)
+    assert recover(tag_dir) == 1
+    recs = load_runs(tag_dir)
     assert [r["sweep"]["run_id"] for r in recs] == ["a" * 32, "b" * 32]
     assert recs[1]["sweep"]["recovered"] is True
     assert runs.read_text().endswith("\n") and len(runs.read_text().splitlines()) == 2
     assert not list(tag_dir.glob(".tmp-*"))
-    assert sweep.recover(tag_dir) == 0  # idempotent
+    assert recover(tag_dir) == 0  # idempotent
     # a duplicated line (however it came) is counted once
     append_jsonl(runs, recs[1])
-    assert len(sweep.load_runs(tag_dir)) == 2
+    assert len(load_runs(tag_dir)) == 2
 
 
 def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
@@ -338,7 +334,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypat
     for n in ("01", "02", "03"):
         row = summary[n]
         assert row["status"] == recs[n]["status"] and row["reason"] == recs[n]["reason"]
-        for col in sweep.NUMBER_COLUMNS:  # a failed step never shows a number
+        for col in NUMBER_COLUMNS:  # a failed step never shows a number
             assert is_nan(row[col]), (n, col, row[col])
     assert summary["04"]["status"] == "ok" and summary["04"]["speedup_vs_00"] == 5.0
 
@@ -360,8 +356,8 @@ def test_unknown_step_is_one_error_line(tmp_path):
 
 # ---------------------------------------------------------------- in-process pieces
 def test_parse_steps():
-    ladder = sweep.discover(FIXTURES / "ladder_fail")
-    nums = lambda spec: [s.num for s in sweep.parse_steps(spec, ladder)]
+    ladder = discover(FIXTURES / "ladder_fail")
+    nums = lambda spec: [s.num for s in parse_steps(spec, ladder)]
     assert nums(None) == nums("all") == ["00", "01", "02", "03", "04"]
     assert nums("01-03") == ["01", "02", "03"]
     assert nums("04,00,2") == ["00", "02", "04"]
@@ -372,18 +368,18 @@ def test_parse_steps():
         ("x", "not a step"),
         (",", "no steps named"),
     ):
-        with pytest.raises(sweep.UserError, match=msg):
-            sweep.parse_steps(bad, ladder)
+        with pytest.raises(UserError, match=msg):
+            parse_steps(bad, ladder)
 
 
 def test_discover_titles_and_ddp():
-    ladder = sweep.discover(ROOT)
+    ladder = discover(ROOT)
     by = {s.num: s for s in ladder}
     assert ladder[0].num == "00" and by["00"].title == "the baseline"
     assert by["08"].title == "torch.compile"
     assert [s.num for s in ladder] == sorted(by)
     assert all(s.ddp == ("_ddp" in s.path.name) for s in ladder)
-    fixture = sweep.discover(FIXTURES / "ladder_ok")
+    fixture = discover(FIXTURES / "ladder_ok")
     assert [s.ddp for s in fixture] == [False, False, True, False]
 
 
@@ -397,18 +393,16 @@ def test_hardware_tag(monkeypatch):
 
 
 def test_failure_reason():
-    assert (
-        sweep.failure_reason(["x", "error: out of memory: boom", "y"], 3) == "out of memory: boom"
-    )
+    assert failure_reason(["x", "error: out of memory: boom", "y"], 3) == "out of memory: boom"
     torchrun_tail = [
         "RuntimeError: boom",
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
         "============================================================",
         "  exitcode  : 1 (pid: 42)",
     ]
-    assert sweep.failure_reason(torchrun_tail, 1) == "RuntimeError: boom"
-    assert sweep.failure_reason([], -9) == "killed by signal SIGKILL"
-    assert sweep.failure_reason([], 1) == "exit code 1"
+    assert failure_reason(torchrun_tail, 1) == "RuntimeError: boom"
+    assert failure_reason([], -9) == "killed by signal SIGKILL"
+    assert failure_reason([], 1) == "exit code 1"
 
 
 def test_help(capsys):
@@ -427,7 +421,7 @@ def test_help(capsys):
 def test_one_sweep_per_tag_folder_and_bad_data(tmp_path, capsys):
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", tmp_path, "--device", "cpu"]
     (tmp_path / TAG).mkdir()
-    with sweep._Lock(tmp_path / TAG):
+    with sweep.Lock(tmp_path / TAG):
         code, _, err = sweep_here(capsys, *base, "--no-plots")
     assert code == 2 and err.startswith("error: another sweep is writing")
     assert not (tmp_path / TAG / ".lock").exists() and not runs_of(tmp_path)

@@ -16,16 +16,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from harness.sweep import discover  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness.files import ROOT  # noqa: E402
+from harness.ladder import discover  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden"
 SUMMARIES = {"01_opt_single_gpu.py": "10", "02_opt_multi_gpu_ddp.py": "11"}
 
 
 def ladder() -> list[Path]:
-    """00_orig.py, then steps/NN_*.py in order (the sweep's own discovery)."""
+    """00_orig.py, then steps/NN_*.py in order (harness.ladder's discovery)."""
     return [step.path for step in discover(ROOT)]
 
 

@@ -1,0 +1,167 @@
+"""The summary table of a tag: one row per ladder step, built from runs.jsonl, written as
+`results/<tag>/summary.csv` (atomically), and printed for the terminal.
+
+Numbers appear only for steps whose last run was ok: the median of the last `--repeats` ok runs
+(with min and max for tok/s), the speedup over step 00, peak reserved GiB, MFU and losses.
+"""
+
+import math
+import statistics
+from pathlib import Path
+
+from .files import atomic_write_bytes
+from .ladder import Step
+from .runs import matching, ok_since_failure
+
+SUMMARY = "summary.csv"
+SUMMARY_COLUMNS = [
+    "step",
+    "title",
+    "tokens_per_sec_median",
+    "tokens_per_sec_min",
+    "tokens_per_sec_max",
+    "speedup_vs_00",
+    "peak_reserved_gib",
+    "mfu",
+    "train_loss",
+    "val_loss",
+    "status",
+    "runs",
+    "reason",
+    "world_size",
+    "preset",
+    "device_name",
+    "torch_version",
+    "script",
+]
+NUMBER_COLUMNS = SUMMARY_COLUMNS[2:10]
+_DIGITS = {
+    "tokens_per_sec_median": 1,
+    "tokens_per_sec_min": 1,
+    "tokens_per_sec_max": 1,
+    "speedup_vs_00": 3,
+    "peak_reserved_gib": 4,
+    "mfu": 5,
+    "train_loss": 4,
+    "val_loss": 4,
+}
+
+
+def _median(values):
+    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return statistics.median(vals) if vals else None
+
+
+def _failed(row: dict, runs: list[dict]) -> None:
+    """The row of a step whose last run failed: its status, reason, and the failures in a row."""
+    fails = 0
+    for r in reversed(runs):
+        if r.get("status") == "ok":
+            break
+        fails += 1
+    row.update(status=runs[-1].get("status") or "error", reason=runs[-1].get("reason"), runs=fails)
+
+
+def _measured(row: dict, oks: list[dict]) -> None:
+    """The row of a step whose last runs were ok: medians (min, max for tok/s) over them."""
+    tps = [r["tokens_per_sec"] for r in oks if r.get("tokens_per_sec") is not None]
+    reserved = [
+        r["peak_mem_reserved_bytes"] for r in oks if r.get("peak_mem_reserved_bytes") is not None
+    ]
+    row.update(
+        status="ok",
+        runs=len(oks),
+        tokens_per_sec_median=_median(tps),
+        tokens_per_sec_min=min(tps) if tps else None,
+        tokens_per_sec_max=max(tps) if tps else None,
+        peak_reserved_gib=max(reserved) / 2**30 if reserved else None,
+        mfu=_median(r.get("mfu") for r in oks),
+        train_loss=_median(r.get("train_loss") for r in oks),
+        val_loss=_median(r.get("val_loss") for r in oks),
+    )
+
+
+def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
+    row = dict.fromkeys(SUMMARY_COLUMNS)
+    row.update(step=step.num, title=step.title, script=step.rel, runs=0)
+    if not runs:
+        row["status"] = "not run"
+        return row
+    if runs[-1].get("status") != "ok":
+        _failed(row, runs)
+    else:
+        _measured(row, ok_since_failure(runs)[-repeats:])
+    last = runs[-1]
+    row.update(
+        world_size=last.get("world_size"),
+        preset=last.get("preset") or config.get("preset"),
+        device_name=last.get("device_name"),
+        torch_version=last.get("torch_version"),
+    )
+    return row
+
+
+def summarize(steps, records, configs: dict, shas: dict, repeats: int):
+    """The tidy table: one row per ladder step, numbers only for steps whose last run was ok."""
+    import pandas as pd
+
+    rows = [
+        _row(s, matching(records, s, configs[s.num], shas[s.num]), configs[s.num], repeats)
+        for s in steps
+    ]
+    base = next((r for r in rows if r["step"] == "00"), None)
+    base_tps = base["tokens_per_sec_median"] if base and base["status"] == "ok" else None
+    for r in rows:
+        if base_tps and r["status"] == "ok" and r["tokens_per_sec_median"] is not None:
+            r["speedup_vs_00"] = r["tokens_per_sec_median"] / base_tps
+    df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    for col in NUMBER_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    df = df.round(_DIGITS)
+    df["runs"] = df["runs"].astype(int)
+    df["world_size"] = df["world_size"].astype("Int64")
+    return df
+
+
+def write_summary(tag_dir: Path, df) -> Path:
+    """summary.csv, replaced atomically (readers never see half a file)."""
+    path = Path(tag_dir) / SUMMARY
+    atomic_write_bytes(path, df.to_csv(index=False).encode("utf-8"))
+    return path
+
+
+def format_table(df) -> str:
+    """The summary as a fixed-width text table for the terminal."""
+
+    def num(v, fmt):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+    head = ["step", "title", "tok/s", "speedup", "peak GiB", "MFU", "val loss", "status", "runs"]
+    lines = []
+    for r in df.to_dict("records"):
+        status = r["status"]
+        if status not in ("ok", "not run") and isinstance(r.get("reason"), str):
+            status = f"{status}: {r['reason'][:60]}"
+        lines.append(
+            [
+                r["step"],
+                str(r["title"])[:42],
+                num(r["tokens_per_sec_median"], "{:,.0f}"),
+                num(r["speedup_vs_00"], "{:.2f}x"),
+                num(r["peak_reserved_gib"], "{:.2f}"),
+                num(r["mfu"] * 100 if r["mfu"] == r["mfu"] else None, "{:.1f}%"),
+                num(r["val_loss"], "{:.3f}"),
+                status,
+                str(r["runs"]),
+            ]
+        )
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=False)]
+    right = {2, 3, 4, 5, 6, 8}
+
+    def fmt(cells):
+        return "  ".join(
+            str(c).rjust(w) if i in right else str(c).ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=False))
+        ).rstrip()
+
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines)])
