@@ -8,23 +8,18 @@ python -m harness run --device cpu --preset tiny --max-steps 5 --data the-verdic
 import argparse
 import sys
 
+from . import sweep
+from .cli import Parser
 from .errors import UserError, fail
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not usage + message
-        fail(f"{message} (see --help)")
-
-
 def main(argv=None) -> int:
-    from . import sweep
-
-    p = _Parser(
+    p = Parser(
         prog="python -m harness",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sweep.add_run_parser(sub)
     args = p.parse_args(argv)
     if args.command is None:

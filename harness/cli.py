@@ -1,17 +1,29 @@
-"""The flags every step script shares, and the wrapper that turns bad input into one line."""
+"""The flags every step script shares, defined once, and `harness.main`, the wrapper that turns
+bad input into one line (and the step's failure record).
+
+`STEP_FLAGS` is the one table of the step flags. From it come the step scripts' parser
+(`parse_args`), the flags the sweep passes through to every step (`add_step_flags(...,
+passed_only=True)`), a step's argv in the sweep (`child_argv`) and the configuration that
+identifies a sweep's run (`run_config`).
+"""
 
 import argparse
 import sys
 import traceback
+from dataclasses import dataclass, field
 
 import torch
 
 from .errors import UserError, fail
-from .presets import PRESETS
+from .presets import PRESETS, check_name
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not usage + message
+class Parser(argparse.ArgumentParser):
+    """A parser whose errors are one line: `error: <message> (see --help)`, exit status 2."""
+
+    def error(self, message):
         fail(f"{message} (see --help)")
 
 
@@ -28,75 +40,139 @@ def _int_at_least(lowest: int):
     return parse
 
 
-_positive, _non_negative = _int_at_least(1), _int_at_least(0)
+positive, non_negative = _int_at_least(1), _int_at_least(0)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One step flag: its name, help, argparse options, and whether the sweep passes it to every
+    step (those flags, and only those, identify a sweep's run)."""
+
+    name: str
+    help: str
+    options: dict = field(default_factory=dict)  # argparse's type, default, choices, metavar
+    passed: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.name[2:].replace("-", "_")
+
+
+STEP_FLAGS = (
+    Flag(
+        "--device",
+        "where to train (default: cuda, else mps, else cpu)",
+        {"choices": DEVICES, "default": "auto"},
+        passed=True,
+    ),
+    Flag(
+        "--preset",
+        f"one of {', '.join(PRESETS)} (default: gpt2-124m on CUDA, cpu elsewhere)",
+        {"metavar": "NAME"},
+        passed=True,
+    ),
+    Flag(
+        "--max-steps",
+        "stop after N optimizer steps, warm-up included, and skip the epoch-end sample "
+        "(default: the preset's)",
+        {"type": positive, "metavar": "N"},
+        passed=True,
+    ),
+    Flag("--epochs", "epochs over the text", {"type": positive, "metavar": "N"}),
+    Flag(
+        "--warmup-steps",
+        "steps left out of the timed window (default: the preset's)",
+        {"type": non_negative, "metavar": "N"},
+        passed=True,
+    ),
+    Flag(
+        "--batch-size",
+        "sequences per step and process (default: the preset's)",
+        {"type": positive, "metavar": "N"},
+    ),
+    Flag(
+        "--data",
+        "training text (default: data/middlemarch.txt, downloaded once)",
+        {"metavar": "PATH"},
+        passed=True,
+    ),
+    Flag(
+        "--results",
+        "append one JSON record of this run (a measuring run: no epoch-end sample)",
+        {"metavar": "FILE"},
+    ),
+    Flag("--seed", "seed for weights and data order", {"type": int, "default": 123}, passed=True),
+)
+
+
+def add_step_flags(parser: argparse.ArgumentParser, passed_only: bool = False) -> None:
+    """Every step flag (a step script's parser), or only those the sweep passes through to every
+    step, their help saying so (the sweep's parser)."""
+    for f in STEP_FLAGS:
+        if f.passed or not passed_only:
+            help = f"{f.help}; passed to each step" if passed_only else f.help
+            parser.add_argument(f.name, help=help, **f.options)
+
+
+def child_argv(values: dict) -> list[str]:
+    """The passed-through flags with a value, as a step's command line: `--device auto ...`."""
+    out = []
+    for f in STEP_FLAGS:
+        if f.passed and values.get(f.dest) is not None:
+            out += [f.name, str(values[f.dest])]
+    return out
+
+
+def run_config(values: dict) -> dict:
+    """The passed-through flags' values by name: what identifies a sweep's run (with nproc)."""
+    return {f.dest: values.get(f.dest) for f in STEP_FLAGS if f.passed}
 
 
 def parse_args(doc: str | None, argv=None) -> argparse.Namespace:
-    p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda", "mps"],
-        default="auto",
-        help="where to train (default: cuda, else mps, else cpu)",
-    )
-    p.add_argument(
-        "--preset",
-        metavar="NAME",
-        help=f"one of {', '.join(PRESETS)} (default: gpt2-124m on CUDA, cpu elsewhere)",
-    )
-    p.add_argument(
-        "--max-steps",
-        type=_positive,
-        metavar="N",
-        help="stop after N optimizer steps, warm-up included, and skip the epoch-end "
-        "sample (default: the preset's)",
-    )
-    p.add_argument("--epochs", type=_positive, metavar="N", help="epochs over the text")
-    p.add_argument(
-        "--warmup-steps",
-        type=_non_negative,
-        metavar="N",
-        help="steps left out of the timed window (default: the preset's)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=_positive,
-        metavar="N",
-        help="sequences per step and process (default: the preset's)",
-    )
-    p.add_argument(
-        "--data",
-        metavar="PATH",
-        help="training text (default: data/middlemarch.txt, downloaded once)",
-    )
-    p.add_argument(
-        "--results",
-        metavar="FILE",
-        help="append one JSON record of this run (a measuring run: no epoch-end sample)",
-    )
-    p.add_argument("--seed", type=int, default=123, help="seed for weights and data order")
+    p = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_flags(p)
     args = p.parse_args(argv)
-    if args.preset is not None and args.preset not in PRESETS:
-        fail(f"unknown preset {args.preset!r}; choose one of: {', '.join(PRESETS)}")
+    try:
+        check_name(args.preset)
+    except UserError as e:
+        fail(str(e))
     return args
+
+
+class FailureHandoff:
+    """The hand-off from a step's `Run` to `harness.main`: the Run registers the function that
+    writes its failure record when it is made (`Run.__init__`), and `harness.main` calls it when
+    the step dies of bad input, an OOM or a crash. Before a Run exists (bad flags) there is
+    nothing to record. The last Run registered is the one recorded."""
+
+    def __init__(self):
+        self._write = None
+
+    def register(self, write) -> None:
+        self._write = write
+
+    def __call__(self, status: str, reason: str) -> None:
+        if self._write is not None:
+            self._write(status, reason)
+
+
+on_failure = FailureHandoff()
 
 
 def main(fn) -> None:
     """Run a step's main(): user errors and OOM become one line, a record and a non-zero exit."""
-    from . import run as run_mod
-
     try:
         fn()
     except UserError as e:
-        run_mod.record_failure("error", str(e))
+        on_failure("error", str(e))
         fail(str(e))
     except torch.OutOfMemoryError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-        run_mod.record_failure("oom", first)
+        on_failure("oom", first)
         fail(f"out of memory: {first}", code=3)
     except KeyboardInterrupt:
         fail("interrupted", code=130)
     except Exception as e:
         traceback.print_exc()
-        run_mod.record_failure("error", f"{e.__class__.__name__}: {e}")
+        on_failure("error", f"{e.__class__.__name__}: {e}")
         sys.exit(1)

@@ -5,7 +5,12 @@ Raschka, LLMs-from-scratch ch05/10). `cpu` keeps GPT-2's shape of work on a 2-co
 50257-way output layer is a third of the matmul FLOPs, not most of them (see `flop_split`).
 `tiny` is for tests: seconds per run, and dropout 0 so that the loss-parity tests compare
 deterministic numbers.
+
+`choose` picks a run's preset (the flag, else the device's default) and applies the flags that
+override it; `check_name` is the one check of a preset's name.
 """
+
+from .errors import UserError
 
 PRESETS = {
     "gpt2-124m": {
@@ -72,3 +77,32 @@ def flop_split(p: dict, vocab: int = GPT2_VOCAB) -> float:
     body = 12 * p["emb_dim"] ** 2 * p["n_layers"]
     head = p["emb_dim"] * vocab
     return head / (body + head)
+
+
+def check_name(name: str | None) -> None:
+    """An unknown --preset is a UserError naming the presets (None: the device's default)."""
+    if name is not None and name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+
+
+def choose(args, device_type: str) -> tuple[str, str, dict]:
+    """(name, why it was chosen, settings) of a run's preset: --preset, else gpt2-124m on CUDA
+    and cpu elsewhere; --epochs, --max-steps, --warmup-steps and --batch-size override it."""
+    name = args.preset
+    if name is None:
+        name = "gpt2-124m" if device_type == "cuda" else "cpu"
+        why = f"default for {device_type}"
+    else:
+        why = "--preset"
+    p = dict(PRESETS[name])
+    for key in ("epochs", "max_steps", "warmup_steps"):
+        if getattr(args, key) is not None:
+            p[key] = getattr(args, key)
+    if args.batch_size is not None:
+        p["batch_size"] = p["large_batch_size"] = args.batch_size
+    if p["max_steps"] is not None and p["max_steps"] <= p["warmup_steps"]:
+        raise UserError(
+            f"--max-steps {p['max_steps']} leaves no timed step after "
+            f"{p['warmup_steps']} warm-up steps; raise --max-steps or lower --warmup-steps"
+        )
+    return name, why, p

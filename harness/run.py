@@ -1,4 +1,4 @@
-"""`Run`: what a step calls to pick device and preset, load data, time steps and write a record.
+"""`Run`: what a step calls to time its steps and write its record (device, preset and data too).
 
 The timed window: the first `warmup_steps` optimizer steps are left out (allocator warm-up,
 cuDNN/oneDNN plans, torch.compile). At the window start the device is synchronized and the
@@ -19,17 +19,18 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from . import device as dev
-from .data import ROOT, gpt2_tokenizer, load_split
+from .cli import on_failure
+from .data import gpt2_tokenizer, load_split
 from .errors import UserError
-from .presets import PRESETS
+from .files import ROOT
+from .presets import choose
 from .record import FIELDS, append_jsonl, file_sha256, git_sha
-
-_current = None  # the live Run, for failure records written by cli.main
 
 
 def _dist():
@@ -37,9 +38,50 @@ def _dist():
     return d if d.is_available() and d.is_initialized() else None
 
 
-def record_failure(status: str, reason: str) -> None:
-    if _current is not None:
-        _current.write_failure(status, reason)
+@dataclass
+class Measured:
+    """A run's numbers from its timed window: one process's, or after `across_ranks` the job's."""
+
+    tokens: int  # per step
+    step_time: float  # median, seconds
+    reserved: int | None  # peak bytes
+    allocated: int | None
+    losses: list[float]
+    train_loss: float | None
+    val_loss: float | None
+    reserved_per_rank: list[int | None] = field(default_factory=list)
+
+
+def across_ranks(m: Measured, device: torch.device) -> Measured:
+    """The job's numbers from every rank's: global tokens, the slowest rank's step time, each
+    rank's peak memory (the max is the job's), the mean losses. One process: its own."""
+    d = _dist()
+    if d is None:
+        return replace(m, reserved_per_rank=[m.reserved])
+    on = device if device.type == "cuda" else torch.device("cpu")
+    s = torch.tensor([float(m.tokens)], dtype=torch.float64, device=on)
+    d.all_reduce(s)
+    per_rank = torch.zeros(d.get_world_size(), dtype=torch.float64, device=on)
+    per_rank[d.get_rank()] = m.reserved or 0
+    d.all_reduce(per_rank)  # each rank's own peak, gathered
+    reserved_per_rank = [int(v) for v in per_rank.tolist()]
+    mx = torch.tensor([m.step_time, m.allocated or -1], dtype=torch.float64, device=on)
+    d.all_reduce(mx, op=d.ReduceOp.MAX)
+    lt = torch.tensor(
+        m.losses + [m.train_loss or 0.0, m.val_loss or 0.0], dtype=torch.float64, device=on
+    )
+    d.all_reduce(lt)
+    lt = (lt / d.get_world_size()).tolist()
+    return Measured(
+        tokens=int(s.item()),
+        step_time=mx[0].item(),
+        reserved=max(reserved_per_rank) if m.reserved is not None else None,
+        allocated=int(mx[1].item()) if m.allocated is not None else None,
+        losses=lt[:-2],
+        train_loss=lt[-2] if m.train_loss is not None else None,
+        val_loss=lt[-1] if m.val_loss is not None else None,
+        reserved_per_rank=reserved_per_rank,
+    )
 
 
 class Run:
@@ -52,25 +94,8 @@ class Run:
         self.notes: list[str] = []
         self.device = dev.resolve(args.device)
 
-        name = args.preset
-        if name is None:
-            name = "gpt2-124m" if self.device.type == "cuda" else "cpu"
-            why = f"default for {self.device.type}"
-        else:
-            why = "--preset"
+        name, why, self.preset = choose(args, self.device.type)
         self.preset_name = name
-        p = dict(PRESETS[name])
-        for key in ("epochs", "max_steps", "warmup_steps"):
-            if getattr(args, key) is not None:
-                p[key] = getattr(args, key)
-        if args.batch_size is not None:
-            p["batch_size"] = p["large_batch_size"] = args.batch_size
-        if p["max_steps"] is not None and p["max_steps"] <= p["warmup_steps"]:
-            raise UserError(
-                f"--max-steps {p['max_steps']} leaves no timed step after "
-                f"{p['warmup_steps']} warm-up steps; raise --max-steps or lower --warmup-steps"
-            )
-        self.preset = p
         self.print(
             f"[{step}] preset {name} ({why}); device {self.device.type}: {dev.name(self.device)}"
         )
@@ -85,8 +110,7 @@ class Run:
         self._t_print = 0.0
         self._window_note = None
         self._written = False
-        global _current
-        _current = self  # from here on, a failure can be recorded
+        on_failure.register(self.write_failure)  # from here on, a failure can be recorded
 
     # ------------------------------------------------------------ helpers for the step
     def print(self, *a, **k) -> None:
@@ -224,36 +248,22 @@ class Run:
                 f"no timed steps: the run ended after {self.steps_done} steps, all warm-up; "
                 "raise --max-steps/--epochs or lower --warmup-steps"
             )
-        median = statistics.median(self.step_times)
         reserved, allocated = dev.peak_memory(self.device)
         if self._window_note:
             self.note(self._window_note)
-        tokens, losses = self.tokens_per_step, list(self.losses)
-        reserved_per_rank = [reserved]
-        d = _dist()
-        if d:  # global tokens, slowest rank's step time, max memory, mean loss
-            on = self.device if self.device.type == "cuda" else torch.device("cpu")
-            s = torch.tensor([float(tokens)], dtype=torch.float64, device=on)
-            d.all_reduce(s)
-            tokens = int(s.item())
-            per_rank = torch.zeros(d.get_world_size(), dtype=torch.float64, device=on)
-            per_rank[d.get_rank()] = reserved or 0
-            d.all_reduce(per_rank)  # each rank's own peak, gathered
-            reserved_per_rank = [int(v) for v in per_rank.tolist()]
-            m = torch.tensor([median, allocated or -1], dtype=torch.float64, device=on)
-            d.all_reduce(m, op=d.ReduceOp.MAX)
-            median = m[0].item()
-            reserved = max(reserved_per_rank) if reserved is not None else None
-            allocated = int(m[1].item()) if allocated is not None else None
-            lt = torch.tensor(
-                losses + [train_loss or 0.0, val_loss or 0.0], dtype=torch.float64, device=on
-            )
-            d.all_reduce(lt)
-            lt = (lt / d.get_world_size()).tolist()
-            losses = lt[:-2]
-            train_loss = lt[-2] if train_loss is not None else None
-            val_loss = lt[-1] if val_loss is not None else None
-        tps = tokens / median
+        m = across_ranks(
+            Measured(
+                tokens=self.tokens_per_step,
+                step_time=statistics.median(self.step_times),
+                reserved=reserved,
+                allocated=allocated,
+                losses=list(self.losses),
+                train_loss=train_loss,
+                val_loss=val_loss,
+            ),
+            self.device,
+        )
+        tps = m.tokens / m.step_time
         world = self._world()
         mfu = None
         if self.peak:
@@ -267,27 +277,27 @@ class Run:
         rec = self._base_record("ok")
         rec.update(
             tokens_per_sec=round(tps, 1),
-            step_time_ms=round(median * 1000, 3),
-            peak_mem_reserved_bytes=reserved,
-            peak_mem_allocated_bytes=allocated,
+            step_time_ms=round(m.step_time * 1000, 3),
+            peak_mem_reserved_bytes=m.reserved,
+            peak_mem_allocated_bytes=m.allocated,
             mfu=round(mfu, 5) if mfu is not None else None,
-            train_loss=train_loss,
-            val_loss=val_loss,
-            losses=losses,
+            train_loss=m.train_loss,
+            val_loss=m.val_loss,
+            losses=m.losses,
             timed_steps=len(self.step_times),
-            tokens_per_step=tokens,
+            tokens_per_step=m.tokens,
             flops_per_token=self.flops_per_token,
-            peak_mem_reserved_per_rank=reserved_per_rank,
+            peak_mem_reserved_per_rank=m.reserved_per_rank,
         )
         rec = {k: rec[k] for k in FIELDS} | {k: v for k, v in rec.items() if k not in FIELDS}
-        gib = (reserved or 0) / 2**30
+        gib = (m.reserved or 0) / 2**30
         self.print(
             f"[{self.step}] done: {tps:,.0f} tok/s ({world} x {self.batch_size} x "
-            f"{rec['context_length']} tokens / {median * 1000:.1f} ms median over "
+            f"{rec['context_length']} tokens / {m.step_time * 1000:.1f} ms median over "
             f"{len(self.step_times)} timed steps)  peak mem {gib:.2f} GiB  "
             f"MFU {'-' if mfu is None else f'{mfu:.1%}'}  train loss "
-            f"{'-' if train_loss is None else f'{train_loss:.3f}'}  val loss "
-            f"{'-' if val_loss is None else f'{val_loss:.3f}'}"
+            f"{'-' if m.train_loss is None else f'{m.train_loss:.3f}'}  val loss "
+            f"{'-' if m.val_loss is None else f'{m.val_loss:.3f}'}"
         )
         self._write(rec)
         return rec

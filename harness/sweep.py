@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .child import failure_reason, run_child
-from .cli import _non_negative, _positive
+from .cli import add_step_flags, child_argv, positive, run_config
 from .errors import UserError
 from .files import RESULTS, ROOT
 from .ladder import Step, discover, parse_steps, processes_suffix
+from .presets import check_name
 from .record import append_jsonl, file_sha256
 from .runs import RUNS, done_runs, load_runs, recover, step_records, tmp_path
 from .summary import SUMMARY, format_table, summarize, write_summary
@@ -117,19 +118,6 @@ class Lock:
     def __exit__(self, *exc):
         self.path.unlink(missing_ok=True)
         self.f.close()
-
-
-def _flags(args, data: str | None) -> list[str]:
-    out = ["--device", args.device, "--seed", str(args.seed)]
-    if args.preset is not None:
-        out += ["--preset", args.preset]
-    if args.max_steps is not None:
-        out += ["--max-steps", str(args.max_steps)]
-    if args.warmup_steps is not None:
-        out += ["--warmup-steps", str(args.warmup_steps)]
-    if data is not None:
-        out += ["--data", data]
-    return out
 
 
 def step_command(step: Step, flags: list[str], nproc: int, results: Path) -> list[str]:
@@ -232,6 +220,7 @@ def plan(args) -> Plan:
     if args.data is not None and not Path(args.data).is_file():
         raise UserError(f"--data {args.data}: no such file")
     data = str(Path(args.data).resolve()) if args.data is not None else None
+    values = dict(vars(args), data=data)
     device_type = resolve_device(args.device)
     nproc = args.nproc or default_nproc(device_type)
     tag = args.tag or hardware_tag(device_type, nproc)
@@ -239,20 +228,9 @@ def plan(args) -> Plan:
         raise UserError(f"--tag {tag!r}: use letters, digits, '.', '_' and '-'")
     tag_dir = Path(args.results_dir) / tag
     tag_dir.mkdir(parents=True, exist_ok=True)
-    configs = {
-        s.num: {
-            "preset": args.preset,
-            "device": args.device,
-            "max_steps": args.max_steps,
-            "warmup_steps": args.warmup_steps,
-            "seed": args.seed,
-            "data": data,
-            "nproc": nproc if s.ddp else 1,
-        }
-        for s in steps
-    }
+    configs = {s.num: dict(run_config(values), nproc=nproc if s.ddp else 1) for s in steps}
     shas = {s.num: file_sha256(s.path) for s in steps}
-    return Plan(steps, selected, tag, tag_dir, _flags(args, data), configs, shas, args.repeats)
+    return Plan(steps, selected, tag, tag_dir, child_argv(values), configs, shas, args.repeats)
 
 
 def _run_steps(p: Plan, records: list[dict], force: bool, timeout: float) -> list[dict]:
@@ -379,20 +357,10 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--steps", metavar="SPEC", help="steps to run: 05-08, 00,07,10 or a mix (default: all)"
     )
-    p.add_argument("--preset", metavar="NAME", help="passed to each step (default: the step's)")
-    p.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda", "mps"],
-        default="auto",
-        help="passed to each step (default: auto)",
-    )
-    p.add_argument("--max-steps", type=_positive, metavar="N", help="passed to each step")
-    p.add_argument("--warmup-steps", type=_non_negative, metavar="N", help="passed to each step")
-    p.add_argument("--data", metavar="PATH", help="training text, passed to each step")
-    p.add_argument("--seed", type=int, default=123, help="passed to each step (default: 123)")
+    add_step_flags(p, passed_only=True)
     p.add_argument(
         "--repeats",
-        type=_positive,
+        type=positive,
         default=1,
         metavar="K",
         help="runs per step; the summary shows their median, min and max (default: 1)",
@@ -407,7 +375,7 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--nproc",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="processes for DDP steps (default: visible CUDA GPUs, 1 on CPU)",
     )
@@ -430,11 +398,7 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
 
 
 def _run_command(args) -> int:
-    if args.preset is not None:
-        from .presets import PRESETS
-
-        if args.preset not in PRESETS:
-            raise UserError(f"unknown preset {args.preset!r}; choose one of: {', '.join(PRESETS)}")
+    check_name(args.preset)
 
     def on_term(signum, frame):
         raise KeyboardInterrupt

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import BPE, ROOT, VERDICT
 
-from harness import sweep
+from harness import cli, sweep
 from harness.child import failure_reason
 from harness.data import stage_bpe
 from harness.errors import UserError
@@ -390,6 +390,23 @@ def test_hardware_tag(monkeypatch):
     assert sweep.hardware_tag("cpu", 2) == f"{TAG}-x2"
     assert sweep.slug("NVIDIA H200") == "nvidia-h200"
     assert sweep.slug("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
+
+
+def test_one_flag_table_gives_the_steps_and_the_sweep_their_flags():
+    """cli.STEP_FLAGS: a step parses every flag; the sweep passes on the identifying ones. A
+    default sweep's config and step argv are those the committed results/*/runs.jsonl hold, so
+    those records stay up to date."""
+    assert sorted(vars(cli.parse_args(None, []))) == sorted(f.dest for f in cli.STEP_FLAGS)
+    p = cli.Parser()
+    sweep.add_run_parser(p.add_subparsers(dest="command"))
+    values = vars(p.parse_args(["run"]))
+    assert cli.run_config(values) == {"preset": None, "device": "auto", "max_steps": None,
+                                      "warmup_steps": None, "seed": 123, "data": None}  # fmt: skip
+    assert cli.child_argv(values) == ["--device", "auto", "--seed", "123"]
+    values = vars(p.parse_args(["run", "--preset", "tiny", "--max-steps", "3", "--data", "t"]))
+    assert cli.child_argv(values) == ["--device", "auto", "--preset", "tiny", "--max-steps", "3",
+                                      "--data", "t", "--seed", "123"]  # fmt: skip
+    assert not {"epochs", "batch_size", "results"} & set(values)  # not the sweep's to set
 
 
 def test_failure_reason():
