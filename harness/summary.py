@@ -1,5 +1,5 @@
 """The summary table of a tag: one row per ladder step, built from runs.jsonl, written as
-`results/<tag>/summary.csv` (atomically), and printed for the terminal.
+`results/<tag>/summary.csv` (atomically), read back, and printed for the terminal.
 
 Numbers appear only for steps whose last run was ok: the median of the last `--repeats` ok runs
 (with min and max for tok/s), the speedup over step 00, peak reserved GiB, MFU and losses.
@@ -9,7 +9,7 @@ import math
 import statistics
 from pathlib import Path
 
-from .files import atomic_write_bytes
+from .files import RESULTS, atomic_write_bytes
 from .ladder import Step
 from .runs import matching, ok_since_failure
 
@@ -128,6 +128,51 @@ def write_summary(tag_dir: Path, df) -> Path:
     path = Path(tag_dir) / SUMMARY
     atomic_write_bytes(path, df.to_csv(index=False).encode("utf-8"))
     return path
+
+
+def read_summary(tag_dir: Path):
+    """A tag's summary.csv; `step` stays the two-digit string ("00")."""
+    import pandas as pd
+
+    df = pd.read_csv(Path(tag_dir) / SUMMARY, dtype={"step": str})
+    df["step"] = df["step"].str.zfill(2)
+    for col in ("reason", "title", "status", "device_name", "preset", "torch_version"):
+        if col in df:
+            df[col] = df[col].astype("object").where(df[col].notna(), None)
+    return df
+
+
+def find_tags(results_dir: Path = RESULTS) -> list[Path]:
+    """Every results/<tag>/ folder holding a summary.csv, sorted by name."""
+    return sorted(p.parent for p in Path(results_dir).glob(f"*/{SUMMARY}"))
+
+
+# ---------------------------------------------------------------- reading the rows back
+def number(v) -> float | None:
+    """A summary cell as a float; None when empty or not a number."""
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def speedup_text(s: float) -> str:
+    return f"{s:.2f}x" if s < 10 else f"{s:.1f}x"
+
+
+def describe(df) -> str:
+    """'<device name>, preset <p>, torch <v>' from the summary rows that have them."""
+    rows = df.to_dict("records")
+
+    def first(col):
+        return next((r.get(col) for r in rows if isinstance(r.get(col), str) and r.get(col)), None)
+
+    dev, preset, torch_v = first("device_name"), first("preset"), first("torch_version")
+    bits = [dev, f"preset {preset}" if preset else None, f"torch {torch_v}" if torch_v else None]
+    return ", ".join(b for b in bits if b)
 
 
 def format_table(df) -> str:

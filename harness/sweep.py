@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import report
 from .child import failure_reason, run_child
 from .cli import add_step_flags, child_argv, positive, run_config
 from .errors import UserError
@@ -30,7 +31,7 @@ from .ladder import Step, discover, parse_steps, processes_suffix
 from .presets import check_name
 from .record import append_jsonl, file_sha256
 from .runs import RUNS, done_runs, load_runs, recover, step_records, tmp_path
-from .summary import SUMMARY, format_table, summarize, write_summary
+from .summary import SUMMARY, find_tags, format_table, summarize, write_summary
 
 DEFAULT_TIMEOUT = 1800
 
@@ -284,11 +285,7 @@ def _run_steps(p: Plan, records: list[dict], force: bool, timeout: float) -> lis
 def _draw_charts(tag_dir: Path, results_dir: Path) -> None:
     """The tag's charts and, with several tags, the comparison; a failure is only a warning."""
     try:
-        plots = _plot_results()
-        written = plots.plot_tag(tag_dir)
-        tags = plots.find_tags(results_dir)
-        if len(tags) > 1:
-            written.append(plots.plot_comparison(tags))
+        written = report.draw_charts([tag_dir], find_tags(results_dir))
         print("charts: " + ", ".join(str(p) for p in written))
     except Exception as e:  # the records and summary are safe; only the charts are missing
         print(
@@ -296,15 +293,6 @@ def _draw_charts(tag_dir: Path, results_dir: Path) -> None:
             f"{tag_dir}; retry with `python plot_results.py {tag_dir}`",
             file=sys.stderr,
         )
-
-
-def _plot_results():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("plot_results", ROOT / "plot_results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def sweep(args) -> int:

@@ -1,4 +1,5 @@
-"""plot_results.py: headless charts from a summary.csv, the README table, completeness."""
+"""plot_results.py (harness.report): headless charts from a summary.csv, the README table,
+completeness."""
 
 import os
 import shutil
@@ -7,13 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness.charts import CHARTS, plot_tag, read_reference
+from harness.ladder import discover
+from harness.readme import update_readme
+from harness.report import check_complete, expected_steps
+from harness.summary import find_tags
+
 FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
 PNG = b"\x89PNG\r\n\x1a\n"
-
-sys.path.insert(0, str(ROOT))
-import plot_results  # noqa: E402
+LADDER = [s.num for s in discover(ROOT)]
 
 
 @pytest.fixture
@@ -55,7 +60,7 @@ def test_cli_renders_headless_and_regenerates_readme(tags, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for tag in tags:
-        for png in plot_results.CHARTS:
+        for png in CHARTS:
             assert (tag / png).read_bytes()[:8] == PNG
     assert (tmp_path / "results" / "comparison.png").read_bytes()[:8] == PNG
     text = readme.read_text()
@@ -80,8 +85,8 @@ def test_failed_steps_are_labels_not_bars(tags, monkeypatch):
 
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
-    written = plot_results.plot_tag(tags[0])
-    assert [p.name for p in written] == list(plot_results.CHARTS)
+    written = plot_tag(tags[0])
+    assert [p.name for p in written] == list(CHARTS)
     assert plt.get_backend().lower() == "agg"
     tps, mem, mfu = figures
     try:
@@ -112,7 +117,7 @@ def test_failed_steps_are_labels_not_bars(tags, monkeypatch):
 def test_readme_table_between_markers(tags, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(README)
-    assert plot_results.update_readme(readme, tags[:1])
+    assert update_readme(readme, tags[:1])
     text = readme.read_text()
     block = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
     assert "#### `cpu-fixture`: Fixture CPU, preset tiny, torch 2.13.0+cpu" in block
@@ -133,13 +138,13 @@ def test_readme_table_between_markers(tags, tmp_path):
     assert "not our measurement" in block
     assert text.count("<!-- results:begin -->") == 1 and text.endswith("Outro text.\n")
     again = readme.read_text()
-    assert plot_results.update_readme(readme, tags[:1]) and readme.read_text() == again
+    assert update_readme(readme, tags[:1]) and readme.read_text() == again
 
 
 def test_readme_without_markers_is_left_alone(tags, tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text("# No markers here\n")
-    assert not plot_results.update_readme(readme, tags)
+    assert not update_readme(readme, tags)
     assert readme.read_text() == "# No markers here\n"
     assert "warning:" in capsys.readouterr().err
 
@@ -147,27 +152,27 @@ def test_readme_without_markers_is_left_alone(tags, tmp_path, capsys):
 def test_check_complete(tags):
     tag = tags[0]
     steps = ["00", "01", "02", "03", "05"]
-    missing_charts = plot_results.check_complete(tag, steps)
+    missing_charts = check_complete(tag, steps)
     assert len(missing_charts) == 3 and all("missing" in p for p in missing_charts)
-    for png in plot_results.CHARTS:
+    for png in CHARTS:
         (tag / png).write_bytes(PNG)
-    assert plot_results.check_complete(tag, steps) == []  # failed steps are results too
-    problems = plot_results.check_complete(tag, [*steps, "04", "13"])
+    assert check_complete(tag, steps) == []  # failed steps are results too
+    problems = check_complete(tag, [*steps, "04", "13"])
     assert problems == [
         "cpu-fixture: step 04 was not run",
         "cpu-fixture: step 13 has no row in summary.csv",
     ]
-    assert plot_results.ladder_steps()[:2] == ["00", "01"]
+    assert LADDER[:2] == ["00", "01"]
 
 
 def test_multi_process_tags_expect_the_ddp_steps_only(tmp_path):
-    assert plot_results.expected_steps(tmp_path / "cpu-2c-x2") == ["11"]
-    assert plot_results.expected_steps(tmp_path / "nvidia-h200-x1") == plot_results.ladder_steps()
-    assert plot_results.expected_steps(tmp_path / "cpu-2c") == plot_results.ladder_steps()
+    assert expected_steps(tmp_path / "cpu-2c-x2") == ["11"]
+    assert expected_steps(tmp_path / "nvidia-h200-x1") == LADDER
+    assert expected_steps(tmp_path / "cpu-2c") == LADDER
 
 
 def test_reference_csv_is_the_published_table():
-    ref = plot_results.read_reference()
+    ref = read_reference()
     assert list(ref.columns) == [
         "step",
         "optimization",
@@ -197,7 +202,7 @@ def test_reference_csv_is_the_published_table():
     }
 
 
-@pytest.mark.parametrize("tag", plot_results.find_tags(ROOT / "results"), ids=lambda p: p.name)
+@pytest.mark.parametrize("tag", find_tags(ROOT / "results"), ids=lambda p: p.name)
 def test_committed_results_are_complete(tag):
     """Every ladder step has a result row and every chart exists, for each committed tag."""
-    assert plot_results.check_complete(tag) == []
+    assert check_complete(tag) == []
