@@ -13,7 +13,7 @@ from conftest import ROOT, VERDICT, py, records
 
 from harness import data, device, record
 from harness.errors import UserError
-from harness.presets import PRESETS, flop_split
+from harness.presets import GPT2_VOCAB, PRESETS, flop_split
 
 
 def test_middlemarch_download_is_atomic_and_cached(tmp_path, monkeypatch):
@@ -80,7 +80,7 @@ def test_tokens_are_cached_by_text_hash_and_split_90_10():
     assert cached and (data.token_ids(text) == ids).all()
     train, val = data.load_split(str(VERDICT), context_length=32, batch_size=2, world_size=1)
     assert len(train) == int(0.9 * len(ids)) and len(train) + len(val) == len(ids)
-    assert train.dtype == torch.int64 and int(train.max()) < 50257
+    assert train.dtype == torch.int64 and int(train.max()) < GPT2_VOCAB
 
 
 def test_too_short_text_is_one_clear_error(tmp_path):
@@ -99,7 +99,7 @@ def test_mfu_flops_per_token_gpt2_124m():
     spec.loader.exec_module(orig)
     p = PRESETS["gpt2-124m"]
     keys = ["context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]
-    cfg = {"vocab_size": 50257, **{k: p[k] for k in keys}}
+    cfg = {"vocab_size": GPT2_VOCAB, **{k: p[k] for k in keys}}
     with torch.device("meta"):
         model = orig.GPTModel(cfg)
 
@@ -118,7 +118,7 @@ def test_mfu_flops_per_token_gpt2_124m():
 
     run = Run(Args, "00", str(ROOT / "00_orig.py"))
     total = sum(t.numel() for t in model.parameters())
-    n = total - 50257 * 768 - 1024 * 768  # matmul parameters: no embedding tables
+    n = total - GPT2_VOCAB * 768 - 1024 * 768  # matmul parameters: no embedding tables
     run.set_model(model, cfg, 8)
     assert total == 163_009_536  # GPT-2 124M with an untied output layer (Raschka ch. 4)
     assert run.flops_per_token == 6 * n + 12 * 12 * 12 * 64 * 1024

@@ -5,7 +5,7 @@ fp32, autocast bf16, and pure bf16 (model cast to bf16, as the reference ladder'
 and prints the final loss, the fraction of AdamW updates that pure bf16 weights round away, and
 the bytes of weights + grads + optimizer state. CPU is enough (slow where bf16 is emulated).
 
-    python tools/bf16_evidence.py [--steps 200] [--data PATH]
+    python tools/bf16_evidence.py [--steps 200] [--data PATH]   # default text: Middlemarch
 """
 
 import argparse
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness.cli import positive  # noqa: E402
 from harness.data import load_split  # noqa: E402
-from harness.presets import PRESETS  # noqa: E402
+from harness.files import ROOT  # noqa: E402
+from harness.presets import GPT2_VOCAB, PRESETS  # noqa: E402
 
 
 def state_bytes(model, opt):
@@ -31,15 +32,17 @@ def main():
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "the-verdict.txt"))
+    ap.add_argument("--steps", type=positive, default=200, help="training steps per mode")
+    ap.add_argument(
+        "--data", metavar="PATH", help="training text (default: the steps' data/middlemarch.txt)"
+    )
     a = ap.parse_args()
     spec = importlib.util.spec_from_file_location("s04", ROOT / "steps" / "04_pinned_memory.py")
     s04 = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(s04)
     p = PRESETS["tiny"]
     keys = ["context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]
-    cfg = {"vocab_size": 50257, **{k: p[k] for k in keys}}
+    cfg = {"vocab_size": GPT2_VOCAB, **{k: p[k] for k in keys}}
     train, _ = load_split(a.data, p["context_length"], p["batch_size"], 1)
     loader = s04.create_dataloader(
         train, p["batch_size"], p["context_length"], True, True, 123, False
@@ -63,21 +66,18 @@ def main():
                 before = [q.detach().clone() for q in model.parameters()]
                 opt.step()
                 if mode == "pure-bf16":  # updates AdamW computed but bf16 could not represent
-                    for (
-                        b,
-                        q,
-                    ) in zip(before, model.parameters(), strict=True):
+                    for b, q in zip(before, model.parameters(), strict=True):
                         lost += int((b == q.detach()).sum())
                         seen += b.numel()
                 losses.append(loss.item())
                 step += 1
                 if step == a.steps:
                     break
-        tail = sum(losses[-20:]) / 20
+        tail = losses[-20:]
         extra = f", updates rounded away: {lost / seen:.1%}" if seen else ""
         print(
-            f"{mode:>14}: mean loss of the last 20 steps {tail:.3f}, "
-            f"weights+grads+AdamW state {state_bytes() / 2**20:.0f} MiB{extra}"
+            f"{mode:>14}: mean loss of the last {len(tail)} steps {sum(tail) / len(tail):.3f}, "
+            f"weights+grads+AdamW state {state_bytes(model, opt) / 2**20:.0f} MiB{extra}"
         )
 
 

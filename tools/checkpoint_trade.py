@@ -4,8 +4,10 @@ large logits). Prints one JSON line per step file: peak-RSS growth of a training
 harness's CPU memory measure) and its median time.
 
     python tools/checkpoint_trade.py steps/12_liger_fused_ce.py steps/13_gradient_checkpointing.py
+    python tools/checkpoint_trade.py --quick steps/12_liger_fused_ce.py   # seconds: a smoke test
 """
 
+import argparse
 import ctypes
 import importlib.util
 import json
@@ -15,23 +17,25 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 CFG = dict(vocab_size=256, context_length=256, emb_dim=256, n_heads=4, n_layers=8,
            drop_rate=0.0, qkv_bias=False)  # fmt: skip
+BATCH, TIMED = 16, 5
+QUICK = dict(CFG, context_length=32, emb_dim=64, n_layers=2), 2, 1  # config, batch, timed steps
 
 
-def measure(step_file: str) -> dict:
+def measure(step_file: str, quick: bool = False) -> dict:
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from harness import device as dev
 
+    cfg, batch, timed = QUICK if quick else (CFG, BATCH, TIMED)
     spec = importlib.util.spec_from_file_location("step", step_file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     torch.manual_seed(0)
-    model = mod.GPTModel(CFG).train()
-    x = torch.randint(0, CFG["vocab_size"], (16, CFG["context_length"]))
+    model = mod.GPTModel(cfg).train()
+    x = torch.randint(0, cfg["vocab_size"], (batch, cfg["context_length"]))
 
     def train_step():
         logits = model(x)
@@ -46,7 +50,7 @@ def measure(step_file: str) -> dict:
     train_step()
     delta = dev.peak_memory(cpu)[0] - base
     times = []
-    for _ in range(5):
+    for _ in range(timed):
         t0 = time.perf_counter()
         train_step()
         times.append(time.perf_counter() - t0)
@@ -55,11 +59,22 @@ def measure(step_file: str) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--one":
-        print(json.dumps(measure(sys.argv[2])))
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("step_files", nargs="+", metavar="STEP_FILE")
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny config and one timed step: checks, no numbers"
+    )
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # measure in here
+    a = p.parse_args()
+    if a.one:
+        for f in a.step_files:
+            print(json.dumps(measure(f, a.quick)))
         return
-    for f in sys.argv[1:]:  # each in a fresh process: peak RSS is per process
-        subprocess.run([sys.executable, __file__, "--one", f], check=True)
+    for f in a.step_files:  # each in a fresh process: peak RSS is per process
+        one = [sys.executable, __file__, "--one", *(["--quick"] if a.quick else []), f]
+        subprocess.run(one, check=True)
 
 
 if __name__ == "__main__":
