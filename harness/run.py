@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from . import device as dev
+from . import memory_model
 from .data import ROOT, gpt2_tokenizer, load_split
 from .errors import UserError
 from .presets import PRESETS
@@ -85,6 +86,7 @@ class Run:
         self._t_print = 0.0
         self._window_note = None
         self._written = False
+        self.memory_prediction: dict = {}  # memory_model.announce, before the first step
         global _current
         _current = self  # from here on, a failure can be recorded
 
@@ -109,6 +111,7 @@ class Run:
     def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
         """Count FLOPs per token and start the clock (call right before the training loop)."""
         self.cfg, self.batch_size = cfg, batch_size
+        self.memory_prediction = memory_model.announce(self, model)
         emb = {
             id(p)
             for m in model.modules()
@@ -215,6 +218,7 @@ class Run:
                 "batch_size_override": self.args.batch_size,
                 "data": self.args.data,
             },
+            **self.memory_prediction,
         }
 
     def finish(self, train_loss: float | None, val_loss: float | None) -> dict:
