@@ -214,14 +214,14 @@ def largest_fit(step: str, gpus: int, gpu_gb: int) -> str | None:
         return None  # a single-process step: more GPUs do not change it
     best = None
     for name in GPT2_FAMILY:
-        if fits(predict(name, gpus, step), gpu_gb * 1e9):
+        if fits(predict(name, gpus, step), gpu_gb * GIB):  # a "24 GB" card has 24 GiB
             best = name
     return best
 
 
 def fit_table(steps=("10", "11", "12", "13", "14"), gpus=(1, 4), sizes=GPU_GB) -> str:
     """Markdown: the largest GPT-2 preset that fits per GPU, by step, GPU count and size."""
-    head = "| step | " + " | ".join(f"{g} GB x{n}" for n in gpus for g in sizes) + " |"
+    head = "| step | " + " | ".join(f"{n}x {g} GB" for n in gpus for g in sizes) + " |"
     rows = [head, "|---|" + "---|" * (len(gpus) * len(sizes))]
     for s in steps:
         cells = []
@@ -232,6 +232,24 @@ def fit_table(steps=("10", "11", "12", "13", "14"), gpus=(1, 4), sizes=GPU_GB) -
                 else:
                     cells.append(largest_fit(s, n, g) or "none")
         rows.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def breakdown_table(steps=("13", "14"), gpus=(1, 4)) -> str:
+    """Markdown: predicted GiB per rank, state + buffers + activations, per GPT-2 preset."""
+    rows = ["| preset | params | batch | " + " | ".join(f"step {s} x{n}" for s in steps
+            for n in gpus) + " |", "|---|--:|--:|" + "--:|" * (len(steps) * len(gpus))]  # fmt: skip
+    for name in GPT2_FAMILY:
+        cells = []
+        for s in steps:
+            for n in gpus:
+                p = predict(name, n, s)
+                cells.append(
+                    f"{p.state_bytes / GIB:.1f} + {p.buffer_bytes / GIB:.1f} + "
+                    f"{p.activation_bytes / GIB:.1f} = **{p.total_bytes / GIB:.1f}**"
+                )
+        p = predict(name, 1, steps[0])
+        rows.append(f"| {name} | {p.params / 1e6:.0f}M | {p.batch} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -337,6 +355,9 @@ def main(argv=None) -> int:
     step = a.step.zfill(2)
     for name in [a.preset] if a.preset else GPT2_FAMILY:
         print(predict(name, a.world, step, act_bytes=4 if a.fp32 else 2).line())
+    print()
+    print("Predicted GiB per rank, state + buffers + activations (bf16 autocast):")
+    print(breakdown_table())
     print()
     print("Largest GPT-2 preset that fits per GPU (PREDICTED, its preset batch, bf16 autocast):")
     print(fit_table())

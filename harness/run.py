@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from . import device as dev
-from . import memory_model
 from .data import ROOT, gpt2_tokenizer, load_split
 from .errors import UserError
 from .presets import PRESETS
@@ -111,7 +110,9 @@ class Run:
     def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
         """Count FLOPs per token and start the clock (call right before the training loop)."""
         self.cfg, self.batch_size = cfg, batch_size
-        self.memory_prediction = memory_model.announce(self, model)
+        from .memory_model import announce  # lazy: python -m harness.memory_model runs it
+
+        self.memory_prediction = announce(self, model)
         emb = {
             id(p)
             for m in model.modules()

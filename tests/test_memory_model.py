@@ -69,3 +69,13 @@ def test_memory_model_command_prints_the_table():
     assert proc.returncode == 0, proc.stderr
     assert "PREDICTED" in proc.stdout and "| 14 |" in proc.stdout
     assert proc.stdout.count("predicted per rank") == 4
+
+
+def test_activation_estimate_matches_the_published_reference_peaks():
+    """The reference ladder's A100 peaks (results/reference, gpt2-124m, bf16 weights, grads and
+    AdamW state: 8 B/param): its step 09 (batch 8) and step 10 (batch 32), within 10%."""
+    cfg = PRESETS["gpt2-124m"]
+    state = 8 * mm.param_counts(cfg)["total"]
+    for batch, published in [(8, 5.8906e9), (32, 22.5078e9)]:
+        predicted = state + mm.activation_bytes(cfg, batch, "logits", act_bytes=2, flash=True)
+        assert abs(predicted - published) / published < 0.10, (batch, predicted)
