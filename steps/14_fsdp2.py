@@ -10,18 +10,20 @@ gradients and AdamW state, 16/W bytes per parameter. Launched like step 11 (torc
 python is a world of one; nccl on CUDA, gloo on CPU), on the same global batch.
 
 What moves when. Before a block's forward its shards are all-gathered into full weights, which
-are freed after it and gathered again for its backward (the next block is prefetched meanwhile);
-its full gradients are then reduce-scattered, so each rank receives the sum over ranks of its
-own shard. The root (embeddings, final norm, out_head) is gathered once per step and kept until
-the end of backward (`reshard_after_forward=False`): step 12's fused loss reads
-`out_head.weight` outside the model's forward, so it must be the gathered weight then; its
-gradient is reduce-scattered with the rest of the root's when backward ends. The cost: per step
-a rank moves the blocks' weights three times (all-gather for forward, for backward, and the
-reduce-scatter) where DDP's one all-reduce of the gradients is worth two, about 1.5x DDP's
-traffic (ZeRO-3), and it holds gathered copies (the root and two blocks) on top of its shards.
+are freed after it and gathered again for its backward (on GPUs the gathers overlap the
+neighbouring block's compute); its full gradients are then reduce-scattered: each rank receives
+its own shard of them, averaged over the ranks as DDP averages. The root (embeddings, final
+norm, out_head) is gathered once per step and kept until the end of backward
+(`reshard_after_forward=False`): step 12's fused loss reads `out_head.weight` outside the
+model's forward, so it must be the gathered weight then; its gradient is reduce-scattered with
+the rest of the root's when backward ends. The cost: per step a rank moves the blocks' weights
+three times (all-gather for forward, for backward, and the reduce-scatter) where DDP's one
+all-reduce of the gradients is worth two, about 1.5x DDP's traffic (ZeRO-3), and it holds
+gathered copies (the root and two blocks) on top of its shards.
 
-When to pick it: when the model does not fit with DDP. On one GPU it only adds those gathered
-copies; `python -m harness.memory_model` predicts both, and every run prints its prediction.
+When to pick it: when the model does not fit with DDP. On one GPU there is nothing to shard: it
+trades DDP's gradient buckets (4 B/param) for those gathered copies. `python -m
+harness.memory_model` predicts either per rank, and every run prints its prediction.
 
 Measured with tools/fsdp2_evidence.py (2 processes, gloo, 2-core CPU, eager; against DDP on
 step 13's model): on the `cpu` preset (60M parameters, 3 steps) a rank holds 480 MB of state
