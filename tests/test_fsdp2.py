@@ -28,6 +28,7 @@ LOSS_ATOL = 1e-5  # same fp32 math, same batches; measured: equal bit for bit
 # still set): the model and optimizer are caught on their way into the harness and AdamW.
 MEASURE = """import runpy, sys
 sys.path.insert(0, {root!r})
+import torch
 from harness import memory_model
 from harness.run import Run
 seen = {{}}
