@@ -79,3 +79,23 @@ def test_activation_estimate_matches_the_published_reference_peaks():
     for batch, published in [(8, 5.8906e9), (32, 22.5078e9)]:
         predicted = state + mm.activation_bytes(cfg, batch, "logits", act_bytes=2, flash=True)
         assert abs(predicted - published) / published < 0.10, (batch, predicted)
+
+
+def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
+    """What Run.set_model gets: the prediction printed, its record fields, a note past capacity."""
+    from types import SimpleNamespace
+
+    printed, notes = [], []
+    cfg = {"vocab_size": mm.VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
+           "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
+    run = SimpleNamespace(cfg=cfg, step="13", device=torch.device("cpu"), preset_name="tiny",
+                          batch_size=8, print=printed.append, note=notes.append)  # fmt: skip
+    monkeypatch.setattr("harness.device.bf16_is_fast", lambda device: (False, "test"))
+    model = ladder_step().GPTModel(cfg)
+    fields = mm.announce(run, model)
+    assert fields["memory_model"]["mode"] == "single" and fields["memory_model"]["act_bytes"] == 4
+    assert fields["predicted_state_bytes_per_rank"] == mm.state_bytes(cfg, 1, "single")["total"]
+    assert len(printed) == 1 and "predicted per rank (tiny, single" in printed[0] and not notes
+    monkeypatch.setattr(mm, "capacity_bytes", lambda device: 1)
+    mm.announce(run, model)
+    assert len(notes) == 1 and "expect out-of-memory" in notes[0]
