@@ -6,6 +6,18 @@ Raschka, LLMs-from-scratch ch05/10). `cpu` keeps GPT-2's shape of work on a 2-co
 `tiny` is for tests: seconds per run, and dropout 0 so that the loss-parity tests compare
 deterministic numbers.
 
+`gpt2-medium`, `gpt2-large` and `gpt2-xl` are the rest of the GPT-2 family, for step 14 (FSDP2)
+and the memory model (`harness.memory_model`): shapes from the GPT-2 paper (Radford et al. 2019,
+Table 2: 24 x 1024, 36 x 1280, 48 x 1600; the heads, 16/20/25, from OpenAI's released configs,
+64 channels each), context 1024. GPT-2 trained with 512 sequences of 1024 tokens per step and
+does not publish its learning rates ("manually tuned"); the rates here are the GPT-3 paper's
+for the same sizes (Brown et al. 2020, Table 2.1: 350M 3.0e-4, 760M 2.5e-4, 1.3B 2.0e-4, for
+0.5-1M-token batches), which Karpathy's llm.c GPT-2 reproductions follow. `batch_size` and
+`large_batch_size` are sequences per process, sized for one GPU; the paper's 512 would be
+large_batch_size x GPUs x gradient-accumulation steps (e.g. 16 x 8 x 4 for gpt2-medium; this
+ladder has no accumulation, so its global batch is large_batch_size x GPUs). Their run length is
+a measuring run: 30 steps, 10 of them warm-up.
+
 `choose` picks a run's preset (the flag, else the device's default) and applies the flags that
 override it; `check_name` is the one check of a preset's name.
 """
@@ -28,6 +40,60 @@ PRESETS = {
         "max_steps": None,
         "warmup_steps": 10,
         "eval_freq": 50,
+        "eval_iters": 5,
+        "sample_tokens": 50,
+    },
+    "gpt2-medium": {  # GPT-2 345M (355M as counted by HF); lr: GPT-3 Medium
+        "context_length": 1024,
+        "emb_dim": 1024,
+        "n_heads": 16,
+        "n_layers": 24,
+        "drop_rate": 0.1,
+        "qkv_bias": False,
+        "batch_size": 4,
+        "large_batch_size": 16,  # used from step 10 (larger batch) on
+        "lr": 3e-4,
+        "weight_decay": 0.1,
+        "epochs": 1,
+        "max_steps": 30,
+        "warmup_steps": 10,
+        "eval_freq": 0,
+        "eval_iters": 5,
+        "sample_tokens": 50,
+    },
+    "gpt2-large": {  # GPT-2 762M (774M); lr: GPT-3 Large
+        "context_length": 1024,
+        "emb_dim": 1280,
+        "n_heads": 20,
+        "n_layers": 36,
+        "drop_rate": 0.1,
+        "qkv_bias": False,
+        "batch_size": 2,
+        "large_batch_size": 8,  # used from step 10 (larger batch) on
+        "lr": 2.5e-4,
+        "weight_decay": 0.1,
+        "epochs": 1,
+        "max_steps": 30,
+        "warmup_steps": 10,
+        "eval_freq": 0,
+        "eval_iters": 5,
+        "sample_tokens": 50,
+    },
+    "gpt2-xl": {  # GPT-2 1542M (1.5B); lr: GPT-3 XL
+        "context_length": 1024,
+        "emb_dim": 1600,
+        "n_heads": 25,
+        "n_layers": 48,
+        "drop_rate": 0.1,
+        "qkv_bias": False,
+        "batch_size": 1,
+        "large_batch_size": 4,  # used from step 10 (larger batch) on
+        "lr": 2e-4,
+        "weight_decay": 0.1,
+        "epochs": 1,
+        "max_steps": 30,
+        "warmup_steps": 10,
+        "eval_freq": 0,
         "eval_iters": 5,
         "sample_tokens": 50,
     },

@@ -110,6 +110,7 @@ class Run:
         self._t_print = 0.0
         self._window_note = None
         self._written = False
+        self.memory_prediction: dict = {}  # memory_model.announce, before the first step
         on_failure.register(self.write_failure)  # from here on, a failure can be recorded
 
     # ------------------------------------------------------------ helpers for the step
@@ -133,6 +134,9 @@ class Run:
     def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
         """Count FLOPs per token and start the clock (call right before the training loop)."""
         self.cfg, self.batch_size = cfg, batch_size
+        from .memory_model import announce  # lazy: python -m harness.memory_model runs it
+
+        self.memory_prediction = announce(self, model)
         emb = {
             id(p)
             for m in model.modules()
@@ -239,6 +243,7 @@ class Run:
                 "batch_size_override": self.args.batch_size,
                 "data": self.args.data,
             },
+            **self.memory_prediction,
         }
 
     def finish(self, train_loss: float | None, val_loss: float | None) -> dict:

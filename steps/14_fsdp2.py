@@ -1,0 +1,446 @@
+"""Step 14: fully sharded data parallel (FSDP2), for models that outgrow one GPU.
+
+Steps 00-13 keep the whole training state on every GPU: fp32 weights, gradients and AdamW's two
+moments, 16 bytes per parameter before any activation: 2.6 GB for this ladder's gpt2-124m (163M
+parameters: its out_head is not tied to the embedding), 26 GB for gpt2-xl, which DDP therefore
+cannot train on 24 GB GPUs. FSDP2 (`torch.distributed.fsdp.fully_shard`: Zhao et al. 2023,
+"PyTorch FSDP"; ZeRO stage 3, Rajbhandari et al. 2020) splits every parameter on dim 0 across
+the W processes (a DTensor each): a rank keeps and updates only its shard of the weights,
+gradients and AdamW state, 16/W bytes per parameter. Launched like step 11 (torchrun; plain
+python is a world of one; nccl on CUDA, gloo on CPU), on the same global batch.
+
+What moves when. Before a block's forward its shards are all-gathered into full weights, which
+are freed after it and gathered again for its backward (on GPUs the gathers overlap the
+neighbouring block's compute); its full gradients are then reduce-scattered: each rank receives
+its own shard of them, averaged over the ranks as DDP averages. The root (embeddings, final
+norm, out_head) is gathered once per step and kept until the end of backward
+(`reshard_after_forward=False`): step 12's fused loss reads `out_head.weight` outside the
+model's forward, so it must be the gathered weight then; its gradient is reduce-scattered with
+the rest of the root's when backward ends. The cost: per step a rank moves the blocks' weights
+three times (all-gather for forward, for backward, and the reduce-scatter) where DDP's one
+all-reduce of the gradients is worth two, about 1.5x DDP's traffic (ZeRO-3), and it holds
+gathered copies (the root and two blocks) on top of its shards.
+
+When to pick it: when the model does not fit with DDP. On one GPU there is nothing to shard: it
+trades DDP's gradient buckets (4 B/param) for those gathered copies. `python -m
+harness.memory_model` predicts either per rank, and every run prints its prediction.
+
+Measured with tools/fsdp2_evidence.py (2 processes, gloo, 2-core CPU, eager; against DDP on
+step 13's model): on the `cpu` preset (60M parameters, 3 steps) a rank holds 480 MB of state
+against DDP's 960 MB, both exactly as predicted; its peak RSS fell from 2.20 to 1.83 GiB, 396 MB
+(predicted 389 MB: 480 MB of state and DDP's 240 MB of buckets saved, 331 MB of gathered root
+and blocks added). Per step a rank all-gathers 325 MB and reduce-scatters 240 MB where DDP
+all-reduces 240 MB (the cpu preset's weights are 65% root, gathered once). The losses equal
+step 13's bit for bit, on `tiny` and `cpu`.
+
+Choices. Each block is sharded, then the root (torchtitan's recipe). torch.compile goes per block
+(`block.compile()`): compiling the sharded model whole, as steps 08-13 do, silently runs it
+eager (FSDP2's hooks are not traced, and a graph break inside the loop over blocks makes dynamo
+skip the whole forward). Step 13's `checkpoint(block, x)` calls the sharded block; FSDP2
+gathers it again for the recompute. Every rank builds the same weights from the same seed
+before sharding (FSDP2 broadcasts nothing). Mixed precision stays step 05's autocast (fp32
+shards and fp32 all-gathers, bf16 only where bf16 is fast) rather than FSDP2's
+MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32). Measured on `tiny` (8 steps, bf16
+autocast forced on in both): with autocast, step 14's losses equal DDP's exactly; the policy
+halves the all-gather (13.3 vs 26.6 MB per step) but moves the losses by up to 5.5e-4 (bf16
+LayerNorm weights and embeddings, a bf16 residual stream between blocks), and it forces bf16
+compute: 6x slower per step on this CPU, which has no native bf16 (4.1 s vs 0.67 s), where step
+05 keeps fp32. The sharded state is fp32 either way. On GPUs whose links are the bottleneck the
+policy's halved all-gather is the next thing to measure.
+
+Run (flags shared by every step; --help lists them):
+    torchrun --nproc_per_node=4 steps/14_fsdp2.py --preset gpt2-xl  # 4 GPUs, 1.6B parameters
+    torchrun --nproc_per_node=2 steps/14_fsdp2.py --device cpu --preset tiny --max-steps 5
+    python steps/14_fsdp2.py --device cpu  # a world of one: the cpu preset
+"""
+
+import datetime
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist  # step 11
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh  # step 14
+from torch.distributed.fsdp import fully_shard  # step 14
+from torch.utils.checkpoint import checkpoint  # step 12
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler  # step 11
+
+# The shared harness lives at the repository root; find it from wherever this file sits.
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "harness").is_dir())
+sys.path.insert(0, str(REPO))
+import harness  # noqa: E402
+
+STEP = "14"
+
+
+# ---------------------------------------------------------------- model
+class MultiHeadAttention(nn.Module):
+    """Causal self-attention, written out: scores, mask, softmax, dropout, weighted sum."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, num_tokens, d_in = x.shape  # (B, T, C)
+        keys = self.W_key(x)  # (B, T, C)
+        queries = self.W_query(x)
+        values = self.W_value(x)
+
+        # split the channels into heads: (B, T, C) -> (B, H, T, Q), Q = C / H
+        keys = keys.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        queries = queries.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        values = values.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+
+        # step 07: one fused (flash) kernel for scores, causal mask, softmax, dropout and the
+        # weighted sum; the (B, H, T, T) scores are never materialized
+        context_vec = torch.nn.functional.scaled_dot_product_attention(
+            queries,
+            keys,
+            values,
+            dropout_p=self.dropout.p if self.training else 0.0,
+            is_causal=True,
+        ).transpose(1, 2)  # (B, H, T, Q) -> (B, T, H, Q)
+        context_vec = context_vec.contiguous().view(b, num_tokens, self.d_out)  # (B, T, C)
+        return self.out_proj(context_vec)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(cfg["emb_dim"], 4 * cfg["emb_dim"]),  # (B, T, C) -> (B, T, 4C)
+            nn.GELU(approximate="tanh"),  # step 06: native fused GELU (GPT-2's tanh form)
+            nn.Linear(4 * cfg["emb_dim"], cfg["emb_dim"]),  # (B, T, 4C) -> (B, T, C)
+        )
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LayerNorm block: x + attn(norm(x)), then x + ff(norm(x)) (GPT-2)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.att = MultiHeadAttention(
+            d_in=cfg["emb_dim"],
+            d_out=cfg["emb_dim"],
+            context_length=cfg["context_length"],
+            num_heads=cfg["n_heads"],
+            dropout=cfg["drop_rate"],
+            qkv_bias=cfg["qkv_bias"],
+        )
+        self.ff = FeedForward(cfg)
+        self.norm1 = nn.LayerNorm(cfg["emb_dim"])  # step 06: native fused LayerNorm
+        self.norm2 = nn.LayerNorm(cfg["emb_dim"])  # step 06
+        self.drop_shortcut = nn.Dropout(cfg["drop_rate"])
+
+    def forward(self, x):  # (B, T, C) -> (B, T, C)
+        x = x + self.drop_shortcut(self.att(self.norm1(x)))
+        x = x + self.drop_shortcut(self.ff(self.norm2(x)))
+        return x
+
+
+class GPTModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.tok_emb = nn.Embedding(cfg["vocab_size"], cfg["emb_dim"])
+        self.pos_emb = nn.Embedding(cfg["context_length"], cfg["emb_dim"])
+        self.drop_emb = nn.Dropout(cfg["drop_rate"])
+        self.trf_blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg["n_layers"])])
+        self.final_norm = nn.LayerNorm(cfg["emb_dim"])  # step 06
+        self.out_head = nn.Linear(cfg["emb_dim"], cfg["vocab_size"], bias=False)
+
+    def forward(self, in_idx, return_hidden=False):
+        batch_size, seq_len = in_idx.shape  # (B, T) token ids
+        tok_embeds = self.tok_emb(in_idx)  # (B, T, C)
+        pos_embeds = self.pos_emb(torch.arange(seq_len, device=in_idx.device))  # (T, C)
+        x = self.drop_emb(tok_embeds + pos_embeds)
+        for block in self.trf_blocks:
+            if self.training:  # step 13: keep the block's input only; recompute it in backward
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        x = self.final_norm(x)
+        if return_hidden:  # step 12: the fused loss applies out_head itself, chunk by chunk
+            return x  # (B, T, C)
+        return self.out_head(x)  # (B, T, V) logits
+
+
+# ---------------------------------------------------------------- data
+class GPTDataset(Dataset):
+    """Windows of context_length tokens; the target is the input shifted by one token."""
+
+    def __init__(self, token_ids, context_length, stride):
+        self.token_ids = token_ids  # (N,) int64
+        self.starts = range(0, len(token_ids) - context_length, stride)
+        self.context_length = context_length
+
+    def __len__(self):
+        return len(self.starts)
+
+    def __getitem__(self, idx):
+        i = self.starts[idx]
+        chunk = self.token_ids[i : i + self.context_length + 1]
+        return chunk[:-1], chunk[1:]  # (T,), (T,)
+
+
+def create_dataloader(token_ids, batch_size, context_length, shuffle, drop_last, seed, pin_memory):
+    dataset = GPTDataset(token_ids, context_length, stride=context_length)
+    # step 11: each rank takes every world_size-th index of one seeded permutation per epoch
+    # (the same permutation as step 10's sampler, so a world of one sees the same batches)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler if shuffle else None,
+        drop_last=drop_last,
+        num_workers=0,
+        pin_memory=pin_memory,  # step 04: batches in page-locked memory for async H2D copies
+    )
+
+
+# ---------------------------------------------------------------- loss, evaluation, sampling
+def calc_loss_batch(input_batch, target_batch, model):
+    logits = model(input_batch)  # (B, T, V)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target_batch.flatten())
+
+
+def _chunk_ce_sum(hidden, weight, targets):  # step 12
+    logits = hidden @ weight.to(hidden.dtype).T  # (rows, V): one chunk only
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+def chunked_linear_cross_entropy(weight, hidden, targets, chunk_rows=1024):  # step 12
+    """mean CE of hidden @ weight.T in plain PyTorch, chunk_rows rows at a time.
+
+    checkpoint() keeps only each chunk's inputs and recomputes its logits in backward, so at
+    most one (chunk_rows, V) block of logits is alive, never the full (N, V).
+    """
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for h, t in zip(hidden.split(chunk_rows), targets.split(chunk_rows), strict=True):
+        total = total + checkpoint(_chunk_ce_sum, h, weight, t, use_reentrant=False)
+    return total / targets.numel()
+
+
+class FusedLinearCrossEntropy:  # step 12
+    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel, else the chunked one."""
+
+    def __init__(self, run, dtype):
+        self.run, self.dtype, self.liger = run, dtype, None
+        try:
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+            self.liger = LigerFusedLinearCrossEntropyLoss()
+        except Exception as e:  # not installed (macOS, Windows), or no triton
+            self.fall_back(f"liger-kernel unavailable: {e.__class__.__name__}: {e}")
+
+    def fall_back(self, why):
+        self.liger = None
+        warnings.warn(f"step 12: {why}; using chunked PyTorch linear+cross-entropy", stacklevel=2)
+        self.run.note(f"step 12: chunked PyTorch linear+cross-entropy ran ({why})")
+
+    def __call__(self, weight, hidden, targets):
+        hidden = hidden.to(self.dtype)  # bf16 when step 05 is on, as autocast would cast it
+        if self.liger is not None:
+            try:
+                loss = self.liger(weight.to(self.dtype), hidden, targets)
+                self.run.note("step 12: Liger fused linear cross-entropy kernel ran")
+                return loss
+            except Exception as e:  # e.g. Triton's "0 active drivers" without a GPU
+                self.fall_back(f"Liger kernel failed: {str(e).splitlines()[0][:120]}")
+        return chunked_linear_cross_entropy(weight, hidden, targets)
+
+
+def calc_loss_loader(data_loader, model, device, num_batches):
+    total, count = 0.0, 0
+    for i, (input_batch, target_batch) in enumerate(data_loader):
+        if i >= num_batches:
+            break
+        input_batch, target_batch = input_batch.to(device), target_batch.to(device)
+        total += calc_loss_batch(input_batch, target_batch, model).item()
+        count += 1
+    return total / max(count, 1)
+
+
+def evaluate_model(model, train_loader, val_loader, device, eval_iter):
+    model.eval()
+    with torch.no_grad():
+        train_loss = calc_loss_loader(train_loader, model, device, num_batches=eval_iter)
+        val_loss = calc_loss_loader(val_loader, model, device, num_batches=eval_iter)
+    model.train()
+    return train_loss, val_loss
+
+
+def generate_text_simple(model, idx, max_new_tokens, context_size):
+    """Greedy decoding: append the most likely next token, max_new_tokens times."""
+    for _ in range(max_new_tokens):
+        idx_cond = idx[:, -context_size:]  # (1, <=T)
+        with torch.no_grad():
+            logits = model(idx_cond)[:, -1, :]  # (1, V): the last position only
+        idx_next = torch.argmax(logits, dim=-1, keepdim=True)  # (1, 1)
+        idx = torch.cat((idx, idx_next), dim=1)
+    return idx
+
+
+def generate_and_print_sample(model, run, device, start_context, num_tokens):
+    model.eval()
+    tokenizer = run.tokenizer()
+    encoded = torch.tensor(tokenizer.encode(start_context), device=device).unsqueeze(0)
+    context_size = run.preset["context_length"]
+    out = generate_text_simple(model, encoded, num_tokens, context_size)[0].tolist()
+    run.print(tokenizer.decode([t for t in out if t < tokenizer.n_vocab]).replace("\n", " "))
+    model.train()
+
+
+# ---------------------------------------------------------------- distributed set-up
+def ddp_setup(device):  # step 11
+    """Join the process group torchrun describes; under plain python, a world of one."""
+    backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
+        raise harness.UserError(
+            f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
+            f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
+        )
+    if device.type == "cuda":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if local_world > torch.cuda.device_count():
+            raise harness.UserError(
+                f"{local_world} processes on this node but {torch.cuda.device_count()} GPUs "
+                "visible: use --nproc_per_node at most the GPU count"
+            )
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    # A lost peer makes collectives fail after this long instead of hanging forever.
+    timeout = datetime.timedelta(minutes=10)
+    if "RANK" in os.environ:  # torchrun: env:// rendezvous (MASTER_ADDR/PORT set by torchrun)
+        dist.init_process_group(backend, timeout=timeout)
+    else:  # plain python: a world of one in an in-memory store, no address or port needed
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
+    return device
+
+
+# ---------------------------------------------------------------- training
+def main():
+    args = harness.parse_args(__doc__)
+    run = harness.Run(args, STEP, __file__)
+    P = run.preset
+
+    # Config: the same keys in the same order in every step; values come from the preset.
+    GPT_CONFIG = {
+        "vocab_size": 50304,  # step 09: GPT-2's 50257 padded to a multiple of 64
+        "context_length": P["context_length"],
+        "emb_dim": P["emb_dim"],
+        "n_heads": P["n_heads"],
+        "n_layers": P["n_layers"],
+        "drop_rate": P["drop_rate"],
+        "qkv_bias": P["qkv_bias"],
+    }
+    SETTINGS = {
+        "learning_rate": P["lr"],
+        "num_epochs": P["epochs"],
+        "batch_size": P["large_batch_size"],  # step 10: 4x the batch (8 -> 32 on gpt2-124m)
+        "weight_decay": P["weight_decay"],
+        "eval_iter": P["eval_iters"],
+        "sample_tokens": P["sample_tokens"],
+    }
+
+    torch.manual_seed(args.seed)
+    device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
+    torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
+    if device.type != "cuda":  # step 02
+        run.note(f"step 02: TF32 is a CUDA tensor-core mode: no effect on {device.type}")
+    train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
+    pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
+    if not pin_memory:  # step 04
+        run.note(f"step 04: pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+    train_loader = create_dataloader(
+        train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
+        shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
+    )  # fmt: skip
+    val_loader = create_dataloader(
+        val_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
+        shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
+    )  # fmt: skip
+
+    model = GPTModel(GPT_CONFIG).to(device)
+    out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # step 14: all ranks, 1-D
+    for block in model.trf_blocks:  # step 14: one all-gather / reduce-scatter group per block
+        block.compile()  # step 14: step 08 per block: the whole model would fall back to eager
+        fully_shard(block, mesh=mesh)  # step 14: this block's params, grads, AdamW state sharded
+    # step 14: the root holds the rest (embeddings, final norm, out_head) and stays gathered
+    # after forward, so the fused loss reads out_head's full weight and its gradient is
+    # reduce-scattered at the end of backward with the rest of the root's
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=SETTINGS["learning_rate"],
+        weight_decay=SETTINGS["weight_decay"],
+        fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
+    )
+
+    use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
+    if not use_bf16:  # step 05
+        run.note(f"step 05: bf16 autocast off on this {device.type}: {why}")
+    fused_ce = FusedLinearCrossEntropy(run, torch.bfloat16 if use_bf16 else torch.float32)
+
+    run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
+    for epoch in range(SETTINGS["num_epochs"]):
+        train_loader.sampler.set_epoch(epoch)  # step 11: a new shuffle per epoch, same on all ranks
+        model.train()
+        for input_batch, target_batch in train_loader:
+            input_batch = input_batch.to(device, non_blocking=True)  # (B, T); step 04
+            target_batch = target_batch.to(device, non_blocking=True)  # (B, T); step 04
+            optimizer.zero_grad()
+            # step 05: bf16 matmuls/attention, fp32 weights, grads and optimizer state
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                hidden = model(input_batch, return_hidden=True)  # (B, T, C); step 12: no logits
+            # step 12: output layer + cross-entropy in one fused, chunked op (outside compile)
+            loss = fused_ce(out_head.weight, hidden.flatten(0, 1), target_batch.flatten())
+            loss.backward()
+            optimizer.step()
+            run.step_done(loss, tokens=input_batch.numel())
+
+            if run.eval_due():
+                with run.paused():
+                    train_loss, val_loss = evaluate_model(
+                        model, train_loader, val_loader, device, SETTINGS["eval_iter"]
+                    )
+                    run.print(f"Ep {epoch + 1} (step {run.steps_done:06d}): "
+                              f"train loss {train_loss:.3f}, val loss {val_loss:.3f}")  # fmt: skip
+            if run.finished:
+                break
+        if run.sample_due():  # a short greedy sample at the end of each epoch
+            with run.paused():
+                generate_and_print_sample(
+                    model, run, device, "Every effort moves you", SETTINGS["sample_tokens"]
+                )
+        if run.finished:
+            break
+
+    with run.paused():
+        train_loss, val_loss = evaluate_model(
+            model, train_loader, val_loader, device, SETTINGS["eval_iter"]
+        )
+    run.finish(train_loss, val_loss)
+    dist.destroy_process_group()  # step 11
+
+
+if __name__ == "__main__":
+    harness.main(main)

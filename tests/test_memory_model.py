@@ -1,0 +1,101 @@
+"""harness/memory_model.py: the prediction against a direct count of the ladder's model, the
+GPT-2 family's sizes, and the "largest preset that fits" table (predicted)."""
+
+import functools
+import sys
+
+import pytest
+import torch
+from conftest import run_script
+
+from harness import memory_model as mm
+from harness.presets import PRESETS
+
+
+@functools.cache
+def ladder_step():
+    from test_memory_steps import load_step
+
+    return load_step("13_gradient_checkpointing")  # the same GPTModel as steps 09-14
+
+
+def direct(preset, world):
+    """(all params, rank 0's FSDP2 shards) counted on the ladder's model, built on meta."""
+    p = PRESETS[preset]
+    cfg = {"vocab_size": mm.VOCAB, **{k: p[k] for k in ["context_length", "emb_dim", "n_heads",
+           "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
+    with torch.device("meta"):
+        model = ladder_step().GPTModel(cfg)
+    full = sum(q.numel() for q in model.parameters())
+    shard = sum(q.chunk(world, dim=0)[0].numel() for q in model.parameters())
+    return full, shard
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_prediction_matches_a_direct_count(preset):
+    cfg = PRESETS[preset]
+    full, _ = direct(preset, 1)
+    assert mm.param_counts(cfg)["total"] == full
+    assert mm.state_bytes(cfg, 1, "ddp")["total"] == 16 * full  # params x (4 + 4 + 8) bytes
+    for world in (2, 3, 4, 8):
+        _, shard = direct(preset, world)
+        assert mm.state_bytes(cfg, world, "fsdp2")["total"] == 16 * shard
+        assert mm.state_bytes(cfg, world, "ddp")["total"] == 16 * full
+
+
+def test_gpt2_family_sizes():
+    """GPT-2 paper Table 2 sizes, plus this ladder's untied out_head (50304 x C)."""
+    sizes = {"gpt2-124m": 124e6, "gpt2-medium": 355e6, "gpt2-large": 774e6, "gpt2-xl": 1558e6}
+    for name, paper in sizes.items():
+        cfg = PRESETS[name]
+        tied = mm.param_counts(cfg, vocab=50257)["total"] - 50257 * cfg["emb_dim"]
+        assert abs(tied - paper) / paper < 0.03, (name, tied)
+        assert cfg["context_length"] == 1024 and cfg["emb_dim"] // cfg["n_heads"] == 64
+
+
+def test_fit_table_grows_with_sharding():
+    """Predicted: FSDP2 on 4 GPUs fits at least what one GPU fits, and 24 GB fits gpt2-xl."""
+    order = [None, *mm.GPT2_FAMILY]
+    for gb in mm.GPU_GB:
+        assert order.index(mm.largest_fit("14", 4, gb)) >= order.index(mm.largest_fit("13", 4, gb))
+    assert mm.largest_fit("14", 4, 24) == "gpt2-xl"
+    assert mm.largest_fit("13", 1, 24) != "gpt2-xl"  # 26 GB of state alone
+    table = mm.fit_table()
+    assert table.count("\n") == 6 and "| 14 |" in table
+
+
+def test_memory_model_command_prints_the_table():
+    proc = run_script([sys.executable, "-m", "harness.memory_model"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "PREDICTED" in proc.stdout and "| 14 |" in proc.stdout
+    assert proc.stdout.count("predicted per rank") == 4
+
+
+def test_activation_estimate_matches_the_published_reference_peaks():
+    """The reference ladder's A100 peaks (results/reference, gpt2-124m, bf16 weights, grads and
+    AdamW state: 8 B/param): its step 09 (batch 8) and step 10 (batch 32), within 10%."""
+    cfg = PRESETS["gpt2-124m"]
+    state = 8 * mm.param_counts(cfg)["total"]
+    for batch, published in [(8, 5.8906e9), (32, 22.5078e9)]:
+        predicted = state + mm.activation_bytes(cfg, batch, "logits", act_bytes=2, flash=True)
+        assert abs(predicted - published) / published < 0.10, (batch, predicted)
+
+
+def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
+    """What Run.set_model gets: the prediction printed, its record fields, a note past capacity."""
+    from types import SimpleNamespace
+
+    printed, notes = [], []
+    cfg = {"vocab_size": mm.VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
+           "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
+    run = SimpleNamespace(cfg=cfg, step="13", device=torch.device("cpu"), preset_name="tiny",
+                          batch_size=8, print=printed.append, note=notes.append)  # fmt: skip
+    monkeypatch.setattr("harness.device.bf16_is_fast", lambda device: (False, "test"))
+    model = ladder_step().GPTModel(cfg)
+    fields = mm.announce(run, model)
+    assert fields["memory_model"]["mode"] == "single" and fields["memory_model"]["act_bytes"] == 4
+    assert fields["predicted_state_bytes_per_rank"] == mm.state_bytes(cfg, 1, "single")["total"]
+    assert len(printed) == 1 and "predicted per rank (tiny, single" in printed[0] and not notes
+    monkeypatch.setattr(mm, "capacity_bytes", lambda device: 1)
+    mm.announce(run, model)
+    assert len(notes) == 1 and "expect out-of-memory" in notes[0]
