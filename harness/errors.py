@@ -10,3 +10,11 @@ class UserError(Exception):
 def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def warn(message: str) -> None:
+    """One `warning: ...` line on stderr (never fatal, even when stderr is gone)."""
+    try:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass

@@ -45,19 +45,26 @@ def append_jsonl(path: str | Path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Records of a file; a torn last line (killed mid-write) is skipped, not fatal."""
-    out = []
+def jsonl_lines(path: str | Path):
+    """(line number, value or None, raw bytes) per non-blank line; a line that is not UTF-8 or
+    not JSON has the value None. Missing file: nothing."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except FileNotFoundError:
-        return out
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
+        return
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        line = raw.removeprefix(b"\xef\xbb\xbf") if n == 1 else raw  # a BOM (Windows editors)
+        if not line.strip():
             continue
-    return out
+        try:
+            yield n, json.loads(line.decode("utf-8")), raw
+        except ValueError:  # UnicodeDecodeError is one too
+            yield n, None, raw
+
+
+def read_jsonl(path: str | Path) -> list:
+    """Records of a file; a torn or unreadable line (killed mid-write) is skipped, not fatal."""
+    return [v for _, v, _ in jsonl_lines(path) if v is not None]
 
 
 def file_sha256(path: str | Path) -> str:

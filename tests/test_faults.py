@@ -1,0 +1,107 @@
+"""Faults a user hits (issue 13): no finished record lost, no corrupt cache trusted, no absurd
+number shown, bad output locations found before the work, and one line for every error the
+environment causes. Mostly in-process and on the fixture ladders (milliseconds); a few
+subprocesses where the process itself is what is tested (a closed pipe, torch.compile)."""
+
+import json
+import os
+from pathlib import Path
+
+from harness.runs import load_runs, recover
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TAG = f"cpu-{os.cpu_count()}c"
+
+
+def sweep_here(capsys, *args) -> tuple[int, str, str]:
+    """`python -m harness run ARGS` in this process; returns (exit code, stdout, stderr)."""
+    from harness.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main(["run", *map(str, args)])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def fixture_sweep(capsys, results, *args):
+    base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
+    return sweep_here(capsys, *base, "--no-plots", *args)
+
+
+def one_line(err: str) -> str:
+    """stderr holds exactly one line, an `error:` one, and no traceback."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+# ---------------------------------------------------------------- runs.jsonl: nothing lost
+def test_a_last_record_without_its_newline_is_kept(tmp_path, capsys):
+    results = tmp_path / "results"
+    assert fixture_sweep(capsys, results, "--steps", "00,01")[0] == 0
+    runs = results / TAG / "runs.jsonl"
+    before = runs.read_bytes()
+    runs.write_bytes(before.rstrip(b"\n"))  # an editor that saves without a final newline
+    code, out, err = fixture_sweep(capsys, results, "--steps", "00,01")
+    assert code == 0, err
+    assert out.count("up to date") == 2  # step 01's record was not deleted, nor re-run
+    assert runs.read_bytes() == before and "cut" not in err
+    assert not (results / TAG / "runs.jsonl.cut").exists()
+
+
+def test_a_torn_last_line_is_cut_kept_aside_and_named(tmp_path, capsys):
+    tag_dir = tmp_path / TAG
+    tag_dir.mkdir()
+    runs = tag_dir / "runs.jsonl"
+    good = json.dumps({"step": "00", "status": "ok", "sweep": {"run_id": "a" * 32}})
+    runs.write_text(good + "\n" + '{"step": "01", "status": "o')
+    recover(tag_dir)
+    err = capsys.readouterr().err
+    assert runs.read_text() == good + "\n"
+    assert (tag_dir / "runs.jsonl.cut").read_text() == '{"step": "01", "status": "o\n'
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert line.startswith("warning: ") and "line 2" in line and "27 bytes" in line
+    assert '{"step": "01", "status": "o' in line and "runs.jsonl.cut" in line
+
+
+def test_unusable_lines_are_skipped_with_one_warning_each_and_never_rewritten(tmp_path, capsys):
+    results = tmp_path / "results"
+    assert fixture_sweep(capsys, results, "--steps", "00")[0] == 0
+    runs = results / TAG / "runs.jsonl"
+    bad = [
+        b'{"step": "00", "status": "ok", "sweep": "oops"}',  # the wrong shape
+        b"\xff\xfe not UTF-8 \x80",
+        b"[1, 2, 3]",
+        b'{"step": 1, "status": "ok"}',
+        b'{"step": "01", "status": "ok", "tokens_per_sec": "fast"}',
+        b"null",
+        b"{not json",
+    ]
+    runs.write_bytes(runs.read_bytes() + b"\n".join(bad) + b"\n")
+    for _ in range(2):  # each sweep: a warning per line, the file left as it is
+        before = runs.read_bytes()
+        code, out, err = fixture_sweep(capsys, results, "--steps", "00,01")
+        assert code == 0 and "Traceback" not in err, err
+        warnings = [ln for ln in err.splitlines() if ln.startswith("warning:")]
+        numbers = [w.split(" line ")[1].split(" ")[0] for w in warnings]
+        assert numbers == [str(n) for n in range(2, 9)]
+        assert all(str(runs) in w and "skipped" in w for w in warnings)
+        assert '"sweep" is a string, not an object' in warnings[0]
+        assert "not UTF-8" in warnings[1] and "not JSON" in warnings[6]
+        assert runs.read_bytes().startswith(before)  # appended to, never rewritten
+        assert all(b in runs.read_bytes() for b in bad)
+        import harness.runs
+
+        harness.runs._WARNED.clear()  # a new sweep process warns again
+    assert [r["step"] for r in load_runs(results / TAG)] == ["00", "01"]
+
+
+def test_a_first_line_with_a_byte_order_mark_is_a_record(tmp_path, capsys):
+    tag_dir = tmp_path / TAG
+    tag_dir.mkdir()
+    rec = {"step": "00", "status": "ok", "sweep": {"run_id": "a" * 32}}
+    (tag_dir / "runs.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(rec).encode() + b"\r\n")
+    assert load_runs(tag_dir) == [rec] and not capsys.readouterr().err  # Windows Notepad
