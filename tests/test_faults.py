@@ -3,10 +3,16 @@ number shown, bad output locations found before the work, and one line for every
 environment causes. Mostly in-process and on the fixture ladders (milliseconds); a few
 subprocesses where the process itself is what is tested (a closed pipe, torch.compile)."""
 
+import errno
 import json
 import os
 from pathlib import Path
 
+import numpy as np
+import pytest
+from conftest import VERDICT
+
+from harness import data
 from harness.runs import load_runs, recover
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -105,3 +111,50 @@ def test_a_first_line_with_a_byte_order_mark_is_a_record(tmp_path, capsys):
     rec = {"step": "00", "status": "ok", "sweep": {"run_id": "a" * 32}}
     (tag_dir / "runs.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(rec).encode() + b"\r\n")
     assert load_runs(tag_dir) == [rec] and not capsys.readouterr().err  # Windows Notepad
+
+
+# ---------------------------------------------------------------- the token cache
+CORRUPTIONS = {
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[:100]),
+    "garbage": lambda p: p.write_bytes(os.urandom(2000)),
+    "empty": lambda p: p.write_bytes(b""),
+    "all zeros": lambda p: np.save(p, np.zeros_like(np.load(p))),
+    "shortened": lambda p: np.save(p, np.load(p)[:-7]),
+    "wrong dtype": lambda p: np.save(p, np.load(p).astype(np.int64)),
+    "out of vocabulary": lambda p: np.save(p, np.load(p) | np.uint16(0xFFF0)),
+    "a folder": lambda p: (p.unlink(), p.mkdir()),
+    "sidecar garbage": lambda p: p.with_suffix(".json").write_text("{oops"),
+    "sidecar missing": lambda p: p.with_suffix(".json").unlink(),
+}
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_a_corrupt_token_cache_is_rebuilt_and_said_so(how, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
+    text = VERDICT.read_text(encoding="utf-8-sig")[:3000]
+    ids = data.token_ids(text)
+    (path,) = tmp_path.glob("tokens-gpt2-*.npy")
+    CORRUPTIONS[how](path)
+    capsys.readouterr()
+    again = data.token_ids(text)
+    assert again.dtype == np.uint16 and np.array_equal(again, ids)
+    line, *more = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert line.startswith(f"warning: token cache {path} failed its check (")
+    assert line.endswith("rebuilding it from the text")
+    assert len(more) == (how == "a folder")  # a folder in the way: also "not cached"
+    if how != "a folder":  # rebuilt in place, and trusted from then on
+        assert np.array_equal(np.load(path), ids)
+        assert np.array_equal(data.token_ids(text), ids) and not capsys.readouterr().err
+
+
+def test_a_token_cache_that_cannot_be_written_costs_only_a_warning(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
+
+    def full(path, payload):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(data, "atomic_write_bytes", full)
+    ids = data.token_ids("A short text that is tokenized. " * 20)
+    assert len(ids) > 0 and not list(tmp_path.iterdir())
+    err = capsys.readouterr().err
+    assert "warning: token ids not cached" in err and "No space left on device" in err
