@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import VERDICT
 
-from harness import data
+from harness import data, device
 from harness.runs import load_runs, recover
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -158,3 +159,66 @@ def test_a_token_cache_that_cannot_be_written_costs_only_a_warning(tmp_path, mon
     assert len(ids) > 0 and not list(tmp_path.iterdir())
     err = capsys.readouterr().err
     assert "warning: token ids not cached" in err and "No space left on device" in err
+
+
+# ---------------------------------------------------------------- the CPU peak cache
+BAD_PEAKS = {
+    "1e3 FLOP/s": {"fp32": 1e3, "bf16": 1e3},
+    "negative": {"fp32": -5e10, "bf16": -1.0},
+    "1e20": {"fp32": 1e20, "bf16": 1e10},
+    "NaN": {"fp32": float("nan"), "bf16": 1e10},
+    "a string": {"fp32": "fast", "bf16": 1e10},
+    "a boolean": {"fp32": True, "bf16": 1e10},
+    "missing bf16": {"fp32": 1e10},
+    "a list": [1e10, 1e10],
+    "a number": 5e10,
+}
+
+
+@pytest.mark.parametrize("how", [*BAD_PEAKS, "not JSON", "not an object", "a folder"])
+def test_an_implausible_cpu_peak_is_measured_again(how, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
+    cpu = torch.device("cpu")
+    key = device.rates_key(cpu)
+    path = tmp_path / "matmul_peak.json"
+    other = {"cpu|another machine|threads=8|torch=x": {"fp32": 1e11, "bf16": 2e11}}
+    if how == "not JSON":
+        path.write_bytes(b"\x00\xffnot json")
+    elif how == "not an object":
+        path.write_text("[1, 2]")
+    elif how == "a folder":
+        path.mkdir()
+    else:
+        path.write_text(json.dumps({key: BAD_PEAKS[how], **other}))
+    measured = []
+
+    def rate(dev, dtype, n=1024):  # the measurement itself is not under test: 50/25 GFLOP/s
+        measured.append(dtype)
+        return 5e10 if dtype == torch.float32 else 2.5e10
+
+    monkeypatch.setattr(device, "_matmul_rate", rate)
+    capsys.readouterr()
+    peak, source = device.peak_flops(cpu)
+    assert peak == 5e10 and "measured cpu matmul peak 50 GFLOP/s" in source
+    assert measured == [torch.float32, torch.bfloat16]
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "measuring" in err or "not cached" in err  # said, in a line
+    if how == "a folder":
+        assert "not cached" in err
+    else:
+        table = json.loads(path.read_text())
+        assert table[key] == {"fp32": 5e10, "bf16": 2.5e10}
+        if how in BAD_PEAKS:
+            assert table[next(iter(other))] == other[next(iter(other))]  # others kept
+            assert "implausible" in err
+        assert device.peak_flops(cpu)[0] == 5e10 and len(measured) == 2  # cached from now on
+
+
+def test_an_implausible_measurement_is_not_cached_and_gives_no_mfu(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
+    monkeypatch.setattr(device, "_matmul_rate", lambda *a, **k: 1e3)  # a machine frozen solid
+    peak, source = device.peak_flops(torch.device("cpu"))
+    assert peak is None and "implausible" in source and "MFU left empty" in source
+    assert not (tmp_path / "matmul_peak.json").exists()
+    assert device.bf16_is_fast(torch.device("cpu"))[0] is False
