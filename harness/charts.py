@@ -2,7 +2,8 @@
 
 Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00),
 peak_memory.png (peak reserved GiB) and mfu.png (MFU %); a failed step is a "failed (oom)" label
-at zero, never a bar. results/comparison.png groups every tag's tok/s per step. The published
+at zero, never a bar, and so is an MFU outside (0, 100%] ("MFU invalid: ...").
+results/comparison.png groups every tag's tok/s per step. The published
 single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
 results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched panel,
 labelled as such: they are not this project's measurements.
@@ -12,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 from .files import RESULTS
-from .summary import describe, number, read_summary, speedup_text
+from .summary import describe, mfu_flag, number, read_summary, speedup_text
 
 REFERENCE_CSV = RESULTS / "reference" / "published_a100_ladder.csv"
 CHARTS = ("tokens_per_sec.png", "peak_memory.png", "mfu.png")
@@ -77,7 +78,7 @@ def _thousands(ax):
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 10 else f"{x:g}"))
 
 
-def _bars(ax, rows, value_of, label_of, unit: str):
+def _bars(ax, rows, value_of, label_of, unit: str, no_value=_no_value):
     """Horizontal bars, step 00 on top; failed or missing steps get a label at zero, no bar."""
     ys = list(range(len(rows)))
     values = [value_of(r) if _ok(r) else None for r in rows]
@@ -86,7 +87,7 @@ def _bars(ax, rows, value_of, label_of, unit: str):
     top = max((v for v in values if v is not None), default=0.0) or 1.0
     for y, r, v in zip(ys, rows, values, strict=True):
         if v is None:
-            text, color = _no_value(r)
+            text, color = no_value(r)
             ax.text(top * 0.01, y, text, va="center", ha="left", color=color, fontweight="bold")
         else:
             ax.text(v + top * 0.01, y, label_of(r, v), va="center", ha="left", fontsize=9)
@@ -188,14 +189,28 @@ def _memory_figure(plt, rows, heading: str, ref):
     return fig
 
 
+def _mfu_value(r) -> float | None:
+    """MFU in %, only when it is a fraction in (0, 1]: an impossible MFU is never a bar."""
+    v = number(r.get("mfu"))
+    return None if v is None or mfu_flag(r) else v * 100
+
+
+def _mfu_missing(r) -> tuple[str, str]:
+    flag = mfu_flag(r)
+    if flag:
+        return f"MFU invalid: {textwrap.shorten(flag, 70, placeholder='…')}", FAIL_COLOR
+    return _no_value(r)
+
+
 def _mfu_figure(plt, rows, heading: str):
     fig, ax, _ = _figure(plt, len(rows), 0)
     _bars(
         ax,
         rows,
-        lambda r: None if number(r.get("mfu")) is None else number(r.get("mfu")) * 100,
+        _mfu_value,
         lambda r, v: f"{v:.1f}%",
         "model FLOPs utilization (% of the device's bf16 peak)",
+        no_value=_mfu_missing,
     )
     ax.set_title(f"MEASURED by this project: {heading}\nMFU per step", fontsize=10)
     return fig

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -65,6 +66,21 @@ def jsonl_lines(path: str | Path):
 def read_jsonl(path: str | Path) -> list:
     """Records of a file; a torn or unreadable line (killed mid-write) is skipped, not fatal."""
     return [v for _, v, _ in jsonl_lines(path) if v is not None]
+
+
+def mfu_problem(value) -> str | None:
+    """Why an MFU cannot be right, or None when it can: a fraction in (0, 1]. Above 1 the peak
+    it was taken over is too low (a CPU peak measured on a busy machine, a wrong cache). The
+    reason never repeats the absurd number (the record keeps it in `mfu_invalid.value`)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return "MFU is not a number"
+    if value <= 0:
+        return "MFU is not above 0: the peak FLOP/s or the throughput it comes from is wrong"
+    if value > 1:
+        return "MFU above 100%: the peak FLOP/s it divides by is too low"
+    return None
 
 
 def file_sha256(path: str | Path) -> str:

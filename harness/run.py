@@ -14,6 +14,7 @@ steps included (see device.GPU_PEAK_BF16; CPU and MPS: the best matmul rate meas
 """
 
 import datetime as dt
+import math
 import os
 import statistics
 import sys
@@ -30,7 +31,7 @@ from .data import gpt2_tokenizer, load_split
 from .errors import UserError
 from .files import ROOT
 from .presets import choose
-from .record import FIELDS, append_jsonl, file_sha256, git_sha
+from .record import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
 
 
 def _dist():
@@ -269,11 +270,15 @@ class Run:
         if self.peak:
             mfu = tps * self.flops_per_token / (self.peak * world)
         self.note(f"MFU over {self.peak_source}")
-        if mfu is not None and mfu > 1:  # a CPU peak measured while the machine was busy
-            self.note(
-                "MFU above 100%: the cached peak is too low (measured on a busy machine?); "
-                f"delete {dev.cache_dir() / 'matmul_peak.json'} to measure it again"
-            )
+        mfu_invalid = None
+        why = mfu_problem(mfu)
+        if why is not None:  # never a number: e.g. a CPU peak measured on a busy machine
+            value = mfu if isinstance(mfu, (int, float)) and math.isfinite(mfu) else str(mfu)
+            mfu_invalid, mfu = {"value": value, "reason": why}, None
+            again = ""
+            if self.device.type != "cuda":
+                again = f"; delete {dev.cache_dir() / 'matmul_peak.json'} to measure it again"
+            self.note(f"{why}: MFU left empty{again}")
         rec = self._base_record("ok")
         rec.update(
             tokens_per_sec=round(tps, 1),
@@ -289,13 +294,15 @@ class Run:
             flops_per_token=self.flops_per_token,
             peak_mem_reserved_per_rank=m.reserved_per_rank,
         )
+        if mfu_invalid is not None:
+            rec["mfu_invalid"] = mfu_invalid
         rec = {k: rec[k] for k in FIELDS} | {k: v for k, v in rec.items() if k not in FIELDS}
         gib = (m.reserved or 0) / 2**30
         self.print(
             f"[{self.step}] done: {tps:,.0f} tok/s ({world} x {self.batch_size} x "
             f"{rec['context_length']} tokens / {m.step_time * 1000:.1f} ms median over "
             f"{len(self.step_times)} timed steps)  peak mem {gib:.2f} GiB  "
-            f"MFU {'-' if mfu is None else f'{mfu:.1%}'}  train loss "
+            f"MFU {'invalid' if mfu_invalid else '-' if mfu is None else f'{mfu:.1%}'}  train loss "
             f"{'-' if m.train_loss is None else f'{m.train_loss:.3f}'}  val loss "
             f"{'-' if m.val_loss is None else f'{m.val_loss:.3f}'}"
         )

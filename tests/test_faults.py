@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import VERDICT
+from conftest import ROOT, VERDICT, records
 
-from harness import data, device
+from harness import charts, data, device, readme, summary
+from harness.ladder import discover
 from harness.runs import load_runs, recover
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -222,3 +223,97 @@ def test_an_implausible_measurement_is_not_cached_and_gives_no_mfu(tmp_path, mon
     assert peak is None and "implausible" in source and "MFU left empty" in source
     assert not (tmp_path / "matmul_peak.json").exists()
     assert device.bf16_is_fast(torch.device("cpu"))[0] is False
+
+
+# ---------------------------------------------------------------- MFU outside (0, 100%]
+class Args:
+    device, preset, max_steps, epochs, warmup_steps, batch_size = "cpu", "tiny", 3, 1, 1, None
+    data, results, seed = None, None, 123
+
+
+def test_an_mfu_above_100_percent_is_flagged_in_the_record(tmp_path, monkeypatch, capsys):
+    from harness.run import Run
+
+    monkeypatch.setattr(device, "peak_flops", lambda d: (1e3, "a 1e3 FLOP/s peak"))
+    args = type("A", (Args,), {"results": str(tmp_path / "r.jsonl")})
+    run = Run(args, "00", str(ROOT / "00_orig.py"))
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 100))
+    run.set_model(model, {"n_layers": 1, "n_heads": 1, "context_length": 8, "emb_dim": 16}, 2)
+    for _ in range(3):
+        run.step_done(torch.tensor(1.0), tokens=16)
+    rec = run.finish(1.0, 1.0)
+    (written,) = records(tmp_path / "r.jsonl")
+    for r in (rec, written):
+        assert r["status"] == "ok" and r["mfu"] is None
+        assert r["mfu_invalid"]["value"] > 1 and "above 100%" in r["mfu_invalid"]["reason"]
+        assert any("MFU left empty" in n for n in r["notes"])
+    assert "MFU invalid" in capsys.readouterr().out
+
+
+def _records_for(steps, mfus):
+    """ok records of the fixture ladder's steps with these MFU values, as the sweep keeps."""
+    config = {"preset": None, "nproc": 1}
+    out = []
+    for i, (s, mfu) in enumerate(zip(steps, mfus, strict=True)):
+        out.append(
+            {
+                "step": s.num,
+                "status": "ok",
+                "tokens_per_sec": 1000.0 * (i + 1),
+                "peak_mem_reserved_bytes": 2**30,
+                "mfu": mfu,
+                "val_loss": 9.0,
+                "sweep": {"run_id": str(i), "config": config, "script_sha256": "x"},
+            }
+        )
+    configs = {s.num: config for s in steps}
+    return out, configs, {s.num: "x" for s in steps}
+
+
+def test_an_impossible_mfu_is_never_shown_as_a_number(tmp_path):
+    steps = discover(FIXTURES / "ladder_ok")
+    # 37,039,498.539 = the 3,703,949,853.9% of a 1e3 FLOP/s peak; -0.2; flagged by the step
+    recs, configs, shas = _records_for(steps, [0.25, 37039498.539, -0.2, None])
+    recs[3]["mfu"] = None  # the step's own record already left it out, and said why
+    recs[3]["mfu_invalid"] = {"value": 7.5, "reason": "MFU above 100%: the peak ..."}
+    df = summary.summarize(steps, recs, configs, shas, 1)
+    rows = {r["step"]: r for r in df.to_dict("records")}
+    assert rows["00"]["mfu"] == 0.25 and not isinstance(rows["00"]["mfu_invalid"], str)
+    for n in ("01", "02", "03"):
+        assert rows[n]["mfu"] != rows[n]["mfu"] and rows[n]["mfu_invalid"]  # NaN, and why
+    assert rows["01"]["mfu_invalid"].startswith("MFU above 100%: the peak FLOP/s")
+    assert rows["02"]["mfu_invalid"].startswith("MFU is not above 0")
+    tag = tmp_path / "results" / TAG
+    tag.mkdir(parents=True)
+    summary.write_summary(tag, df)
+    back = summary.read_summary(tag)
+    assert list(back["mfu_invalid"])[1:] == [rows[n]["mfu_invalid"] for n in ("01", "02", "03")]
+
+    table = summary.format_table(back)  # the terminal
+    lines = {ln.split()[0]: ln for ln in table.splitlines()[2:6]}
+    assert "25.0%" in lines["00"] and all("invalid" in lines[n] for n in ("01", "02", "03"))
+    assert "MFU of step 01 not shown: MFU above 100%: the peak FLOP/s" in table
+
+    md = readme.results_markdown([tag], tmp_path)  # the README table
+    assert "| 25.0% |" in md and md.count("| invalid |") == 3
+    assert "MFU not shown: step 01: MFU above 100%: the peak FLOP/s" in md
+
+    plt = charts._plt()  # the chart: a flag label, no bar
+    fig = charts._mfu_figure(plt, back.to_dict("records"), "t")
+    ax = fig.axes[0]
+    assert [round(p.get_width(), 1) for p in ax.patches] == [25.0]
+    texts = [t.get_text() for t in ax.texts]
+    assert sum(t.startswith("MFU invalid: MFU ") for t in texts) == 3
+    plt.close(fig)
+    for shown in (table, md, " ".join(texts)):  # the absurd number is printed nowhere
+        assert "3703949853" not in shown and "37039498" not in shown and "-20.0%" not in shown
+
+    # a summary written before MFU was checked: its number is flagged too, not drawn
+    old = tmp_path / "old" / TAG
+    old.mkdir(parents=True)
+    df.drop(columns=["mfu_invalid"]).assign(mfu=[0.25, 37039498.539, -0.2, 7.5]).to_csv(
+        old / "summary.csv", index=False
+    )
+    back = summary.read_summary(old)
+    assert summary.format_table(back).count("invalid") == 3
+    assert readme.results_markdown([old], tmp_path).count("| invalid |") == 3
