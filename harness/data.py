@@ -30,12 +30,26 @@ TIKTOKEN_NAMES = {
 }
 
 
+def check_text_file(data: str) -> Path:
+    """--data PATH, checked: a readable file, not a folder."""
+    path = Path(data)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise UserError(f"--data {data}: no such file") from None
+    except OSError as e:
+        raise UserError(f"--data {data}: cannot read it ({e.strerror})") from None
+    if path.is_dir():
+        raise UserError(f"--data {data}: is a folder; name a text file")
+    if not path.is_file():
+        raise UserError(f"--data {data}: not a regular file; name a text file")
+    return path
+
+
 def read_text(data: str | None) -> tuple[str, Path]:
     """The text from --data, else data/middlemarch.txt, downloaded from Gutenberg if missing."""
     if data is not None:
-        path = Path(data)
-        if not path.is_file():
-            raise UserError(f"--data {data}: no such file")
+        path = check_text_file(data)
     else:
         path = DEFAULT_TEXT
         local = mirror() / "middlemarch.txt"
@@ -55,7 +69,11 @@ def read_text(data: str | None) -> tuple[str, Path]:
     try:
         return path.read_text(encoding="utf-8-sig"), path
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise UserError(
+            f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror})") from None
 
 
 def stage_bpe(bpe: Path, dest: Path) -> Path:
@@ -70,6 +88,9 @@ def gpt2_tokenizer():
     """tiktoken's GPT-2 BPE; offline it reads its two files from TIKTOKEN_CACHE_DIR."""
     import tiktoken
 
+    where = os.environ.get("TIKTOKEN_CACHE_DIR")
+    if where and Path(where).exists() and not Path(where).is_dir():
+        raise UserError(f"TIKTOKEN_CACHE_DIR={where}: is a file, not a folder")
     bpe = mirror() / "gpt2_bpe"
     if "TIKTOKEN_CACHE_DIR" not in os.environ and bpe.is_dir():  # offline mirror: no download
         os.environ["TIKTOKEN_CACHE_DIR"] = str(stage_bpe(bpe, cache_dir() / "tiktoken"))

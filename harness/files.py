@@ -5,6 +5,9 @@ import os
 import tempfile
 from pathlib import Path
 
+from . import outputs
+from .errors import UserError
+
 ROOT = Path(__file__).resolve().parent.parent  # the repository: 00_orig.py, steps/, harness/
 RESULTS = ROOT / "results"
 
@@ -18,6 +21,18 @@ def mirror() -> Path:
 def cache_dir() -> Path:
     """Where token ids and the CPU peak go; SPEED_LADDER_CACHE overrides (tests use a temp dir)."""
     return Path(os.environ.get("SPEED_LADDER_CACHE", ROOT / "data" / "cache"))
+
+
+def check_cache_dir() -> Path:
+    """The cache folder, checked before the work (a SPEED_LADDER_CACHE that is a file, or
+    read-only, is one error line)."""
+    path = cache_dir()
+    why = outputs.problem(path, "dir")
+    if why is not None:
+        env = os.environ.get("SPEED_LADDER_CACHE")
+        what = f"SPEED_LADDER_CACHE={env}" if env else f"the cache folder {path}"
+        raise UserError(f"{what}: {why}; point SPEED_LADDER_CACHE at a writable folder")
+    return path
 
 
 def _umask() -> int:

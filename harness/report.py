@@ -19,8 +19,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import ladder
+from . import ladder, outputs
 from .charts import CHARTS, plot_comparison, plot_tag
+from .errors import UserError
 from .files import ROOT
 from .readme import update_readme
 from .summary import SUMMARY, find_tags, read_summary
@@ -65,6 +66,16 @@ def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """plot_results.py: an output it cannot write is one `error:` line and a non-zero exit,
+    found before anything is drawn."""
+    try:
+        return _main(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="plot_results.py",
         description=__doc__,
@@ -93,6 +104,10 @@ def main(argv=None) -> int:
         if not tags:
             print("no results/*/summary.csv yet: run `python -m harness run` first")
             return 0
+    for t in tags:  # every output writable before anything is drawn
+        outputs.check_dir(t, "results folder")
+    if not args.no_readme and Path(args.readme).exists():  # a missing README is only a warning
+        outputs.check_file(args.readme, "--readme")
     for path in draw_charts(tags):
         print(f"wrote {path}")
     if not args.no_readme and update_readme(Path(args.readme), tags):

@@ -29,7 +29,8 @@ from . import device as dev
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError
-from .files import ROOT
+from .files import ROOT, check_cache_dir
+from .outputs import check_file
 from .presets import choose
 from .record import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
 
@@ -94,6 +95,10 @@ class Run:
         self.is_rank0 = int(os.environ.get("RANK", "0")) == 0
         self.notes: list[str] = []
         self.device = dev.resolve(args.device)
+        # every place this run writes, checked now rather than after the training
+        if args.results is not None and self.is_rank0:
+            check_file(args.results, "--results")
+        check_cache_dir()
 
         name, why, self.preset = choose(args, self.device.type)
         self.preset_name = name

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import report
+from . import outputs, report
 from .child import failure_reason, run_child
 from .cli import add_step_flags, child_argv, positive, run_config
 from .errors import UserError
@@ -215,11 +215,21 @@ class Plan:
         return df
 
 
+def check_outputs(tag_dir: Path) -> None:
+    """Before any step runs: the tag folder (and --results-dir) can be made and written, and
+    runs.jsonl and summary.csv in it, where they exist, are files that can be written."""
+    outputs.check_dir(tag_dir, "results folder")
+    for name in (RUNS, SUMMARY):
+        outputs.check_file(tag_dir / name, "results file")
+
+
 def plan(args) -> Plan:
     steps = discover(Path(args.ladder_dir) if args.ladder_dir else ROOT)
     selected = parse_steps(args.steps, steps)
-    if args.data is not None and not Path(args.data).is_file():
-        raise UserError(f"--data {args.data}: no such file")
+    if args.data is not None:
+        from .data import check_text_file
+
+        check_text_file(args.data)
     data = str(Path(args.data).resolve()) if args.data is not None else None
     values = dict(vars(args), data=data)
     device_type = resolve_device(args.device)
@@ -228,6 +238,7 @@ def plan(args) -> Plan:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", tag):
         raise UserError(f"--tag {tag!r}: use letters, digits, '.', '_' and '-'")
     tag_dir = Path(args.results_dir) / tag
+    check_outputs(tag_dir)
     tag_dir.mkdir(parents=True, exist_ok=True)
     configs = {s.num: dict(run_config(values), nproc=nproc if s.ddp else 1) for s in steps}
     shas = {s.num: file_sha256(s.path) for s in steps}

@@ -6,14 +6,17 @@ subprocesses where the process itself is what is tested (a closed pipe, torch.co
 import errno
 import json
 import os
+import shutil
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, VERDICT, records
+from conftest import ROOT, VERDICT, py, records
 
-from harness import charts, data, device, readme, summary
+from harness import charts, data, device, readme, report, summary
+from harness.errors import UserError
 from harness.ladder import discover
 from harness.runs import load_runs, recover
 
@@ -317,3 +320,123 @@ def test_an_impossible_mfu_is_never_shown_as_a_number(tmp_path):
     back = summary.read_summary(old)
     assert summary.format_table(back).count("invalid") == 3
     assert readme.results_markdown([old], tmp_path).count("| invalid |") == 3
+
+
+# ---------------------------------------------------------------- output locations, at start-up
+def _long(tmp_path):
+    return tmp_path / ("r" * 300 + ".jsonl")
+
+
+@pytest.mark.parametrize(
+    "where,expected",
+    [
+        (lambda t: t, "is a folder, not a file"),
+        (lambda t: t / "file.txt" / "r.jsonl", "file.txt is a file, not a folder"),
+        (_long, "name too long (306 bytes; at most 255"),
+        (lambda t: Path("/sys/speed-ladder-results.jsonl"), "cannot write in /sys"),
+    ],
+    ids=["a folder", "under a file", "name too long", "unwritable"],
+)
+def test_results_location_is_checked_before_the_model_is_built(where, expected, tmp_path):
+    from harness import outputs
+    from harness.run import Run
+
+    (tmp_path / "file.txt").write_text("x")
+    path = where(tmp_path)
+    if str(path).startswith("/sys") and outputs.probe(Path("/sys")) is None:
+        pytest.skip("/sys is writable here")
+    before = sorted(tmp_path.iterdir())
+    args = type("A", (Args,), {"results": str(path)})
+    with pytest.raises(UserError, match=f"--results .*{expected}".replace("(", r"\(")):
+        Run(args, "00", str(ROOT / "00_orig.py"))
+    assert sorted(tmp_path.iterdir()) == before  # nothing created, no empty results file
+
+
+def test_a_full_disk_is_found_at_start_up(tmp_path, monkeypatch):
+    from harness import outputs
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=4096))
+    with pytest.raises(UserError, match=r"--results .*: the disk is full \(4 KiB free"):
+        outputs.check_file(tmp_path / "r.jsonl", "--results")
+
+
+def test_a_step_with_a_bad_results_path_stops_in_its_first_seconds(tmp_path):
+    proc = py("00_orig.py", "--preset", "tiny", "--data", VERDICT, "--results", tmp_path,
+              timeout=120)  # fmt: skip
+    assert one_line(proc.stderr) == f"error: --results {tmp_path}: is a folder, not a file"
+    assert "preset" not in proc.stdout  # stopped before the preset, data and model
+
+
+@pytest.mark.parametrize("case", ["results-dir is a file", "tag is a file", "runs is a folder",
+                                  "summary is a folder", "tag too long"])  # fmt: skip
+def test_sweep_output_locations_are_checked_before_any_step(case, tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    extra = []
+    if case == "results-dir is a file":
+        results.rmdir()
+        results.write_text("x")
+    elif case == "tag is a file":
+        (results / TAG).write_text("x")
+    elif case == "runs is a folder":
+        (results / TAG / "runs.jsonl").mkdir(parents=True)
+    elif case == "summary is a folder":
+        (results / TAG / "summary.csv").mkdir(parents=True)
+    else:
+        extra = ["--tag", "t" * 300]
+    code, out, err = fixture_sweep(capsys, results, *extra)
+    assert code == 2 and "sweep " not in out  # nothing ran
+    line = one_line(err)
+    assert line.startswith(("error: results folder", "error: results file")), line
+
+
+def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch):
+    from harness.run import Run
+
+    (tmp_path / "cache").write_text("x")
+    monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UserError, match=r"SPEED_LADDER_CACHE=.*cache: is a file, not a folder"):
+        Run(Args, "00", str(ROOT / "00_orig.py"))
+
+
+@pytest.fixture
+def tags_dir(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURES / "summary" / "cpu-fixture", results / TAG)
+    return results
+
+
+def test_data_that_is_not_a_readable_text_file_is_named(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match=r"--data .*: is a folder; name a text file"):
+        data.read_text(str(tmp_path))
+    with pytest.raises(UserError, match=r"--data /dev/null: not a regular file"):
+        data.read_text("/dev/null")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("x")
+
+    def denied(self, *a, **k):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(UserError, match=r"secret.txt: cannot read it \(Permission denied\)"):
+        data.read_text(str(secret))
+
+
+def test_tiktoken_cache_dir_that_is_a_file_is_named(tmp_path, monkeypatch):
+    (tmp_path / "tk").write_text("x")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tk"))
+    with pytest.raises(UserError, match=r"^TIKTOKEN_CACHE_DIR=.*tk: is a file, not a folder$"):
+        data.gpt2_tokenizer()
+
+
+def test_an_empty_results_name_is_refused(tmp_path):
+    from harness.run import Run
+
+    with pytest.raises(UserError, match=r"^--results '': no name given$"):
+        Run(type("A", (Args,), {"results": ""}), "00", str(ROOT / "00_orig.py"))
+
+
+def test_plot_results_checks_its_readme_before_drawing(tags_dir, capsys):
+    code = report.main([str(tags_dir / TAG), "--readme", str(tags_dir)])
+    assert code == 2 and one_line(capsys.readouterr().err).endswith("is a folder, not a file")
+    assert not list((tags_dir / TAG).glob("*.png"))
