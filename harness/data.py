@@ -46,26 +46,39 @@ def check_text_file(data: str) -> Path:
     return path
 
 
+def _default_text() -> Path:
+    """data/middlemarch.txt, else (a read-only checkout) the copy in the cache folder, fetched
+    from the local mirror or downloaded from Gutenberg where it is missing."""
+    if DEFAULT_TEXT.is_file():
+        return DEFAULT_TEXT
+    from . import outputs
+
+    path = DEFAULT_TEXT
+    if outputs.problem(DEFAULT_TEXT, "file") is not None:  # a read-only checkout
+        path = cache_dir() / DEFAULT_TEXT.name
+        if path.is_file():
+            return path
+    local = mirror() / "middlemarch.txt"
+    if local.is_file():
+        print(f"copying Middlemarch from the local mirror {local} to {path}", flush=True)
+        atomic_write_bytes(path, local.read_bytes())
+        return path
+    print(f"downloading Middlemarch (Gutenberg #145) to {path} ...", flush=True)
+    try:
+        with urllib.request.urlopen(GUTENBERG_URL, timeout=30) as r:
+            body = r.read()
+    except OSError as e:
+        raise UserError(
+            f"cannot download {GUTENBERG_URL} ({e.__class__.__name__}: {e}); "
+            "offline? pass a local text with --data PATH"
+        ) from None
+    atomic_write_bytes(path, body)
+    return path
+
+
 def read_text(data: str | None) -> tuple[str, Path]:
     """The text from --data, else data/middlemarch.txt, downloaded from Gutenberg if missing."""
-    if data is not None:
-        path = check_text_file(data)
-    else:
-        path = DEFAULT_TEXT
-        local = mirror() / "middlemarch.txt"
-        if not path.is_file() and local.is_file():
-            print(f"copying Middlemarch from the local mirror {local} to {path}", flush=True)
-            atomic_write_bytes(path, local.read_bytes())
-        if not path.is_file():
-            print(f"downloading Middlemarch (Gutenberg #145) to {path} ...", flush=True)
-            try:
-                with urllib.request.urlopen(GUTENBERG_URL, timeout=30) as r:
-                    atomic_write_bytes(path, r.read())
-            except OSError as e:
-                raise UserError(
-                    f"cannot download {GUTENBERG_URL} ({e.__class__.__name__}: {e}); "
-                    "offline? pass a local text with --data PATH"
-                ) from None
+    path = check_text_file(data) if data is not None else _default_text()
     try:
         return path.read_text(encoding="utf-8-sig"), path
     except UnicodeDecodeError as e:

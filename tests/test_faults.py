@@ -7,6 +7,8 @@ import errno
 import json
 import os
 import shutil
+import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 import torch
 from conftest import ROOT, VERDICT, py, records
 
-from harness import charts, data, device, readme, report, summary
+from harness import charts, data, device, files, readme, report, summary
 from harness.errors import UserError
 from harness.ladder import discover
 from harness.runs import load_runs, recover
@@ -440,3 +442,64 @@ def test_plot_results_checks_its_readme_before_drawing(tags_dir, capsys):
     code = report.main([str(tags_dir / TAG), "--readme", str(tags_dir)])
     assert code == 2 and one_line(capsys.readouterr().err).endswith("is a folder, not a file")
     assert not list((tags_dir / TAG).glob("*.png"))
+
+
+# ---------------------------------------------------------------- a read-only checkout
+@pytest.fixture
+def read_only_checkout(tmp_path, monkeypatch):
+    """A checkout whose files cannot be written (EROFS for anything in it)."""
+    from harness import outputs
+
+    checkout = tmp_path / "checkout"
+    (checkout / "data").mkdir(parents=True)
+    real_probe = outputs.probe
+
+    def probe(folder):
+        if Path(folder).resolve().is_relative_to(checkout):
+            return OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder))
+        return real_probe(folder)
+
+    monkeypatch.setattr(outputs, "probe", probe)
+    monkeypatch.setattr(files, "ROOT", checkout)
+    monkeypatch.setattr(files, "_CACHE_CHOICE", {})
+    monkeypatch.delenv("SPEED_LADDER_CACHE")
+    monkeypatch.setattr(sys, "platform", "linux")
+    return checkout
+
+
+def test_a_read_only_checkout_caches_in_the_users_cache_folder(
+    read_only_checkout, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    capsys.readouterr()
+    where = files.cache_dir()
+    assert where == tmp_path / "xdg" / "speed-ladder"
+    assert files.cache_dir() == where  # chosen once
+    (note,) = capsys.readouterr().err.strip().splitlines()
+    assert note == (
+        f"note: cannot cache in {read_only_checkout / 'data' / 'cache'} (cannot write in "
+        f"{read_only_checkout / 'data'} (Read-only file system)); caching in {where} instead "
+        "(SPEED_LADDER_CACHE=DIR chooses)"
+    )
+    ids = data.token_ids("Cached outside the checkout. " * 10)
+    assert list(where.glob("tokens-gpt2-*.npy")) and len(ids) > 0
+    assert not (read_only_checkout / "data" / "cache").exists()
+
+
+def test_user_cache_folder_follows_the_platform(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert files.user_cache_dir() == tmp_path / "home" / ".cache" / "speed-ladder"
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert files.user_cache_dir() == tmp_path / "home" / "Library" / "Caches" / "speed-ladder"
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "local"))
+    assert files.user_cache_dir() == tmp_path / "local" / "speed-ladder"
+    monkeypatch.setattr(sys, "platform", "linux")  # no home at all: the temp folder
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert files.user_cache_dir().parent == Path(tempfile.gettempdir())
