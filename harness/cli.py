@@ -12,9 +12,7 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
-import torch
-
-from .errors import UserError, fail
+from .errors import UserError, fail, out_of_memory_line
 from .presets import PRESETS, check_name
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -160,19 +158,20 @@ on_failure = FailureHandoff()
 
 
 def main(fn) -> None:
-    """Run a step's main(): user errors and OOM become one line, a record and a non-zero exit."""
+    """Run a step's main(): bad input and out of memory (on any device) become one line, a
+    record and a non-zero exit; only a bug shows its traceback."""
     try:
         fn()
     except UserError as e:
         on_failure("error", str(e))
         fail(str(e))
-    except torch.OutOfMemoryError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-        on_failure("oom", first)
-        fail(f"out of memory: {first}", code=3)
     except KeyboardInterrupt:
         fail("interrupted", code=130)
     except Exception as e:
+        oom = out_of_memory_line(e)
+        if oom is not None:
+            on_failure("oom", oom)
+            fail(f"out of memory: {oom}", code=3)
         traceback.print_exc()
         on_failure("error", f"{e.__class__.__name__}: {e}")
         sys.exit(1)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import ROOT, VERDICT, py, records
 
-from harness import charts, data, device, files, readme, report, summary
+from harness import charts, cli, data, device, files, readme, report, summary
 from harness.errors import UserError
 from harness.ladder import discover
 from harness.runs import load_runs, recover
@@ -503,3 +503,40 @@ def test_user_cache_folder_follows_the_platform(monkeypatch, tmp_path):
 
     monkeypatch.setattr(Path, "home", staticmethod(no_home))
     assert files.user_cache_dir().parent == Path(tempfile.gettempdir())
+
+
+# ---------------------------------------------------------------- out of memory on a CPU
+def _main_exit(capsys, fn):
+    """harness.main(fn): (exit code, stderr, the failure recorded)."""
+    recorded = []
+    cli.on_failure.register(lambda status, reason: recorded.append((status, reason)))
+    try:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            cli.main(fn)
+        return e.value.code, capsys.readouterr().err, recorded
+    finally:
+        cli.on_failure.register(None)
+
+
+def _cpu_alloc():
+    torch.empty(2**52, dtype=torch.uint8)  # 4 PiB: the real DefaultCPUAllocator error
+
+
+def _bad_alloc():
+    raise RuntimeError("std::bad_alloc")
+
+
+def _memory_error():
+    raise MemoryError()
+
+
+@pytest.mark.parametrize("fn", [_cpu_alloc, _bad_alloc, _memory_error])
+def test_out_of_memory_on_a_cpu_is_oom_with_exit_3(fn, capsys):
+    code, err, recorded = _main_exit(capsys, fn)
+    assert code == 3
+    line = one_line(err)
+    assert line.startswith("error: out of memory: ")
+    assert recorded and recorded[0][0] == "oom"
+    if fn is _cpu_alloc:
+        assert line.startswith("error: out of memory: DefaultCPUAllocator: can't allocate memory")
