@@ -2,17 +2,19 @@
 
 Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00),
 peak_memory.png (peak reserved GiB) and mfu.png (MFU %); a failed step is a "failed (oom)" label
-at zero, never a bar, and so is an MFU outside (0, 100%] ("MFU invalid: ...").
+at zero, never a bar, and so is an MFU outside (0, 100%] ("MFU invalid: ..."). Each chart is
+written atomically: an interrupted or failed save leaves the previous one, never half a PNG.
 results/comparison.png groups every tag's tok/s per step. The published
 single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
 results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched panel,
 labelled as such: they are not this project's measurements.
 """
 
+import io
 import textwrap
 from pathlib import Path
 
-from .files import RESULTS
+from .files import RESULTS, atomic_write_bytes
 from .summary import describe, mfu_flag, number, read_summary, speedup_text
 
 REFERENCE_CSV = RESULTS / "reference" / "published_a100_ladder.csv"
@@ -141,8 +143,12 @@ def _figure(plt, n_ours: int, n_ref: int):
 
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 

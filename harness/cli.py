@@ -12,7 +12,13 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
-from .errors import UserError, fail, out_of_memory_line
+from .errors import (
+    UserError,
+    fail,
+    is_environment_os_error,
+    os_error_line,
+    out_of_memory_line,
+)
 from .presets import PRESETS, check_name
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -158,8 +164,9 @@ on_failure = FailureHandoff()
 
 
 def main(fn) -> None:
-    """Run a step's main(): bad input and out of memory (on any device) become one line, a
-    record and a non-zero exit; only a bug shows its traceback."""
+    """Run a step's main(): bad input, out of memory (on any device) and a full or read-only
+    disk become one line, a record (where one can still be written) and a non-zero exit; only a
+    bug shows its traceback."""
     try:
         fn()
     except UserError as e:
@@ -172,6 +179,10 @@ def main(fn) -> None:
         if oom is not None:
             on_failure("oom", oom)
             fail(f"out of memory: {oom}", code=3)
+        if is_environment_os_error(e):
+            line = os_error_line(e)
+            on_failure("error", line)
+            fail(line, code=1)
         traceback.print_exc()
         on_failure("error", f"{e.__class__.__name__}: {e}")
         sys.exit(1)

@@ -1,5 +1,6 @@
 """One clear error line and a non-zero exit, never a bare traceback."""
 
+import errno
 import sys
 
 
@@ -18,6 +19,43 @@ def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+# ---------------------------------------------------------------- OS errors
+# What the machine, not the code, gets wrong: a full or read-only disk, permissions, a name the
+# filesystem refuses, a path through a file, an exhausted table. (FileNotFoundError is left out:
+# a missing file the harness expected is more often a bug worth its traceback.)
+ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EROFS: "a read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EIO: "an I/O error (a failing disk or network mount?)",
+    errno.ENAMETOOLONG: "a file name too long for this file system",
+    errno.EISDIR: "a folder where a file should be",
+    errno.ENOTDIR: "a file where a folder should be",
+    errno.EEXIST: "a file where a folder should be",
+    errno.EMFILE: "too many open files",
+    errno.ENFILE: "too many open files on this machine",
+    errno.ENOMEM: "out of memory",
+}
+
+
+def is_environment_os_error(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS
+
+
+def os_error_why(e: OSError) -> str:
+    """`No space left on device (the disk is full)`."""
+    what = e.strerror or str(e) or e.__class__.__name__
+    why = ENVIRONMENT_ERRNOS.get(e.errno)
+    return f"{what} ({why})" if why and why.lower() != what.lower() else what
+
+
+def os_error_line(e: OSError) -> str:
+    """`cannot use results/x/summary.csv: No space left on device (the disk is full)`."""
+    return f"cannot use {e.filename}: {os_error_why(e)}" if e.filename else os_error_why(e)
 
 
 # ---------------------------------------------------------------- out of memory

@@ -14,6 +14,7 @@ steps included (see device.GPU_PEAK_BF16; CPU and MPS: the best matmul rate meas
 """
 
 import datetime as dt
+import json
 import math
 import os
 import statistics
@@ -28,7 +29,7 @@ import torch
 from . import device as dev
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
-from .errors import UserError
+from .errors import UserError, os_error_why
 from .files import ROOT, check_cache_dir
 from .outputs import check_file
 from .presets import choose
@@ -316,8 +317,15 @@ class Run:
 
     def _write(self, rec: dict) -> None:
         if self.args.results and self.is_rank0 and not self._written:
-            append_jsonl(self.args.results, rec)
-            self._written = True
+            self._written = True  # one try: a failure record would fail the same way
+            try:
+                append_jsonl(self.args.results, rec)
+            except OSError as e:  # a disk that filled up during the run: keep the record
+                print(json.dumps(rec), flush=True)
+                raise UserError(
+                    f"cannot write the record to {self.args.results}: {os_error_why(e)}; the "
+                    "record is printed on stdout above: append that line to the file by hand"
+                ) from None
 
     def write_failure(self, status: str, reason: str) -> None:
         try:

@@ -25,7 +25,7 @@ from pathlib import Path
 from . import outputs, report
 from .child import failure_reason, run_child
 from .cli import add_step_flags, child_argv, positive, run_config
-from .errors import UserError
+from .errors import UserError, is_environment_os_error, os_error_line
 from .files import RESULTS, ROOT
 from .ladder import Step, discover, parse_steps, processes_suffix
 from .presets import check_name
@@ -408,5 +408,14 @@ def _run_command(args) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; finished runs are kept, rerun to resume", file=sys.stderr)
         return 130
+    except OSError as e:
+        if not is_environment_os_error(e):
+            raise
+        print(
+            f"error: {os_error_line(e)}; finished runs are kept (a record not yet in "
+            f"{RUNS} stays in its .tmp file and the next sweep recovers it)",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         signal.signal(signal.SIGTERM, old)

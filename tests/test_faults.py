@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import ROOT, VERDICT, py, records
 
-from harness import charts, cli, data, device, files, readme, report, summary
+from harness import charts, cli, data, device, files, readme, report, summary, sweep
 from harness.errors import UserError
 from harness.ladder import discover
 from harness.runs import load_runs, recover
@@ -540,3 +540,82 @@ def test_out_of_memory_on_a_cpu_is_oom_with_exit_3(fn, capsys):
     assert recorded and recorded[0][0] == "oom"
     if fn is _cpu_alloc:
         assert line.startswith("error: out of memory: DefaultCPUAllocator: can't allocate memory")
+
+
+# ---------------------------------------------------------------- a full disk while writing; Ctrl-C
+def test_os_errors_of_the_environment_are_one_line(capsys):
+    def full():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/data/cache/x.npy")
+
+    code, err, recorded = _main_exit(capsys, full)
+    assert code == 1
+    assert one_line(err) == (
+        "error: cannot use /data/cache/x.npy: No space left on device (the disk is full)"
+    )
+    assert recorded == [("error", err.strip()[len("error: ") :])]
+
+
+def test_a_record_that_cannot_be_written_is_printed_not_lost(capsys, monkeypatch):
+    from harness.run import Run
+
+    monkeypatch.setattr(device, "peak_flops", lambda d: (1e11, "a fixed peak"))
+    args = type("A", (Args,), {"results": "/dev/full"})  # every write: ENOSPC
+    run = Run(args, "00", str(ROOT / "00_orig.py"))
+    run.set_model(torch.nn.Linear(4, 4), {"n_layers": 1, "n_heads": 1, "context_length": 4,
+                                          "emb_dim": 4}, 1)  # fmt: skip
+    for _ in range(3):
+        run.step_done(torch.tensor(1.0), tokens=4)
+    with pytest.raises(UserError, match="cannot write the record to /dev/full: No space left"):
+        run.finish(1.0, 1.0)
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["status"] == "ok" and printed["tokens_per_sec"] > 0
+
+
+def test_a_full_disk_during_the_sweep_keeps_the_record_for_the_next(tmp_path, capsys, monkeypatch):
+    real = sweep.append_jsonl
+
+    def append(path, rec):
+        if Path(path).name == "runs.jsonl":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, rec)
+
+    monkeypatch.setattr(sweep, "append_jsonl", append)
+    code, _, err = fixture_sweep(capsys, tmp_path, "--steps", "00,01")
+    assert code == 1
+    line = one_line(err)
+    assert "No space left on device" in line and "the next sweep recovers it" in line
+    assert len(list((tmp_path / TAG).glob(".tmp-00-*.jsonl"))) == 1  # the finished run, kept
+    monkeypatch.setattr(sweep, "append_jsonl", real)
+    code, out, err = fixture_sweep(capsys, tmp_path, "--steps", "00,01")
+    assert code == 0 and "recovered 1 finished record" in out
+    recs = load_runs(tmp_path / TAG)
+    assert [r["step"] for r in recs] == ["00", "01"] and recs[0]["sweep"]["recovered"]
+
+
+def test_plot_results_on_a_full_disk_is_one_line_and_leaves_no_half_chart(
+    tags_dir, capsys, monkeypatch
+):
+    def full(path, payload):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(charts, "atomic_write_bytes", full)
+    capsys.readouterr()
+    assert report.main([str(tags_dir / TAG), "--no-readme"]) == 1
+    line = one_line(capsys.readouterr().err)
+    assert "tokens_per_sec.png: No space left on device" in line
+    assert sorted(p.name for p in (tags_dir / TAG).iterdir()) == ["summary.csv"]
+
+
+def test_plot_results_interrupted_is_one_line(tags_dir, capsys, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(charts, "plot_tag", interrupted)
+    monkeypatch.setattr(report, "plot_tag", interrupted)
+    capsys.readouterr()
+    try:
+        code = report.main([str(tags_dir / TAG), "--no-readme"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped plot_results.py as a traceback")
+    assert code == 130
+    assert one_line(capsys.readouterr().err).startswith("error: interrupted")
