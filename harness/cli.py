@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from .errors import (
     UserError,
+    broken_pipe,
     fail,
+    flush_stdout,
     is_environment_os_error,
     os_error_line,
     out_of_memory_line,
@@ -164,16 +166,22 @@ on_failure = FailureHandoff()
 
 
 def main(fn) -> None:
-    """Run a step's main(): bad input, out of memory (on any device) and a full or read-only
-    disk become one line, a record (where one can still be written) and a non-zero exit; only a
-    bug shows its traceback."""
+    """Run a step's main(): bad input, out of memory (on any device), a full or read-only disk
+    and a closed stdout become one line, a record (where one can still be written) and a
+    non-zero exit; only a bug shows its traceback."""
     try:
-        fn()
+        try:
+            fn()
+        finally:
+            flush_stdout()  # `--help | head`: a closed pipe is caught below, not at exit
     except UserError as e:
         on_failure("error", str(e))
         fail(str(e))
     except KeyboardInterrupt:
         fail("interrupted", code=130)
+    except BrokenPipeError:
+        on_failure("error", "stdout was closed (broken pipe)")
+        broken_pipe("stdout was closed (broken pipe): training stopped")
     except Exception as e:
         oom = out_of_memory_line(e)
         if oom is not None:

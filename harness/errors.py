@@ -1,6 +1,7 @@
 """One clear error line and a non-zero exit, never a bare traceback."""
 
 import errno
+import os
 import sys
 
 
@@ -87,3 +88,28 @@ def out_of_memory_line(e: BaseException) -> str | None:
                 break
         return (text.splitlines() or ["out of memory"])[0]
     return None
+
+
+# ---------------------------------------------------------------- a closed output pipe
+def flush_stdout() -> None:
+    """Flush stdout now, inside the caller's handler, so that a closed pipe is a
+    BrokenPipeError there rather than Python's 'Exception ignored' message at exit."""
+    try:
+        sys.stdout.flush()
+    except ValueError:  # already closed
+        pass
+
+
+def broken_pipe(message: str = "output closed (broken pipe)", code: int = 1) -> "NoReturn":  # noqa: F821
+    """Stdout went away (`... | head`): point it at devnull, so that Python's flush at exit
+    does not raise again, say so in one line on stderr if it is still there, and exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    try:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(code)

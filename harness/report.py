@@ -21,7 +21,13 @@ from pathlib import Path
 
 from . import ladder, outputs
 from .charts import CHARTS, plot_comparison, plot_tag
-from .errors import UserError, is_environment_os_error, os_error_line
+from .errors import (
+    UserError,
+    broken_pipe,
+    flush_stdout,
+    is_environment_os_error,
+    os_error_line,
+)
 from .files import ROOT
 from .readme import update_readme
 from .summary import SUMMARY, find_tags, read_summary
@@ -66,16 +72,21 @@ def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
 
 
 def main(argv=None) -> int:
-    """plot_results.py: an output it cannot write, a full or read-only disk or Ctrl-C is one
-    `error:` line and a non-zero exit; the charts already written stay whole."""
+    """plot_results.py: an output it cannot write, a full or read-only disk, Ctrl-C or a closed
+    stdout is one `error:` line and a non-zero exit; the charts already written stay whole."""
     try:
-        return _main(argv)
+        try:
+            return _main(argv)
+        finally:
+            flush_stdout()  # a closed pipe is caught here, not at exit
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted; the charts written so far are complete", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `python plot_results.py | head -1`
+        broken_pipe()
     except OSError as e:
         if not is_environment_os_error(e):
             raise

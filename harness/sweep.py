@@ -25,7 +25,7 @@ from pathlib import Path
 from . import outputs, report
 from .child import failure_reason, run_child
 from .cli import add_step_flags, child_argv, positive, run_config
-from .errors import UserError, is_environment_os_error, os_error_line
+from .errors import UserError, broken_pipe, is_environment_os_error, os_error_line
 from .files import RESULTS, ROOT
 from .ladder import Step, discover, parse_steps, processes_suffix
 from .presets import check_name
@@ -298,6 +298,8 @@ def _draw_charts(tag_dir: Path, results_dir: Path) -> None:
     try:
         written = report.draw_charts([tag_dir], find_tags(results_dir))
         print("charts: " + ", ".join(str(p) for p in written))
+    except BrokenPipeError:
+        raise
     except Exception as e:  # the records and summary are safe; only the charts are missing
         print(
             f"warning: charts not drawn ({e.__class__.__name__}: {e}); results are in "
@@ -408,6 +410,8 @@ def _run_command(args) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; finished runs are kept, rerun to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `python -m harness run | head`
+        broken_pipe("output closed (broken pipe); finished runs are kept, rerun to resume")
     except OSError as e:
         if not is_environment_os_error(e):
             raise

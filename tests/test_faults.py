@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import types
@@ -619,3 +620,45 @@ def test_plot_results_interrupted_is_one_line(tags_dir, capsys, monkeypatch):
         pytest.fail("Ctrl-C escaped plot_results.py as a traceback")
     assert code == 130
     assert one_line(capsys.readouterr().err).startswith("error: interrupted")
+
+
+# ---------------------------------------------------------------- a closed stdout (`| head`)
+def _close_after_first_line(cmd, env=None, lines=1):
+    """Run cmd with its stdout read for `lines` lines, then closed (as `| head -1`)."""
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, **(env or {})})  # fmt: skip
+    first = proc.stdout.readline() if lines else b""
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    return proc.wait(timeout=120), first.decode(), err
+
+
+def test_a_step_whose_stdout_is_closed_exits_quietly(tmp_path):
+    script = tmp_path / "chatty.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport harness\n"
+        "harness.main(lambda: [print('line', i, flush=True) for i in range(10**7)])\n"
+    )
+    code, first, err = _close_after_first_line([sys.executable, script])
+    assert first == "line 0\n" and code == 1
+    assert one_line(err) == "error: stdout was closed (broken pipe): training stopped"
+
+
+def test_a_sweep_whose_stdout_is_closed_keeps_its_records(tmp_path):
+    cmd = [sys.executable, "-m", "harness", "run", "--ladder-dir", FIXTURES / "ladder_ok",
+           "--results-dir", tmp_path, "--device", "cpu", "--no-plots"]  # fmt: skip
+    code, first, err = _close_after_first_line(cmd, env={"SWEEP_FIXTURE_SLEEP": "0.3"})
+    assert first.startswith("sweep ") and code == 1
+    assert one_line(err).startswith("error: output closed (broken pipe); finished runs are kept")
+    recs = load_runs(tmp_path / TAG)
+    assert all(r["status"] == "ok" for r in recs)
+    assert not (tmp_path / TAG / ".lock").exists()
+
+
+def test_plot_results_whose_stdout_is_closed_exits_quietly(tags_dir):
+    """Closed before its first line, its stdout block-buffered (a shell's pipe): the flush at
+    the end meets the closed pipe, inside plot_results' handler, not in Python's exit."""
+    cmd = [sys.executable, ROOT / "plot_results.py", tags_dir / TAG, "--no-readme"]
+    code, _, err = _close_after_first_line(cmd, env={"PYTHONUNBUFFERED": ""}, lines=0)
+    assert code == 1
+    assert one_line(err) == "error: output closed (broken pipe)"
