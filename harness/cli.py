@@ -48,6 +48,18 @@ def _int_at_least(lowest: int):
 
 positive, non_negative = _int_at_least(1), _int_at_least(0)
 
+MAX_SEED = 2**63 - 1
+
+
+def seed(text: str) -> int:
+    """A seed from 0 to 2**63-1: torch.manual_seed takes a uint64 (a negative one wraps around
+    to another seed), DistributedSampler adds the epoch to it (overflowing near 2**64), and
+    records keep it as an int64 (pandas, JSON readers)."""
+    value = non_negative(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be at most 2**63-1 = {MAX_SEED}, got {value}")
+    return value
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -107,7 +119,12 @@ STEP_FLAGS = (
         "append one JSON record of this run (a measuring run: no epoch-end sample)",
         {"metavar": "FILE"},
     ),
-    Flag("--seed", "seed for weights and data order", {"type": int, "default": 123}, passed=True),
+    Flag(
+        "--seed",
+        "seed for weights and data order, 0 to 2**63-1 (default: 123)",
+        {"type": seed, "default": 123, "metavar": "N"},
+        passed=True,
+    ),
 )
 
 

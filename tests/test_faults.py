@@ -662,3 +662,15 @@ def test_plot_results_whose_stdout_is_closed_exits_quietly(tags_dir):
     code, _, err = _close_after_first_line(cmd, env={"PYTHONUNBUFFERED": ""}, lines=0)
     assert code == 1
     assert one_line(err) == "error: output closed (broken pipe)"
+
+
+# ---------------------------------------------------------------- --seed
+def test_seed_out_of_range_is_one_line(capsys):
+    assert cli.parse_args(None, ["--seed", str(2**63 - 1)]).seed == 2**63 - 1
+    for bad in (str(2**64), str(2**63), "-1", "1e3"):
+        with pytest.raises(SystemExit) as e:
+            cli.parse_args(None, ["--seed", bad])
+        assert e.value.code == 2
+        assert one_line(capsys.readouterr().err).startswith("error: argument --seed: ")
+    code, _, err = sweep_here(capsys, "--seed", str(2**64))
+    assert code == 2 and "--seed" in one_line(err)
