@@ -14,6 +14,7 @@ import io
 import textwrap
 from pathlib import Path
 
+from .errors import warn
 from .files import RESULTS, atomic_write_bytes
 from .summary import describe, mfu_flag, number, read_summary, speedup_text
 
@@ -35,8 +36,17 @@ def read_reference(path: Path = REFERENCE_CSV):
 
     if not Path(path).is_file():
         return None
-    df = pd.read_csv(path, dtype={"step": str})
-    df["step"] = df["step"].str.zfill(2)
+    try:
+        df = pd.read_csv(path, dtype={"step": str})
+        df["step"] = df["step"].str.zfill(2)
+        missing = {"tokens_per_sec", "reserved_memory_gb", "optimization", "hardware"} - set(df)
+        if missing:
+            raise KeyError(f"no column {sorted(missing)[0]!r}")
+        df["tokens_per_sec"] = df["tokens_per_sec"].astype(float)
+        df["reserved_memory_gb"] = df["reserved_memory_gb"].astype(float)
+    except (OSError, ValueError, KeyError, AttributeError, pd.errors.ParserError) as e:
+        warn(f"{path} unreadable ({e.__class__.__name__}: {e}); charts drawn without it")
+        return None
     return df
 
 

@@ -27,6 +27,7 @@ from .errors import (
     flush_stdout,
     is_environment_os_error,
     os_error_line,
+    warn,
 )
 from .files import ROOT
 from .readme import update_readme
@@ -39,8 +40,15 @@ def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
     tag_dirs = [Path(t) for t in tag_dirs]
     all_tags = tag_dirs if all_tags is None else list(all_tags)
     written = [path for t in tag_dirs for path in plot_tag(t)]
-    if len(all_tags) > 1:
-        written.append(plot_comparison(all_tags))
+    readable = []
+    for t in all_tags:  # another tag's broken summary costs the comparison that tag only
+        try:
+            read_summary(t)
+            readable.append(t)
+        except UserError as e:
+            warn(f"{e}; left out of the comparison chart")
+    if len(readable) > 1:
+        written.append(plot_comparison(readable))
     return written
 
 
@@ -72,8 +80,8 @@ def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
 
 
 def main(argv=None) -> int:
-    """plot_results.py: an output it cannot write, a full or read-only disk, Ctrl-C or a closed
-    stdout is one `error:` line and a non-zero exit; the charts already written stay whole."""
+    """plot_results.py: a bad summary, a full or read-only disk, Ctrl-C or a closed stdout is
+    one `error:` line and a non-zero exit; the charts already written stay whole."""
     try:
         try:
             return _main(argv)
@@ -123,7 +131,8 @@ def _main(argv=None) -> int:
         if not tags:
             print("no results/*/summary.csv yet: run `python -m harness run` first")
             return 0
-    for t in tags:  # every output writable before anything is drawn
+    for t in tags:  # every summary readable, every output writable, before anything is drawn
+        read_summary(t)
         outputs.check_dir(t, "results folder")
     if not args.no_readme and Path(args.readme).exists():  # a missing README is only a warning
         outputs.check_file(args.readme, "--readme")

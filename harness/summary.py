@@ -10,6 +10,7 @@ import math
 import statistics
 from pathlib import Path
 
+from .errors import UserError
 from .files import RESULTS, atomic_write_bytes
 from .ladder import Step
 from .record import mfu_problem
@@ -148,12 +149,41 @@ def write_summary(tag_dir: Path, df) -> Path:
     return path
 
 
+REBUILD = (
+    "rerun the `python -m harness run` that made it: it rewrites summary.csv from runs.jsonl "
+    "without rerunning finished steps"
+)
+
+
 def read_summary(tag_dir: Path):
-    """A tag's summary.csv; `step` stays the two-digit string ("00")."""
+    """A tag's summary.csv; `step` stays the two-digit string ("00"). One that cannot be read
+    as a summary (empty, no `step` column, not CSV, not UTF-8) is a UserError saying how to
+    rebuild it; a column it lacks (an older summary) is empty, a number that is not one NaN."""
     import pandas as pd
 
-    df = pd.read_csv(Path(tag_dir) / SUMMARY, dtype={"step": str})
-    df["step"] = df["step"].str.zfill(2)
+    path = Path(tag_dir) / SUMMARY
+    try:
+        df = pd.read_csv(path, dtype={"step": str})
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{path}: empty; {REBUILD}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        why = str(e).strip().splitlines()[0][:80] if str(e).strip() else e.__class__.__name__
+        raise UserError(f"{path}: not a summary table ({why}); {REBUILD}") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror or e}); {REBUILD}") from None
+    if "step" not in df.columns:
+        raise UserError(f"{path}: no `step` column; {REBUILD}")
+    steps = df["step"].astype("object")
+    bad = [str(v) for v in steps if not (isinstance(v, str) and v.strip().isdigit())]
+    if bad:
+        raise UserError(f"{path}: step {bad[0]!r} is not a step number; {REBUILD}")
+    df["step"] = steps.str.strip().str.zfill(2)
+    for col in SUMMARY_COLUMNS:
+        if col not in df:
+            df[col] = None
+    for col in NUMBER_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    df["runs"] = pd.to_numeric(df["runs"], errors="coerce").fillna(0).astype(int)
     for col in (
         "reason",
         "title",

@@ -674,3 +674,46 @@ def test_seed_out_of_range_is_one_line(capsys):
         assert one_line(capsys.readouterr().err).startswith("error: argument --seed: ")
     code, _, err = sweep_here(capsys, "--seed", str(2**64))
     assert code == 2 and "--seed" in one_line(err)
+
+
+# ---------------------------------------------------------------- a summary.csv that cannot be read
+BAD_SUMMARIES = {
+    "empty": b"",
+    "no step column": b"title,status\nthe baseline,ok\n",
+    "binary": b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe",
+    "a bad step": b"step,title,status\nabc,x,ok\n",
+    "ragged": b'step,title\n00,"unclosed\n',
+}
+
+
+@pytest.mark.parametrize("how", BAD_SUMMARIES)
+def test_plot_results_on_a_bad_summary_is_one_line(how, tags_dir, capsys):
+    bad = tags_dir / "bad-tag"
+    bad.mkdir()
+    (bad / "summary.csv").write_bytes(BAD_SUMMARIES[how])
+    readme_md = tags_dir / "README.md"
+    readme_md.write_text("<!-- results:begin -->\nold\n<!-- results:end -->\n")
+    capsys.readouterr()
+    code = report.main([str(tags_dir / TAG), str(bad), "--readme", str(readme_md)])
+    err = capsys.readouterr().err
+    assert code == 2
+    line = one_line(err)
+    assert line.startswith(f"error: {bad / 'summary.csv'}: ") and "python -m harness run" in line
+    assert "old" in readme_md.read_text() and not list((tags_dir / TAG).glob("*.png"))
+
+
+def test_a_broken_summary_of_another_tag_only_leaves_it_out_of_the_comparison(tags_dir, capsys):
+    (tags_dir / "other").mkdir()
+    (tags_dir / "other" / "summary.csv").write_text("")
+    written = report.draw_charts([tags_dir / TAG], summary.find_tags(tags_dir))
+    assert [p.name for p in written] == list(charts.CHARTS)  # this tag's charts, no comparison
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("warning: ") and "left out of the comparison chart" in line
+
+
+def test_a_corrupt_reference_csv_only_costs_its_panel(tmp_path, capsys):
+    bad = tmp_path / "ref.csv"
+    bad.write_text("step,tokens_per_sec\n00,fast\n")
+    assert charts.read_reference(bad) is None
+    assert "charts drawn without it" in capsys.readouterr().err
+    assert charts.read_reference(tmp_path / "missing.csv") is None
