@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from .errors import (
     UserError,
     broken_pipe,
+    compile_failure_line,
     fail,
     flush_stdout,
     is_environment_os_error,
@@ -183,9 +184,9 @@ on_failure = FailureHandoff()
 
 
 def main(fn) -> None:
-    """Run a step's main(): bad input, out of memory (on any device), a full or read-only disk
-    and a closed stdout become one line, a record (where one can still be written) and a
-    non-zero exit; only a bug shows its traceback."""
+    """Run a step's main(): bad input, out of memory (any device), a torch.compile that cannot
+    compile here, a full or read-only disk and a closed stdout each become one line, a record
+    (where one can still be written) and a non-zero exit; only a bug shows its traceback."""
     try:
         try:
             fn()
@@ -204,8 +205,10 @@ def main(fn) -> None:
         if oom is not None:
             on_failure("oom", oom)
             fail(f"out of memory: {oom}", code=3)
-        if is_environment_os_error(e):
+        line = compile_failure_line(e)
+        if line is None and is_environment_os_error(e):
             line = os_error_line(e)
+        if line is not None:
             on_failure("error", line)
             fail(line, code=1)
         traceback.print_exc()

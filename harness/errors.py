@@ -1,4 +1,10 @@
-"""One clear error line and a non-zero exit, never a bare traceback."""
+"""One clear error line and a non-zero exit, never a bare traceback.
+
+`UserError` is bad input; the functions below name the failures the environment causes (out of
+memory, a full or read-only disk, a closed output pipe, a torch.compile that cannot compile on
+this machine) so that the step scripts (`harness.main`), the sweep and plot_results.py print
+one line for them. Torch-free: exceptions are recognized by their class names and messages.
+"""
 
 import errno
 import os
@@ -88,6 +94,73 @@ def out_of_memory_line(e: BaseException) -> str | None:
                 break
         return (text.splitlines() or ["out of memory"])[0]
     return None
+
+
+# ---------------------------------------------------------------- torch.compile
+COMPILE_FIX_CXX = (
+    "install a C++ compiler (Linux: g++; macOS: xcode-select --install; Windows: Visual Studio "
+    "Build Tools, run from its developer prompt) or run with TORCH_COMPILE_DISABLE=1 "
+    "(then torch.compile does nothing)"
+)
+COMPILE_FIX_TRITON = (
+    "GPU kernels need Triton (Linux: pip install triton; Windows: pip install triton-windows); "
+    "or run with TORCH_COMPILE_DISABLE=1 (then torch.compile does nothing)"
+)
+COMPILE_FIX_OTHER = "run with TORCH_COMPILE_DISABLE=1 to train without compiling"
+
+
+def _chain(e: BaseException):
+    """e, then what it wraps: dynamo's inner_exception, __cause__, __context__."""
+    seen = set()
+    todo = [e]
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        todo += [getattr(x, "inner_exception", None), x.__cause__, x.__context__]
+
+
+def _is_compiler_stack(x: BaseException) -> bool:
+    return any(
+        c.__module__.startswith(("torch._dynamo", "torch._inductor")) for c in type(x).__mro__
+    )
+
+
+def compile_failure_line(e: BaseException) -> str | None:
+    """`torch.compile failed: <cause>; <fix>` for a failure of torch.compile's toolchain (no C++
+    compiler, no Triton, a GPU too old for Triton, a compile error), else None."""
+    chain = list(_chain(e))
+    if not any(_is_compiler_stack(x) for x in chain):
+        return None
+    text = " ".join(f"{type(x).__name__}: {x}" for x in chain)
+    names = {type(x).__name__ for x in chain}
+    wrappers = ("BackendCompilerFailed", "InductorError")
+    inner = next((x for x in chain if type(x).__name__ not in wrappers), e)
+    first = next((ln.strip() for ln in str(inner).splitlines() if ln.strip()), "")
+    if "CppCompileError" in names:  # the compiler's own first error line says most
+        out = next((getattr(x, "output", "") for x in chain if hasattr(x, "output")), "")
+        first = next((ln.strip() for ln in str(out).splitlines() if "error" in ln), first)
+    first = first if len(first) <= 160 else first[:159] + "…"
+    if (
+        "InvalidCxxCompiler" in names
+        or "No working C++ compiler" in text
+        or ("Compiler:" in text and "is not found" in text)
+    ):
+        cause, fix = f"no working C++ compiler ({first})", COMPILE_FIX_CXX
+    elif "CppCompileError" in names or "C++ compile error" in text:
+        cause, fix = f"the C++ compiler failed on the generated code ({first})", COMPILE_FIX_CXX
+    elif "TritonMissing" in names or "Cannot find a working triton" in text:
+        cause, fix = "no working Triton installation", COMPILE_FIX_TRITON
+    elif "GPUTooOldForTriton" in names or "too old to be supported by the triton" in text:
+        cause, fix = first, COMPILE_FIX_OTHER
+    elif set(wrappers) & names:
+        cause = f"{type(inner).__name__}: {first}" if first else type(inner).__name__
+        fix = COMPILE_FIX_OTHER
+    else:
+        return None  # a dynamo error that is not the toolchain's: a bug worth its traceback
+    return f"torch.compile failed: {cause}; {fix}"
 
 
 # ---------------------------------------------------------------- a closed output pipe

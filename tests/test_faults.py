@@ -717,3 +717,69 @@ def test_a_corrupt_reference_csv_only_costs_its_panel(tmp_path, capsys):
     assert charts.read_reference(bad) is None
     assert "charts drawn without it" in capsys.readouterr().err
     assert charts.read_reference(tmp_path / "missing.csv") is None
+
+
+# ---------------------------------------------------------------- torch.compile cannot compile
+def _wrapped(inner):
+    """`inner` as torch.compile raises it: inside InductorError (a BackendCompilerFailed)."""
+    from torch._inductor.exc import InductorError
+
+    try:
+        raise inner
+    except Exception as e:
+        try:
+            raise InductorError(e, None) from e
+        except InductorError as outer:
+            return outer
+
+
+def test_compile_failures_are_named_with_their_fix():
+    from torch._dynamo.exc import BackendCompilerFailed
+    from torch._inductor import exc
+
+    from harness.errors import compile_failure_line, out_of_memory_line
+
+    cases = {
+        "no working C++ compiler (Compiler: cl is not found.)": exc.InvalidCxxCompiler("cl"),
+        "the C++ compiler failed on the generated code (x.cpp:1: fatal error: Python.h: No such "
+        "file or directory)": exc.CppCompileError(
+            ["g++", "x.cpp"],
+            "In file included from x.cpp:1:\nx.cpp:1: fatal error: Python.h: "
+            "No such file or directory\ncompilation terminated.",
+        ),
+        "no working Triton installation": exc.TritonMissing(None),
+        "no working C++ compiler (Compiler: g++ is not found.)": RuntimeError(
+            "Compiler: g++ is not found."
+        ),
+    }
+    for cause, inner in cases.items():
+        line = compile_failure_line(_wrapped(inner))
+        assert line.startswith(f"torch.compile failed: {cause}"), line
+        assert "TORCH_COMPILE_DISABLE=1" in line and "\n" not in line
+    assert "C++ compiler" in compile_failure_line(_wrapped(exc.InvalidCxxCompiler("cl")))
+    assert "triton" in compile_failure_line(_wrapped(exc.TritonMissing(None))).lower()
+    other = BackendCompilerFailed(lambda: None, ValueError("boom"), None)
+    assert compile_failure_line(other).startswith("torch.compile failed: ValueError: boom")
+    assert compile_failure_line(RuntimeError("a plain bug")) is None
+    assert out_of_memory_line(RuntimeError("a plain bug")) is None
+
+
+def test_step_08_without_a_cpp_compiler_is_one_line_and_recorded(tmp_path):
+    """The real failure: inductor finds no C++ compiler (CXX names none), in a fresh inductor
+    cache so that nothing compiled earlier is reused."""
+    res = tmp_path / "r.jsonl"
+    cache = tmp_path / "cache"  # a known CPU peak: no time spent measuring it
+    cache.mkdir()
+    key = device.rates_key(torch.device("cpu"))
+    (cache / "matmul_peak.json").write_text(json.dumps({key: {"fp32": 1e11, "bf16": 1e10}}))
+    env = {"CXX": str(tmp_path / "no-such-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind"),
+           "SPEED_LADDER_CACHE": str(cache)}  # fmt: skip
+    proc = py("steps/08_torch_compile.py", "--preset", "tiny", "--device", "cpu", "--max-steps",
+              3, "--warmup-steps", 1, "--data", VERDICT, "--results", res, env=env,
+              timeout=300)  # fmt: skip
+    assert proc.returncode == 1
+    line = one_line(proc.stderr)
+    assert line.startswith("error: torch.compile failed: no working C++ compiler (")
+    assert "install a C++ compiler" in line and "TORCH_COMPILE_DISABLE=1" in line
+    (rec,) = records(res)
+    assert rec["status"] == "error" and rec["reason"] == line[len("error: ") :]
