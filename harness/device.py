@@ -103,8 +103,10 @@ def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
         return torch.mps.driver_allocated_memory(), torch.mps.current_allocated_memory()
     hwm = _vm_hwm()
     if hwm is None:  # macOS and friends: ru_maxrss, bytes on macOS
-        import resource
-
+        try:
+            import resource
+        except ImportError:  # Windows: no peak RSS without extra packages
+            return None, None
         hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return hwm, None
 

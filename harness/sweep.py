@@ -400,6 +400,12 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
 
 def _run_command(args) -> int:
     check_name(args.preset)
+    if sys.platform == "win32":  # flock, process groups, PR_SET_PDEATHSIG: POSIX only
+        raise UserError(
+            "python -m harness run needs Linux or macOS (it supervises each step's process "
+            "group); on Windows use WSL2, or run a step by hand: "
+            "python steps/05_bf16.py --results results.jsonl"
+        )
 
     def on_term(signum, frame):
         raise KeyboardInterrupt

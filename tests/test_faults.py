@@ -783,3 +783,11 @@ def test_step_08_without_a_cpp_compiler_is_one_line_and_recorded(tmp_path):
     assert "install a C++ compiler" in line and "TORCH_COMPILE_DISABLE=1" in line
     (rec,) = records(res)
     assert rec["status"] == "error" and rec["reason"] == line[len("error: ") :]
+
+
+# ---------------------------------------------------------------- platforms
+def test_the_sweep_on_windows_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "platform", "win32")
+    code, _, err = fixture_sweep(capsys, tmp_path)
+    assert code == 2 and "needs Linux or macOS" in one_line(err) and "WSL2" in err
+    assert not list(tmp_path.iterdir())
