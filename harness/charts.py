@@ -214,7 +214,8 @@ def _mfu_value(r) -> float | None:
 def _mfu_missing(r) -> tuple[str, str]:
     flag = mfu_flag(r)
     if flag:
-        return f"MFU invalid: {textwrap.shorten(flag, 70, placeholder='…')}", FAIL_COLOR
+        why = textwrap.shorten(flag.removeprefix("MFU "), 70, placeholder="…")
+        return f"MFU invalid: {why}", FAIL_COLOR
     return _no_value(r)
 
 
