@@ -218,7 +218,10 @@ class Plan:
 def check_outputs(tag_dir: Path) -> None:
     """Before any step runs: the tag folder (and --results-dir) can be made and written, and
     runs.jsonl and summary.csv in it, where they exist, are files that can be written."""
-    outputs.check_dir(tag_dir, "results folder")
+    try:
+        outputs.check_dir(tag_dir, "results folder")
+    except UserError as e:  # e.g. results/ in a read-only checkout
+        raise UserError(f"{e}; --results-dir DIR chooses another place") from None
     for name in (RUNS, SUMMARY):
         outputs.check_file(tag_dir / name, "results file")
 
