@@ -10,10 +10,20 @@ import sys
 
 from . import sweep
 from .cli import Parser
-from .errors import UserError, fail
+from .errors import UserError, broken_pipe, fail, flush_stdout
 
 
 def main(argv=None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            flush_stdout()  # `--help | head`: a closed pipe is caught here, not at exit
+    except BrokenPipeError:
+        broken_pipe()
+
+
+def _main(argv=None) -> int:
     p = Parser(
         prog="python -m harness",
         description=__doc__,

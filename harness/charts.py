@@ -2,17 +2,21 @@
 
 Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00),
 peak_memory.png (peak reserved GiB) and mfu.png (MFU %); a failed step is a "failed (oom)" label
-at zero, never a bar. results/comparison.png groups every tag's tok/s per step. The published
+at zero, never a bar, and so is an MFU outside (0, 100%] ("MFU invalid: ..."). Each chart is
+written atomically: an interrupted or failed save leaves the previous one, never half a PNG.
+results/comparison.png groups every tag's tok/s per step. The published
 single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
 results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched panel,
 labelled as such: they are not this project's measurements.
 """
 
+import io
 import textwrap
 from pathlib import Path
 
-from .files import RESULTS
-from .summary import describe, number, read_summary, speedup_text
+from .errors import warn
+from .files import RESULTS, atomic_write_bytes
+from .summary import describe, mfu_flag, number, read_summary, speedup_text
 
 REFERENCE_CSV = RESULTS / "reference" / "published_a100_ladder.csv"
 CHARTS = ("tokens_per_sec.png", "peak_memory.png", "mfu.png")
@@ -32,8 +36,17 @@ def read_reference(path: Path = REFERENCE_CSV):
 
     if not Path(path).is_file():
         return None
-    df = pd.read_csv(path, dtype={"step": str})
-    df["step"] = df["step"].str.zfill(2)
+    try:
+        df = pd.read_csv(path, dtype={"step": str})
+        df["step"] = df["step"].str.zfill(2)
+        missing = {"tokens_per_sec", "reserved_memory_gb", "optimization", "hardware"} - set(df)
+        if missing:
+            raise KeyError(f"no column {sorted(missing)[0]!r}")
+        df["tokens_per_sec"] = df["tokens_per_sec"].astype(float)
+        df["reserved_memory_gb"] = df["reserved_memory_gb"].astype(float)
+    except (OSError, ValueError, KeyError, AttributeError, pd.errors.ParserError) as e:
+        warn(f"{path} unreadable ({e.__class__.__name__}: {e}); charts drawn without it")
+        return None
     return df
 
 
@@ -77,7 +90,7 @@ def _thousands(ax):
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 10 else f"{x:g}"))
 
 
-def _bars(ax, rows, value_of, label_of, unit: str):
+def _bars(ax, rows, value_of, label_of, unit: str, no_value=_no_value):
     """Horizontal bars, step 00 on top; failed or missing steps get a label at zero, no bar."""
     ys = list(range(len(rows)))
     values = [value_of(r) if _ok(r) else None for r in rows]
@@ -86,7 +99,7 @@ def _bars(ax, rows, value_of, label_of, unit: str):
     top = max((v for v in values if v is not None), default=0.0) or 1.0
     for y, r, v in zip(ys, rows, values, strict=True):
         if v is None:
-            text, color = _no_value(r)
+            text, color = no_value(r)
             ax.text(top * 0.01, y, text, va="center", ha="left", color=color, fontweight="bold")
         else:
             ax.text(v + top * 0.01, y, label_of(r, v), va="center", ha="left", fontsize=9)
@@ -140,8 +153,12 @@ def _figure(plt, n_ours: int, n_ref: int):
 
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
@@ -188,14 +205,29 @@ def _memory_figure(plt, rows, heading: str, ref):
     return fig
 
 
+def _mfu_value(r) -> float | None:
+    """MFU in %, only when it is a fraction in (0, 1]: an impossible MFU is never a bar."""
+    v = number(r.get("mfu"))
+    return None if v is None or mfu_flag(r) else v * 100
+
+
+def _mfu_missing(r) -> tuple[str, str]:
+    flag = mfu_flag(r)
+    if flag:
+        why = textwrap.shorten(flag.removeprefix("MFU "), 70, placeholder="…")
+        return f"MFU invalid: {why}", FAIL_COLOR
+    return _no_value(r)
+
+
 def _mfu_figure(plt, rows, heading: str):
     fig, ax, _ = _figure(plt, len(rows), 0)
     _bars(
         ax,
         rows,
-        lambda r: None if number(r.get("mfu")) is None else number(r.get("mfu")) * 100,
+        _mfu_value,
         lambda r, v: f"{v:.1f}%",
         "model FLOPs utilization (% of the device's bf16 peak)",
+        no_value=_mfu_missing,
     )
     ax.set_title(f"MEASURED by this project: {heading}\nMFU per step", fontsize=10)
     return fig

@@ -12,9 +12,16 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
-import torch
-
-from .errors import UserError, fail
+from .errors import (
+    UserError,
+    broken_pipe,
+    compile_failure_line,
+    fail,
+    flush_stdout,
+    is_environment_os_error,
+    os_error_line,
+    out_of_memory_line,
+)
 from .presets import PRESETS, check_name
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -41,6 +48,18 @@ def _int_at_least(lowest: int):
 
 
 positive, non_negative = _int_at_least(1), _int_at_least(0)
+
+MAX_SEED = 2**63 - 1
+
+
+def seed(text: str) -> int:
+    """A seed from 0 to 2**63-1: torch.manual_seed takes a uint64 (a negative one wraps around
+    to another seed), DistributedSampler adds the epoch to it (overflowing near 2**64), and
+    records keep it as an int64 (pandas, JSON readers)."""
+    value = non_negative(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be at most 2**63-1 = {MAX_SEED}, got {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -101,7 +120,12 @@ STEP_FLAGS = (
         "append one JSON record of this run (a measuring run: no epoch-end sample)",
         {"metavar": "FILE"},
     ),
-    Flag("--seed", "seed for weights and data order", {"type": int, "default": 123}, passed=True),
+    Flag(
+        "--seed",
+        "seed for weights and data order, 0 to 2**63-1 (default: 123)",
+        {"type": seed, "default": 123, "metavar": "N"},
+        passed=True,
+    ),
 )
 
 
@@ -160,19 +184,33 @@ on_failure = FailureHandoff()
 
 
 def main(fn) -> None:
-    """Run a step's main(): user errors and OOM become one line, a record and a non-zero exit."""
+    """Run a step's main(): bad input, out of memory (any device), a torch.compile that cannot
+    compile here, a full or read-only disk and a closed stdout each become one line, a record
+    (where one can still be written) and a non-zero exit; only a bug shows its traceback."""
     try:
-        fn()
+        try:
+            fn()
+        finally:
+            flush_stdout()  # `--help | head`: a closed pipe is caught below, not at exit
     except UserError as e:
         on_failure("error", str(e))
         fail(str(e))
-    except torch.OutOfMemoryError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-        on_failure("oom", first)
-        fail(f"out of memory: {first}", code=3)
     except KeyboardInterrupt:
         fail("interrupted", code=130)
+    except BrokenPipeError:
+        on_failure("error", "stdout was closed (broken pipe)")
+        broken_pipe("stdout was closed (broken pipe): training stopped")
     except Exception as e:
+        oom = out_of_memory_line(e)
+        if oom is not None:
+            on_failure("oom", oom)
+            fail(f"out of memory: {oom}", code=3)
+        line = compile_failure_line(e)
+        if line is None and is_environment_os_error(e):
+            line = os_error_line(e)
+        if line is not None:
+            on_failure("error", line)
+            fail(line, code=1)
         traceback.print_exc()
         on_failure("error", f"{e.__class__.__name__}: {e}")
         sys.exit(1)

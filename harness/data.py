@@ -1,19 +1,28 @@
-"""The training text and its GPT-2 token ids: download once, tokenize once, split 90/10."""
+"""The training text and its GPT-2 token ids: download once, tokenize once, split 90/10.
+
+The token ids are cached per text (`tokens-gpt2-<sha>.npy`) beside a small JSON sidecar holding
+what checks them: the count, dtype, smallest and largest id and a sha256 of the ids. A cache
+that fails to load or to match its sidecar (truncated, overwritten, all zeros) is rebuilt from
+the text, and a line says so; a cache that cannot be written (a full or read-only disk) only
+costs the next run a tokenization.
+"""
 
 import hashlib
 import io
+import json
 import os
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UserError, warn
 from .files import ROOT, atomic_write_bytes, cache_dir, mirror
 
 DEFAULT_TEXT = ROOT / "data" / "middlemarch.txt"
 GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/145/pg145.txt"  # Middlemarch, Gutenberg #145
 TRAIN_RATIO = 0.90
+GPT2_N_VOCAB = 50257  # ids 0..50256 (<|endoftext|> is 50256)
 # tiktoken's cache names for GPT-2's BPE files (sha1 of their download URLs)
 TIKTOKEN_NAMES = {
     "encoder.json": "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6",
@@ -21,32 +30,63 @@ TIKTOKEN_NAMES = {
 }
 
 
+def check_text_file(data: str) -> Path:
+    """--data PATH, checked: a readable file, not a folder."""
+    path = Path(data)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise UserError(f"--data {data}: no such file") from None
+    except OSError as e:
+        raise UserError(f"--data {data}: cannot read it ({e.strerror})") from None
+    if path.is_dir():
+        raise UserError(f"--data {data}: is a folder; name a text file")
+    if not path.is_file():
+        raise UserError(f"--data {data}: not a regular file; name a text file")
+    return path
+
+
+def _default_text() -> Path:
+    """data/middlemarch.txt, else (a read-only checkout) the copy in the cache folder, fetched
+    from the local mirror or downloaded from Gutenberg where it is missing."""
+    if DEFAULT_TEXT.is_file():
+        return DEFAULT_TEXT
+    from . import outputs
+
+    path = DEFAULT_TEXT
+    if outputs.problem(DEFAULT_TEXT, "file") is not None:  # a read-only checkout
+        path = cache_dir() / DEFAULT_TEXT.name
+        if path.is_file():
+            return path
+    local = mirror() / "middlemarch.txt"
+    if local.is_file():
+        print(f"copying Middlemarch from the local mirror {local} to {path}", flush=True)
+        atomic_write_bytes(path, local.read_bytes())
+        return path
+    print(f"downloading Middlemarch (Gutenberg #145) to {path} ...", flush=True)
+    try:
+        with urllib.request.urlopen(GUTENBERG_URL, timeout=30) as r:
+            body = r.read()
+    except OSError as e:
+        raise UserError(
+            f"cannot download {GUTENBERG_URL} ({e.__class__.__name__}: {e}); "
+            "offline? pass a local text with --data PATH"
+        ) from None
+    atomic_write_bytes(path, body)
+    return path
+
+
 def read_text(data: str | None) -> tuple[str, Path]:
     """The text from --data, else data/middlemarch.txt, downloaded from Gutenberg if missing."""
-    if data is not None:
-        path = Path(data)
-        if not path.is_file():
-            raise UserError(f"--data {data}: no such file")
-    else:
-        path = DEFAULT_TEXT
-        local = mirror() / "middlemarch.txt"
-        if not path.is_file() and local.is_file():
-            print(f"copying Middlemarch from the local mirror {local} to {path}", flush=True)
-            atomic_write_bytes(path, local.read_bytes())
-        if not path.is_file():
-            print(f"downloading Middlemarch (Gutenberg #145) to {path} ...", flush=True)
-            try:
-                with urllib.request.urlopen(GUTENBERG_URL, timeout=30) as r:
-                    atomic_write_bytes(path, r.read())
-            except OSError as e:
-                raise UserError(
-                    f"cannot download {GUTENBERG_URL} ({e.__class__.__name__}: {e}); "
-                    "offline? pass a local text with --data PATH"
-                ) from None
+    path = check_text_file(data) if data is not None else _default_text()
     try:
         return path.read_text(encoding="utf-8-sig"), path
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise UserError(
+            f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror})") from None
 
 
 def stage_bpe(bpe: Path, dest: Path) -> Path:
@@ -61,6 +101,9 @@ def gpt2_tokenizer():
     """tiktoken's GPT-2 BPE; offline it reads its two files from TIKTOKEN_CACHE_DIR."""
     import tiktoken
 
+    where = os.environ.get("TIKTOKEN_CACHE_DIR")
+    if where and Path(where).exists() and not Path(where).is_dir():
+        raise UserError(f"TIKTOKEN_CACHE_DIR={where}: is a file, not a folder")
     bpe = mirror() / "gpt2_bpe"
     if "TIKTOKEN_CACHE_DIR" not in os.environ and bpe.is_dir():  # offline mirror: no download
         os.environ["TIKTOKEN_CACHE_DIR"] = str(stage_bpe(bpe, cache_dir() / "tiktoken"))
@@ -75,17 +118,67 @@ def gpt2_tokenizer():
         ) from None
 
 
+def _sidecar(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def _describe(arr: np.ndarray, text_sha: str) -> dict:
+    """What checks a cache of token ids: count, dtype, id range and a sha256 of the ids."""
+    return {
+        "tokenizer": "gpt2",
+        "text_sha256": text_sha,
+        "count": int(arr.size),
+        "dtype": str(arr.dtype),
+        "min_id": int(arr.min()) if arr.size else None,
+        "max_id": int(arr.max()) if arr.size else None,
+        "ids_sha256": hashlib.sha256(arr.astype("<u2").tobytes()).hexdigest(),
+    }
+
+
+def _load_checked(path: Path, text_sha: str) -> tuple[np.ndarray | None, str | None]:
+    """(ids, None) from a cache that loads and matches its sidecar, else (None, why not)."""
+    try:
+        meta = json.loads(_sidecar(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"no {_sidecar(path).name} to check it against"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable {_sidecar(path).name} ({e.__class__.__name__})"
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as e:  # truncated, garbage, a folder, an unreadable file ...
+        return None, f"does not load ({e.__class__.__name__}: {str(e)[:80]})"
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.uint16 or arr.ndim != 1:
+        return None, f"holds {getattr(arr, 'dtype', type(arr).__name__)}, not 1-d uint16 ids"
+    if arr.size and int(arr.max()) >= GPT2_N_VOCAB:
+        return None, f"holds id {int(arr.max())}, outside GPT-2's vocabulary"
+    have = _describe(arr, text_sha)
+    if not isinstance(meta, dict):
+        return None, f"{_sidecar(path).name} is not a JSON object"
+    for k, v in have.items():
+        if meta.get(k) != v:
+            return None, f"{k} is {v!r}, its sidecar says {meta.get(k)!r}"
+    return arr, None
+
+
 def token_ids(text: str) -> np.ndarray:
-    """GPT-2 token ids of `text`, cached by the text's sha256."""
-    key = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-    path = cache_dir() / f"tokens-gpt2-{key}.npy"
-    if path.is_file():
-        return np.load(path)
+    """GPT-2 token ids of `text`, cached by the text's sha256 and checked on every load."""
+    text_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    path = cache_dir() / f"tokens-gpt2-{text_sha[:32]}.npy"
+    if path.exists() or _sidecar(path).exists():
+        arr, why = _load_checked(path, text_sha)
+        if arr is not None:
+            return arr
+        warn(f"token cache {path} failed its check ({why}); rebuilding it from the text")
     ids = gpt2_tokenizer().encode(text, allowed_special={"<|endoftext|>"})
     arr = np.asarray(ids, dtype=np.uint16)  # GPT-2 vocab 50257 < 2**16
     buf = io.BytesIO()
     np.save(buf, arr)
-    atomic_write_bytes(path, buf.getvalue())
+    try:
+        atomic_write_bytes(path, buf.getvalue())
+        meta = json.dumps(_describe(arr, text_sha), indent=1) + "\n"
+        atomic_write_bytes(_sidecar(path), meta.encode())
+    except OSError as e:
+        warn(f"token ids not cached in {path.parent} ({e.strerror}); tokenizing again next run")
     return arr
 
 

@@ -1,6 +1,7 @@
 """Device choice, clocks, memory and peak FLOP/s: everything that differs between CPU and GPUs."""
 
 import json
+import math
 import os
 import platform
 import time
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from .errors import UserError, warn
 from .files import atomic_write_bytes, cache_dir
 
 # Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's datasheets; first match on the device name
@@ -102,8 +103,10 @@ def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
         return torch.mps.driver_allocated_memory(), torch.mps.current_allocated_memory()
     hwm = _vm_hwm()
     if hwm is None:  # macOS and friends: ru_maxrss, bytes on macOS
-        import resource
-
+        try:
+            import resource
+        except ImportError:  # Windows: no peak RSS without extra packages
+            return None, None
         hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return hwm, None
 
@@ -132,22 +135,80 @@ def rates_key(device: torch.device) -> str:
     )
 
 
+# What a 1024^3 matmul can plausibly reach, FLOP/s: a cached or measured rate outside this is
+# wrong (a busy machine, a hand-edited or corrupt cache) and is measured again, never divided by.
+# The faster of fp32 and bf16 (the MFU peak) must reach the floor; each must stay below the top.
+# CPU: at least 1e8 (0.1 GFLOP/s: below a single 2012 phone core; a 1024^3 matmul would take 20 s)
+# and at most 1e13 per thread (an AMX core's bf16 peak is 2048 FLOP/cycle, 8e12 at 4 GHz).
+# MPS: 1e9 to 1e14 (Apple's largest GPU, M3 Ultra, is about 28 TFLOP/s fp32).
+PLAUSIBLE_PEAK = {"cpu": (1e8, 1e13), "mps": (1e9, 1e14)}
+
+
+def plausible_range(device: torch.device) -> tuple[float, float]:
+    low, high = PLAUSIBLE_PEAK.get(device.type, (1e8, 1e16))
+    if device.type == "cpu":
+        high *= max(1, torch.get_num_threads())
+    return low, high
+
+
+def rates_problem(device: torch.device, rates) -> str | None:
+    """Why cached or measured matmul rates cannot be this device's, or None when they can."""
+    if not isinstance(rates, dict):
+        return f"{type(rates).__name__}, not {{'fp32': FLOP/s, 'bf16': FLOP/s}}"
+    low, high = plausible_range(device)
+    for k in ("fp32", "bf16"):
+        v = rates.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{k} rate {v!r} is not a number"
+        if not math.isfinite(v) or not 0 < v <= high:
+            return f"{k} rate {v:.3g} FLOP/s is outside 0..{high:.0e}, the plausible range here"
+    best = max(rates["fp32"], rates["bf16"])  # the MFU peak; bf16 alone may be slow (emulated)
+    if best < low:
+        return f"peak {best:.3g} FLOP/s is below {low:.0e}, the least plausible for a {device.type}"
+    return None
+
+
+def _read_table(path: Path) -> dict:
+    """The cache's table of rates by key; anything else (not JSON, not an object) is empty."""
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warn(f"{path} is unreadable ({e.__class__.__name__}); measuring the matmul peak again")
+        return {}
+    if not isinstance(table, dict):
+        warn(f"{path} is not a JSON object; measuring the matmul peak again")
+        return {}
+    return table
+
+
 def measured_matmul_rates(device: torch.device) -> dict:
     """{"fp32": FLOP/s, "bf16": FLOP/s} of a 1024^3 matmul, measured once and cached per
-    device name, thread count and torch version (CPU/MPS have no datasheet table here)."""
+    device name, thread count and torch version (CPU/MPS have no datasheet table here).
+
+    A cached entry outside the device's plausible range (see PLAUSIBLE_PEAK), or of the wrong
+    type, is measured again; a measurement outside it is returned but not cached.
+    """
     key = rates_key(device)
     path = cache_dir() / "matmul_peak.json"
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    if key not in table:
-        table[key] = {
-            "fp32": _matmul_rate(device, torch.float32),
-            "bf16": _matmul_rate(device, torch.bfloat16),
-        }
-        atomic_write_bytes(path, json.dumps(table, indent=1).encode())
-    return table[key]
+    table = _read_table(path)
+    if key in table:
+        why = rates_problem(device, table[key])
+        if why is None:
+            return table[key]
+        warn(f"{path}: the cached matmul peak is implausible ({why}); measuring it again")
+    rates = {
+        "fp32": _matmul_rate(device, torch.float32),
+        "bf16": _matmul_rate(device, torch.bfloat16),
+    }
+    if rates_problem(device, rates) is None:
+        table[key] = rates
+        try:
+            atomic_write_bytes(path, json.dumps(table, indent=1).encode())
+        except OSError as e:
+            warn(f"matmul peak not cached in {path} ({e.strerror}); measuring again next run")
+    return rates
 
 
 def gpu_peak(gpu_name: str) -> float | None:
@@ -164,6 +225,9 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
             return None, f"no bf16 peak known for {gpu}: MFU left empty"
         return flops, f"{gpu} dense bf16 datasheet peak {flops / 1e12:.0f} TFLOP/s"
     rates = measured_matmul_rates(device)
+    why = rates_problem(device, rates)
+    if why is not None:
+        return None, f"measured {device.type} matmul peak implausible ({why}): MFU left empty"
     best = max(rates, key=rates.get)
     return rates[best], (
         f"measured {device.type} matmul peak {rates[best] / 1e9:.0f} GFLOP/s ({best}; "
@@ -177,5 +241,7 @@ def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
         ok = torch.cuda.is_bf16_supported()
         return ok, f"{name(device)} {'has' if ok else 'lacks'} bf16 tensor cores"
     r = measured_matmul_rates(device)
+    if rates_problem(device, r) is not None:
+        return False, f"measured matmul rates implausible ({rates_problem(device, r)})"
     why = f"measured matmul: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f} GFLOP/s"
     return r["bf16"] > r["fp32"], why

@@ -2,8 +2,12 @@
 atomic write every file the harness replaces goes through."""
 
 import os
+import sys
 import tempfile
 from pathlib import Path
+
+from . import outputs
+from .errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: 00_orig.py, steps/, harness/
 RESULTS = ROOT / "results"
@@ -15,9 +19,72 @@ def mirror() -> Path:
     return Path(os.environ.get("SPEED_LADDER_SHARED", ROOT.parent / "shared")) / "data"
 
 
+def user_cache_dir() -> Path:
+    """The platform's per-user cache folder for this project: $XDG_CACHE_HOME/speed-ladder or
+    ~/.cache/speed-ladder (Linux), ~/Library/Caches/speed-ladder (macOS),
+    %LOCALAPPDATA%\\speed-ladder (Windows); a temp folder when there is no home."""
+    try:
+        home = Path.home()
+        if not home.is_absolute():
+            home = None
+    except (RuntimeError, KeyError, OSError):  # no HOME and no passwd entry (containers)
+        home = None
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or (home and str(home / "AppData" / "Local"))
+    elif sys.platform == "darwin":
+        base = home and str(home / "Library" / "Caches")
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        base = xdg if os.path.isabs(xdg) else (home and str(home / ".cache"))
+    if not base:
+        return _temp_cache()
+    return Path(base) / "speed-ladder"
+
+
+def _temp_cache() -> Path:
+    """A per-user folder in the system's temp folder: the cache of last resort."""
+    user = str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return Path(tempfile.gettempdir()) / f"speed-ladder-{user}"
+
+
+_CACHE_CHOICE: dict[str, Path] = {}
+
+
 def cache_dir() -> Path:
-    """Where token ids and the CPU peak go; SPEED_LADDER_CACHE overrides (tests use a temp dir)."""
-    return Path(os.environ.get("SPEED_LADDER_CACHE", ROOT / "data" / "cache"))
+    """Where token ids, the CPU peak and the staged tokenizer go: SPEED_LADDER_CACHE (tests use
+    a temp dir), else data/cache in the checkout, else, when the checkout is read-only (a shared
+    install), the user's cache folder (`user_cache_dir`), said once in a line."""
+    env = os.environ.get("SPEED_LADDER_CACHE")
+    if env:
+        return Path(env)  # the user's choice: checked, never replaced (see check_cache_dir)
+    repo = ROOT / "data" / "cache"
+    if str(repo) not in _CACHE_CHOICE:
+        why = outputs.problem(repo, "dir")
+        chosen = repo
+        if why is not None:
+            chosen = user_cache_dir()
+            if outputs.problem(chosen, "dir") is not None:
+                chosen = _temp_cache()
+            print(
+                f"note: cannot cache in {repo} ({why}); caching in {chosen} instead "
+                "(SPEED_LADDER_CACHE=DIR chooses)",
+                file=sys.stderr,
+                flush=True,
+            )
+        _CACHE_CHOICE[str(repo)] = chosen
+    return _CACHE_CHOICE[str(repo)]
+
+
+def check_cache_dir() -> Path:
+    """The cache folder, checked before the work (a SPEED_LADDER_CACHE that is a file, or
+    read-only, is one error line)."""
+    path = cache_dir()
+    why = outputs.problem(path, "dir")
+    if why is not None:
+        env = os.environ.get("SPEED_LADDER_CACHE")
+        what = f"SPEED_LADDER_CACHE={env}" if env else f"the cache folder {path}"
+        raise UserError(f"{what}: {why}; point SPEED_LADDER_CACHE at a writable folder")
+    return path
 
 
 def _umask() -> int:
@@ -41,6 +108,8 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file
+            e.filename = str(path)
         raise

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .charts import CHARTS, COMPARISON, REFERENCE_CSV
 from .files import ROOT, atomic_write_bytes
-from .summary import describe, number, read_summary, speedup_text
+from .summary import describe, mfu_flag, number, read_summary, speedup_text
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 GENERATED = (
@@ -38,13 +38,16 @@ def _row(r: dict) -> str:
         status += ": " + (reason if len(reason) <= 80 else reason[:79] + "…")
     mfu = number(r.get("mfu")) if ok else None
     speed = number(r.get("speedup_vs_00")) if ok else None
+    mfu_cell = "–" if mfu is None else f"{mfu * 100:.1f}%"
+    if mfu_flag(r):  # an MFU outside (0, 100%] is never shown as a number
+        mfu_cell = "invalid"
     cells = (
         r["step"],
         r.get("title") or "",
         _fmt(r.get("tokens_per_sec_median") if ok else None, ",.0f"),
         "–" if speed is None else speedup_text(speed),
         _fmt(r.get("peak_reserved_gib") if ok else None, ".2f"),
-        "–" if mfu is None else f"{mfu * 100:.1f}%",
+        mfu_cell,
         _fmt(r.get("val_loss") if ok else None, ".3f"),
         status,
     )
@@ -64,6 +67,12 @@ def _tag_section(tag_dir: Path, base: Path) -> list[str]:
     lines = [f"#### `{tag_dir.name}`" + (f": {desc}" if desc else ""), "", *HEADER]
     lines += [_row(r) for r in rows if r["step"] not in skipped]
     lines += [""]
+    flags = [(r["step"], mfu_flag(r)) for r in rows if mfu_flag(r)]
+    if flags:
+        lines += [
+            "MFU not shown: " + "; ".join(f"step {n}: {_cell(why)}" for n, why in flags) + ".",
+            "",
+        ]
     if skipped:
         lines += [f"Not run in this tag: steps {', '.join(skipped)}.", ""]
     links = [

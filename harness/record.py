@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -39,25 +40,52 @@ def append_jsonl(path: str | Path, record: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, sort_keys=False) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Records of a file; a torn last line (killed mid-write) is skipped, not fatal."""
-    out = []
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.filename is None:  # a failed write names no file: name it
+            e.filename = str(path)
+        raise
+
+
+def jsonl_lines(path: str | Path):
+    """(line number, value or None, raw bytes) per non-blank line; a line that is not UTF-8 or
+    not JSON has the value None. Missing file: nothing."""
+    try:
+        data = Path(path).read_bytes()
     except FileNotFoundError:
-        return out
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
+        return
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        line = raw.removeprefix(b"\xef\xbb\xbf") if n == 1 else raw  # a BOM (Windows editors)
+        if not line.strip():
             continue
-    return out
+        try:
+            yield n, json.loads(line.decode("utf-8")), raw
+        except ValueError:  # UnicodeDecodeError is one too
+            yield n, None, raw
+
+
+def read_jsonl(path: str | Path) -> list:
+    """Records of a file; a torn or unreadable line (killed mid-write) is skipped, not fatal."""
+    return [v for _, v, _ in jsonl_lines(path) if v is not None]
+
+
+def mfu_problem(value) -> str | None:
+    """Why an MFU cannot be right, or None when it can: a fraction in (0, 1]. Above 1 the peak
+    it was taken over is too low (a CPU peak measured on a busy machine, a wrong cache). The
+    reason never repeats the absurd number (the record keeps it in `mfu_invalid.value`)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return "MFU is not a number"
+    if value <= 0:
+        return "MFU is not above 0: the peak FLOP/s or the throughput it comes from is wrong"
+    if value > 1:
+        return "MFU above 100%: the peak FLOP/s it divides by is too low"
+    return None
 
 
 def file_sha256(path: str | Path) -> str:

@@ -19,8 +19,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import ladder
+from . import ladder, outputs
 from .charts import CHARTS, plot_comparison, plot_tag
+from .errors import (
+    UserError,
+    broken_pipe,
+    flush_stdout,
+    is_environment_os_error,
+    os_error_line,
+    warn,
+)
 from .files import ROOT
 from .readme import update_readme
 from .summary import SUMMARY, find_tags, read_summary
@@ -32,8 +40,15 @@ def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
     tag_dirs = [Path(t) for t in tag_dirs]
     all_tags = tag_dirs if all_tags is None else list(all_tags)
     written = [path for t in tag_dirs for path in plot_tag(t)]
-    if len(all_tags) > 1:
-        written.append(plot_comparison(all_tags))
+    readable = []
+    for t in all_tags:  # another tag's broken summary costs the comparison that tag only
+        try:
+            read_summary(t)
+            readable.append(t)
+        except UserError as e:
+            warn(f"{e}; left out of the comparison chart")
+    if len(readable) > 1:
+        written.append(plot_comparison(readable))
     return written
 
 
@@ -65,6 +80,29 @@ def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """plot_results.py: a bad summary, a full or read-only disk, Ctrl-C or a closed stdout is
+    one `error:` line and a non-zero exit; the charts already written stay whole."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            flush_stdout()  # a closed pipe is caught here, not at exit
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; the charts written so far are complete", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `python plot_results.py | head -1`
+        broken_pipe()
+    except OSError as e:
+        if not is_environment_os_error(e):
+            raise
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="plot_results.py",
         description=__doc__,
@@ -93,6 +131,11 @@ def main(argv=None) -> int:
         if not tags:
             print("no results/*/summary.csv yet: run `python -m harness run` first")
             return 0
+    for t in tags:  # every summary readable, every output writable, before anything is drawn
+        read_summary(t)
+        outputs.check_dir(t, "results folder")
+    if not args.no_readme and Path(args.readme).exists():  # a missing README is only a warning
+        outputs.check_file(args.readme, "--readme")
     for path in draw_charts(tags):
         print(f"wrote {path}")
     if not args.no_readme and update_readme(Path(args.readme), tags):

@@ -14,6 +14,8 @@ steps included (see device.GPU_PEAK_BF16; CPU and MPS: the best matmul rate meas
 """
 
 import datetime as dt
+import json
+import math
 import os
 import statistics
 import sys
@@ -27,10 +29,11 @@ import torch
 from . import device as dev
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
-from .errors import UserError
-from .files import ROOT
+from .errors import UserError, os_error_why
+from .files import ROOT, check_cache_dir
+from .outputs import check_file
 from .presets import choose
-from .record import FIELDS, append_jsonl, file_sha256, git_sha
+from .record import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
 
 
 def _dist():
@@ -93,6 +96,10 @@ class Run:
         self.is_rank0 = int(os.environ.get("RANK", "0")) == 0
         self.notes: list[str] = []
         self.device = dev.resolve(args.device)
+        # every place this run writes, checked now rather than after the training
+        if args.results is not None and self.is_rank0:
+            check_file(args.results, "--results")
+        check_cache_dir()
 
         name, why, self.preset = choose(args, self.device.type)
         self.preset_name = name
@@ -274,11 +281,15 @@ class Run:
         if self.peak:
             mfu = tps * self.flops_per_token / (self.peak * world)
         self.note(f"MFU over {self.peak_source}")
-        if mfu is not None and mfu > 1:  # a CPU peak measured while the machine was busy
-            self.note(
-                "MFU above 100%: the cached peak is too low (measured on a busy machine?); "
-                f"delete {dev.cache_dir() / 'matmul_peak.json'} to measure it again"
-            )
+        mfu_invalid = None
+        why = mfu_problem(mfu)
+        if why is not None:  # never a number: e.g. a CPU peak measured on a busy machine
+            value = mfu if isinstance(mfu, (int, float)) and math.isfinite(mfu) else str(mfu)
+            mfu_invalid, mfu = {"value": value, "reason": why}, None
+            again = ""
+            if self.device.type != "cuda":
+                again = f"; delete {dev.cache_dir() / 'matmul_peak.json'} to measure it again"
+            self.note(f"{why}: MFU left empty{again}")
         rec = self._base_record("ok")
         rec.update(
             tokens_per_sec=round(tps, 1),
@@ -294,13 +305,15 @@ class Run:
             flops_per_token=self.flops_per_token,
             peak_mem_reserved_per_rank=m.reserved_per_rank,
         )
+        if mfu_invalid is not None:
+            rec["mfu_invalid"] = mfu_invalid
         rec = {k: rec[k] for k in FIELDS} | {k: v for k, v in rec.items() if k not in FIELDS}
         gib = (m.reserved or 0) / 2**30
         self.print(
             f"[{self.step}] done: {tps:,.0f} tok/s ({world} x {self.batch_size} x "
             f"{rec['context_length']} tokens / {m.step_time * 1000:.1f} ms median over "
             f"{len(self.step_times)} timed steps)  peak mem {gib:.2f} GiB  "
-            f"MFU {'-' if mfu is None else f'{mfu:.1%}'}  train loss "
+            f"MFU {'invalid' if mfu_invalid else '-' if mfu is None else f'{mfu:.1%}'}  train loss "
             f"{'-' if m.train_loss is None else f'{m.train_loss:.3f}'}  val loss "
             f"{'-' if m.val_loss is None else f'{m.val_loss:.3f}'}"
         )
@@ -309,8 +322,15 @@ class Run:
 
     def _write(self, rec: dict) -> None:
         if self.args.results and self.is_rank0 and not self._written:
-            append_jsonl(self.args.results, rec)
-            self._written = True
+            self._written = True  # one try: a failure record would fail the same way
+            try:
+                append_jsonl(self.args.results, rec)
+            except OSError as e:  # a disk that filled up during the run: keep the record
+                print(json.dumps(rec), flush=True)
+                raise UserError(
+                    f"cannot write the record to {self.args.results}: {os_error_why(e)}; the "
+                    "record is printed on stdout above: append that line to the file by hand"
+                ) from None
 
     def write_failure(self, status: str, reason: str) -> None:
         try:

@@ -2,15 +2,18 @@
 `results/<tag>/summary.csv` (atomically), read back, and printed for the terminal.
 
 Numbers appear only for steps whose last run was ok: the median of the last `--repeats` ok runs
-(with min and max for tok/s), the speedup over step 00, peak reserved GiB, MFU and losses.
+(with min and max for tok/s), the speedup over step 00, peak reserved GiB, MFU and losses. An MFU
+outside (0, 100%] is never a number: the `mfu` cell stays empty and `mfu_invalid` says why.
 """
 
 import math
 import statistics
 from pathlib import Path
 
+from .errors import UserError
 from .files import RESULTS, atomic_write_bytes
 from .ladder import Step
+from .record import mfu_problem
 from .runs import matching, ok_since_failure
 
 SUMMARY = "summary.csv"
@@ -33,6 +36,7 @@ SUMMARY_COLUMNS = [
     "device_name",
     "torch_version",
     "script",
+    "mfu_invalid",  # why a step's MFU is not shown (outside (0, 100%]); empty when it is
 ]
 NUMBER_COLUMNS = SUMMARY_COLUMNS[2:10]
 _DIGITS = {
@@ -62,6 +66,18 @@ def _failed(row: dict, runs: list[dict]) -> None:
     row.update(status=runs[-1].get("status") or "error", reason=runs[-1].get("reason"), runs=fails)
 
 
+def _mfu_invalid(oks: list[dict]) -> str | None:
+    """Why the runs' MFU is not shown: a run's MFU outside (0, 1], or left out by the run itself
+    (`mfu_invalid` in its record); None when every run's MFU is a fraction or unknown."""
+    for r in reversed(oks):
+        why = mfu_problem(r.get("mfu"))
+        if why is None and isinstance(r.get("mfu_invalid"), dict):
+            why = r["mfu_invalid"].get("reason")
+        if why:
+            return str(why)
+    return None
+
+
 def _measured(row: dict, oks: list[dict]) -> None:
     """The row of a step whose last runs were ok: medians (min, max for tok/s) over them."""
     tps = [r["tokens_per_sec"] for r in oks if r.get("tokens_per_sec") is not None]
@@ -76,6 +92,7 @@ def _measured(row: dict, oks: list[dict]) -> None:
         tokens_per_sec_max=max(tps) if tps else None,
         peak_reserved_gib=max(reserved) / 2**30 if reserved else None,
         mfu=_median(r.get("mfu") for r in oks),
+        mfu_invalid=_mfu_invalid(oks),
         train_loss=_median(r.get("train_loss") for r in oks),
         val_loss=_median(r.get("val_loss") for r in oks),
     )
@@ -91,6 +108,8 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
         _failed(row, runs)
     else:
         _measured(row, ok_since_failure(runs)[-repeats:])
+    if row.get("mfu_invalid"):
+        row["mfu"] = None
     last = runs[-1]
     row.update(
         world_size=last.get("world_size"),
@@ -130,13 +149,50 @@ def write_summary(tag_dir: Path, df) -> Path:
     return path
 
 
+REBUILD = (
+    "rerun the `python -m harness run` that made it: it rewrites summary.csv from runs.jsonl "
+    "without rerunning finished steps"
+)
+
+
 def read_summary(tag_dir: Path):
-    """A tag's summary.csv; `step` stays the two-digit string ("00")."""
+    """A tag's summary.csv; `step` stays the two-digit string ("00"). One that cannot be read
+    as a summary (empty, no `step` column, not CSV, not UTF-8) is a UserError saying how to
+    rebuild it; a column it lacks (an older summary) is empty, a number that is not one NaN."""
     import pandas as pd
 
-    df = pd.read_csv(Path(tag_dir) / SUMMARY, dtype={"step": str})
-    df["step"] = df["step"].str.zfill(2)
-    for col in ("reason", "title", "status", "device_name", "preset", "torch_version"):
+    path = Path(tag_dir) / SUMMARY
+    try:
+        df = pd.read_csv(path, dtype={"step": str})
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{path}: empty; {REBUILD}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        why = str(e).strip().splitlines()[0][:80] if str(e).strip() else e.__class__.__name__
+        raise UserError(f"{path}: not a summary table ({why}); {REBUILD}") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror or e}); {REBUILD}") from None
+    if "step" not in df.columns:
+        raise UserError(f"{path}: no `step` column; {REBUILD}")
+    steps = df["step"].astype("object")
+    bad = [str(v) for v in steps if not (isinstance(v, str) and v.strip().isdigit())]
+    if bad:
+        raise UserError(f"{path}: step {bad[0]!r} is not a step number; {REBUILD}")
+    df["step"] = steps.str.strip().str.zfill(2)
+    for col in SUMMARY_COLUMNS:
+        if col not in df:
+            df[col] = None
+    for col in NUMBER_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    df["runs"] = pd.to_numeric(df["runs"], errors="coerce").fillna(0).astype(int)
+    for col in (
+        "reason",
+        "title",
+        "status",
+        "device_name",
+        "preset",
+        "torch_version",
+        "mfu_invalid",
+    ):
         if col in df:
             df[col] = df[col].astype("object").where(df[col].notna(), None)
     return df
@@ -175,18 +231,33 @@ def describe(df) -> str:
     return ", ".join(b for b in bits if b)
 
 
+def mfu_flag(row: dict) -> str | None:
+    """Why a summary row's MFU is not to be shown as a number, or None: its `mfu_invalid`, or
+    an `mfu` outside (0, 1] (a summary written before MFU was checked)."""
+    if row.get("status") != "ok":
+        return None
+    if isinstance(row.get("mfu_invalid"), str) and row["mfu_invalid"]:
+        return row["mfu_invalid"]
+    return mfu_problem(number(row.get("mfu")))
+
+
 def format_table(df) -> str:
-    """The summary as a fixed-width text table for the terminal."""
+    """The summary as a fixed-width text table for the terminal; an invalid MFU is `invalid`,
+    with the reason below the table."""
 
     def num(v, fmt):
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
     head = ["step", "title", "tok/s", "speedup", "peak GiB", "MFU", "val loss", "status", "runs"]
-    lines = []
+    lines, flags = [], []
     for r in df.to_dict("records"):
         status = r["status"]
         if status not in ("ok", "not run") and isinstance(r.get("reason"), str):
             status = f"{status}: {r['reason'][:60]}"
+        flag = mfu_flag(r)
+        mfu = number(r.get("mfu"))
+        if flag:
+            flags.append(f"MFU of step {r['step']} not shown: {flag}")
         lines.append(
             [
                 r["step"],
@@ -194,7 +265,7 @@ def format_table(df) -> str:
                 num(r["tokens_per_sec_median"], "{:,.0f}"),
                 num(r["speedup_vs_00"], "{:.2f}x"),
                 num(r["peak_reserved_gib"], "{:.2f}"),
-                num(r["mfu"] * 100 if r["mfu"] == r["mfu"] else None, "{:.1f}%"),
+                "invalid" if flag else num(None if mfu is None else mfu * 100, "{:.1f}%"),
                 num(r["val_loss"], "{:.3f}"),
                 status,
                 str(r["runs"]),
@@ -209,4 +280,4 @@ def format_table(df) -> str:
             for i, (c, w) in enumerate(zip(cells, widths, strict=False))
         ).rstrip()
 
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines)])
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines), *flags])

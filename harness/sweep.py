@@ -22,10 +22,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import report
+from . import outputs, report
 from .child import failure_reason, run_child
 from .cli import add_step_flags, child_argv, positive, run_config
-from .errors import UserError
+from .errors import UserError, broken_pipe, is_environment_os_error, os_error_line
 from .files import RESULTS, ROOT
 from .ladder import Step, discover, parse_steps, processes_suffix
 from .presets import check_name
@@ -215,11 +215,24 @@ class Plan:
         return df
 
 
+def check_outputs(tag_dir: Path) -> None:
+    """Before any step runs: the tag folder (and --results-dir) can be made and written, and
+    runs.jsonl and summary.csv in it, where they exist, are files that can be written."""
+    try:
+        outputs.check_dir(tag_dir, "results folder")
+    except UserError as e:  # e.g. results/ in a read-only checkout
+        raise UserError(f"{e}; --results-dir DIR chooses another place") from None
+    for name in (RUNS, SUMMARY):
+        outputs.check_file(tag_dir / name, "results file")
+
+
 def plan(args) -> Plan:
     steps = discover(Path(args.ladder_dir) if args.ladder_dir else ROOT)
     selected = parse_steps(args.steps, steps)
-    if args.data is not None and not Path(args.data).is_file():
-        raise UserError(f"--data {args.data}: no such file")
+    if args.data is not None:
+        from .data import check_text_file
+
+        check_text_file(args.data)
     data = str(Path(args.data).resolve()) if args.data is not None else None
     values = dict(vars(args), data=data)
     device_type = resolve_device(args.device)
@@ -228,6 +241,7 @@ def plan(args) -> Plan:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", tag):
         raise UserError(f"--tag {tag!r}: use letters, digits, '.', '_' and '-'")
     tag_dir = Path(args.results_dir) / tag
+    check_outputs(tag_dir)
     tag_dir.mkdir(parents=True, exist_ok=True)
     configs = {s.num: dict(run_config(values), nproc=nproc if s.ddp else 1) for s in steps}
     shas = {s.num: file_sha256(s.path) for s in steps}
@@ -287,6 +301,8 @@ def _draw_charts(tag_dir: Path, results_dir: Path) -> None:
     try:
         written = report.draw_charts([tag_dir], find_tags(results_dir))
         print("charts: " + ", ".join(str(p) for p in written))
+    except BrokenPipeError:
+        raise
     except Exception as e:  # the records and summary are safe; only the charts are missing
         print(
             f"warning: charts not drawn ({e.__class__.__name__}: {e}); results are in "
@@ -387,6 +403,12 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
 
 def _run_command(args) -> int:
     check_name(args.preset)
+    if sys.platform == "win32":  # flock, process groups, PR_SET_PDEATHSIG: POSIX only
+        raise UserError(
+            "python -m harness run needs Linux or macOS (it supervises each step's process "
+            "group); on Windows use WSL2, or run a step by hand: "
+            "python steps/05_bf16.py --results results.jsonl"
+        )
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
@@ -397,5 +419,16 @@ def _run_command(args) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; finished runs are kept, rerun to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `python -m harness run | head`
+        broken_pipe("output closed (broken pipe); finished runs are kept, rerun to resume")
+    except OSError as e:
+        if not is_environment_os_error(e):
+            raise
+        print(
+            f"error: {os_error_line(e)}; finished runs are kept (a record not yet in "
+            f"{RUNS} stays in its .tmp file and the next sweep recovers it)",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         signal.signal(signal.SIGTERM, old)
