@@ -269,7 +269,8 @@ def announce(run, model) -> dict:
     flash = step >= "07" and (device.type == "cuda" or not drop)  # CPU + dropout: math SDPA
     shape = {**PRESETS[run.preset_name], **cfg}
     mode = detect_mode(model)
-    p = predict(shape, world, step, run.batch_size, act, flash, mode, cfg["vocab_size"])
+    vocab = cfg.get("vocab_size", VOCAB)  # every step passes it; a bare test config may not
+    p = predict(shape, world, step, run.batch_size, act, flash, mode, vocab)
     p.preset = run.preset_name
     run.print(f"[{step}] {p.line()}")
     cap = capacity_bytes(device)
