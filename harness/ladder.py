@@ -11,10 +11,18 @@ from pathlib import Path
 from .errors import UserError
 from .files import ROOT
 
+_PROCESS_GROUP = re.compile(r"^[^#\n]*\binit_process_group\s*\(", re.MULTILINE)
+
 
 def is_distributed(path: Path) -> bool:
-    """Whether a step script is launched through torchrun (for now: `_ddp` in its name)."""
-    return "_ddp" in Path(path).stem
+    """Whether a step is distributed: its source sets up a process group (a call of
+    `init_process_group(`, outside a comment), as steps 11-14 do. The sweep launches such a step
+    through torchrun, on one process in the `-x1` tag and on N in the `-xN` tag."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return _PROCESS_GROUP.search(text) is not None
 
 
 @dataclass(frozen=True)
@@ -22,7 +30,11 @@ class Step:
     num: str  # "05"
     path: Path
     title: str
-    ddp: bool  # launched through torchrun
+    distributed: bool  # sets up a process group: launched through torchrun
+
+    @property
+    def ddp(self) -> bool:  # the older name of `distributed`
+        return self.distributed
 
     @property
     def rel(self) -> str:
@@ -118,5 +130,5 @@ def expected_steps(steps: list[Step], tag: str) -> list[Step]:
     distributed ones, since the sweep runs every other step as one process, the same as the
     single-process tag."""
     if tag_processes(tag) > 1:
-        return [s for s in steps if s.ddp]
+        return [s for s in steps if s.distributed]
     return list(steps)
