@@ -5,7 +5,9 @@ cuDNN/oneDNN plans, torch.compile). At the window start the device is synchroniz
 peak-memory counters are reset. Every step ends with a device synchronize before the clock is
 read; a step's time is end-to-end, from the previous step's end (data loading included) to its
 own. Evaluation and sampling run inside `run.paused()`, which restarts the clock after them, so
-they are never timed. tokens/s = tokens per step (all ranks) / median step time.
+they are never timed. tokens/s = tokens per step (all ranks) / median step time. Over the same
+window rank 0 measures `other_load`, the CPU cores other processes used (load.py), and the
+record carries this machine's fingerprint (`machine`, machine.py).
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
@@ -27,6 +29,7 @@ from pathlib import Path
 import torch
 
 from . import device as dev
+from . import load, machine
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError, os_error_why
@@ -116,6 +119,7 @@ class Run:
         self._t_last = None
         self._t_print = 0.0
         self._window_note = None
+        self._load = load.Meter()  # other processes' CPU use over the timed window
         self._written = False
         self.memory_prediction: dict = {}  # memory_model.announce, before the first step
         on_failure.register(self.write_failure)  # from here on, a failure can be recorded
@@ -190,6 +194,8 @@ class Run:
     def _start_window(self) -> None:
         dev.synchronize(self.device)
         self._window_note = dev.reset_peak_memory(self.device)
+        if self.is_rank0:
+            self._load.start()
 
     def step_done(self, loss: torch.Tensor, tokens: int) -> None:
         """Call after optimizer.step(): syncs, clocks the step, logs progress."""
@@ -240,6 +246,7 @@ class Run:
             "started_at": self.started_at,
             "duration_s": round(time.time() - self.t_begin, 2),
             "notes": self.notes,
+            "machine": machine.of_device(self.device),
             "config": {
                 "preset": self.preset_name,
                 "device": self.device.type,
@@ -261,8 +268,11 @@ class Run:
                 "raise --max-steps/--epochs or lower --warmup-steps"
             )
         reserved, allocated = dev.peak_memory(self.device)
+        busy = self._load.stop() if self.is_rank0 else {}
         if self._window_note:
             self.note(self._window_note)
+        if load.busy_note(busy.get("other_load")):
+            self.note(load.busy_note(busy["other_load"]))
         m = across_ranks(
             Measured(
                 tokens=self.tokens_per_step,
@@ -304,6 +314,7 @@ class Run:
             tokens_per_step=m.tokens,
             flops_per_token=self.flops_per_token,
             peak_mem_reserved_per_rank=m.reserved_per_rank,
+            **busy,
         )
         if mfu_invalid is not None:
             rec["mfu_invalid"] = mfu_invalid
