@@ -12,7 +12,9 @@ A line the sweep cannot use (not UTF-8, not JSON, JSON of the wrong shape) is sk
 warning naming it, and left in the file as it is.
 
 A step counts as done when runs.jsonl holds enough `ok` records for the same sweep
-configuration and the same script sha256, none of them followed by a failure.
+configuration, the same script sha256 and this machine's fingerprint (`sweep.machine`, see
+machine.py), none of them followed by a failure. A record's `sweep.round` says in which round of
+an interleaved sweep it ran; `sweep.control` marks the A/A control run (gains.py).
 """
 
 import json
@@ -117,7 +119,8 @@ def record_problem(r) -> str | None:
     if sweep is not None:
         if not isinstance(sweep, dict):
             return f'"sweep" is {_kind(sweep)}, not an object'
-        for k, want in (("run_id", str), ("config", dict), ("script_sha256", str)):
+        for k, want in (("run_id", str), ("config", dict), ("script_sha256", str),
+                        ("machine", dict), ("round", int)):  # fmt: skip
             if sweep.get(k) is not None and not isinstance(sweep.get(k), want):
                 return f'"sweep.{k}" is {_kind(sweep.get(k))}'
     return None
@@ -185,15 +188,23 @@ def recover(tag_dir: Path) -> int:
     return copied
 
 
-def matching(records: list[dict], step: Step, config: dict, sha: str) -> list[dict]:
-    """The records of `step` run with this sweep configuration and this script."""
-    return [
-        r
-        for r in records
-        if r.get("step") == step.num
-        and (r.get("sweep") or {}).get("config") == config
-        and (r.get("sweep") or {}).get("script_sha256") == sha
-    ]
+def matching(
+    records: list[dict], step: Step, config: dict, sha: str, machine=None, control: bool = False
+) -> list[dict]:
+    """The records of `step` run with this sweep configuration and this script, on `machine`
+    (a fingerprint; None: any machine); the A/A control runs with `control`, else the others."""
+    out = []
+    for r in records:
+        sw = r.get("sweep") or {}
+        if (
+            r.get("step") == step.num
+            and sw.get("config") == config
+            and sw.get("script_sha256") == sha
+            and (machine is None or sw.get("machine") == machine)
+            and bool(sw.get("control")) == control
+        ):
+            out.append(r)
+    return out
 
 
 def ok_since_failure(records: list[dict]) -> list[dict]:
@@ -202,6 +213,12 @@ def ok_since_failure(records: list[dict]) -> list[dict]:
     return records[last_fail + 1 :]
 
 
-def done_runs(records, step: Step, config: dict, sha: str) -> int:
-    """ok runs that count toward --repeats (same config and script, after the last failure)."""
-    return len(ok_since_failure(matching(records, step, config, sha)))
+def done_runs(records, step: Step, config: dict, sha: str, machine=None, control=False) -> int:
+    """ok runs that count toward --repeats (same config, script and machine, after the last
+    failure)."""
+    return len(ok_since_failure(matching(records, step, config, sha, machine, control)))
+
+
+def foreign(records: list[dict], machine: dict) -> list[dict]:
+    """The records not made on `machine` (a record without a fingerprint is another's)."""
+    return [r for r in records if (r.get("sweep") or {}).get("machine") != machine]

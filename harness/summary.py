@@ -1,22 +1,33 @@
 """The summary table of a tag: one row per ladder step, built from runs.jsonl, written as
 `results/<tag>/summary.csv` (atomically), read back, and printed for the terminal.
 
-Numbers appear only for steps whose last run was ok: the median of the last `--repeats` ok runs
-(with min and max for tok/s), the speedup over step 00, peak reserved GiB, MFU and losses. An MFU
-outside (0, 100%] is never a number: the `mfu` cell stays empty and `mfu_invalid` says why.
+Numbers appear only for steps whose last run was ok, over the last `--repeats` ok runs (one per
+round) on this machine: the median tok/s with its min and max, the speedup over step 00 (median
+over median), each step's own effect over the previous step with its interval and verdict
+(gains.py: `gain_vs_prev`, `_lo`, `_hi`, `verdict`; `mem_vs_prev` ... `mem_verdict`; the noise
+floor and where it comes from), the peak reserved GiB (max and min over the runs; per rank for a
+distributed step, `peak_per_rank_gib`), the memory model's prediction beside it, MFU and losses.
+`step_active` / `inactive_reason` come from the records (a step that does nothing on this
+device); `other_load_max` and `busy_runs` say whether other processes were busy while it was
+measured (load.py). An MFU outside (0, 100%] is never a number: `mfu` stays empty and
+`mfu_invalid` says why. Records without the newer fields (older results) leave their cells empty.
 """
 
 import math
 import statistics
 from pathlib import Path
 
+from . import gains
 from .errors import UserError
 from .files import RESULTS, atomic_write_bytes
 from .ladder import Step
+from .load import is_busy
 from .record import mfu_problem
+from .rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
 from .runs import matching, ok_since_failure
 
 SUMMARY = "summary.csv"
+GIB = 2**30
 SUMMARY_COLUMNS = [
     "step",
     "title",
@@ -37,17 +48,40 @@ SUMMARY_COLUMNS = [
     "torch_version",
     "script",
     "mfu_invalid",  # why a step's MFU is not shown (outside (0, 100%]); empty when it is
+    *gains.COLUMNS,
+    "step_active",
+    "inactive_reason",
+    "other_load_max",
+    "busy_runs",
+    "peak_reserved_gib_min",
+    "peak_per_rank_gib",
+    "predicted_state_gib",
+    "predicted_peak_gib",
 ]
-NUMBER_COLUMNS = SUMMARY_COLUMNS[2:10]
+# the measured numbers: empty for a step that has no ok result
+NUMBER_COLUMNS = (
+    SUMMARY_COLUMNS[2:10]
+    + [c for c in gains.NUMBERS if "noise" not in c]
+    + ["other_load_max", "peak_reserved_gib_min", "predicted_state_gib", "predicted_peak_gib"]
+)
+_NUMERIC = NUMBER_COLUMNS + ["noise_floor", "mem_noise_floor"]
+TEXT_COLUMNS = ["reason", "title", "status", "device_name", "preset", "torch_version",
+                "mfu_invalid", "prev_step", "verdict", "mem_verdict", "noise_source",
+                "inactive_reason", "peak_per_rank_gib"]  # fmt: skip
 _DIGITS = {
     "tokens_per_sec_median": 1,
     "tokens_per_sec_min": 1,
     "tokens_per_sec_max": 1,
     "speedup_vs_00": 3,
     "peak_reserved_gib": 4,
+    "peak_reserved_gib_min": 4,
     "mfu": 5,
     "train_loss": 4,
     "val_loss": 4,
+    "other_load_max": 3,
+    "predicted_state_gib": 4,
+    "predicted_peak_gib": 4,
+    **{c: 4 for c in gains.NUMBERS},
 }
 
 
@@ -78,36 +112,71 @@ def _mfu_invalid(oks: list[dict]) -> str | None:
     return None
 
 
+def _per_rank(oks: list[dict]) -> str | None:
+    """'2.53 / 2.51': each rank's peak reserved GiB (its max over the runs), for > 1 rank."""
+    lists = [r.get("peak_mem_reserved_per_rank") for r in oks]
+    lists = [x for x in lists if isinstance(x, list) and len(x) > 1]
+    if not lists or len({len(x) for x in lists}) != 1:
+        return None
+    peaks = [max((v or 0) for v in col) for col in zip(*lists, strict=True)]
+    return " / ".join(f"{p / GIB:.2f}" for p in peaks)
+
+
+def _activity(row: dict, runs: list[dict]) -> None:
+    """step_active (False if a run says so, True if all do, else unknown) and the reason."""
+    flags = [r.get("step_active") for r in runs]
+    off = next((r for r in runs if r.get("step_active") is False), None)
+    row["step_active"] = False if off else True if flags and all(f is True for f in flags) else None
+    row["inactive_reason"] = off.get("inactive_reason") if off else None
+
+
 def _measured(row: dict, oks: list[dict]) -> None:
     """The row of a step whose last runs were ok: medians (min, max for tok/s) over them."""
     tps = [r["tokens_per_sec"] for r in oks if r.get("tokens_per_sec") is not None]
     reserved = [
         r["peak_mem_reserved_bytes"] for r in oks if r.get("peak_mem_reserved_bytes") is not None
     ]
+    loads = [r["other_load"] for r in oks if isinstance(r.get("other_load"), (int, float))]
     row.update(
         status="ok",
         runs=len(oks),
         tokens_per_sec_median=_median(tps),
         tokens_per_sec_min=min(tps) if tps else None,
         tokens_per_sec_max=max(tps) if tps else None,
-        peak_reserved_gib=max(reserved) / 2**30 if reserved else None,
+        peak_reserved_gib=max(reserved) / GIB if reserved else None,
+        peak_reserved_gib_min=min(reserved) / GIB if reserved else None,
+        peak_per_rank_gib=_per_rank(oks),
         mfu=_median(r.get("mfu") for r in oks),
         mfu_invalid=_mfu_invalid(oks),
         train_loss=_median(r.get("train_loss") for r in oks),
         val_loss=_median(r.get("val_loss") for r in oks),
+        other_load_max=max(loads) if loads else None,
+        busy_runs=sum(is_busy(v) for v in loads),
     )
+    last = oks[-1]
+    for key in ("predicted_state", "predicted_peak"):
+        v = last.get(f"{key}_bytes_per_rank")
+        row[f"{key}_gib"] = v / GIB if isinstance(v, (int, float)) else None
+
+
+def used_runs(step: Step, runs: list[dict], repeats: int) -> list[dict]:
+    """The runs a row summarizes: the last `repeats` ok ones, when the last run was ok."""
+    if not runs or runs[-1].get("status") != "ok":
+        return []
+    return ok_since_failure(runs)[-repeats:]
 
 
 def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
     row = dict.fromkeys(SUMMARY_COLUMNS)
-    row.update(step=step.num, title=step.title, script=step.rel, runs=0)
+    row.update(step=step.num, title=step.title, script=step.rel, runs=0, busy_runs=0)
     if not runs:
         row["status"] = "not run"
         return row
     if runs[-1].get("status") != "ok":
         _failed(row, runs)
     else:
-        _measured(row, ok_since_failure(runs)[-repeats:])
+        _measured(row, used_runs(step, runs, repeats))
+    _activity(row, used_runs(step, runs, repeats) or runs[-1:])
     if row.get("mfu_invalid"):
         row["mfu"] = None
     last = runs[-1]
@@ -120,25 +189,45 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
     return row
 
 
-def summarize(steps, records, configs: dict, shas: dict, repeats: int):
-    """The tidy table: one row per ladder step, numbers only for steps whose last run was ok."""
+def collect(steps, records, configs: dict, shas: dict, repeats: int, machine=None):
+    """Per step, its matching runs (this config, script and machine) and the runs a row uses;
+    plus the A/A control runs of the first step."""
+    runs = {s.num: matching(records, s, configs[s.num], shas[s.num], machine) for s in steps}
+    used = {s.num: used_runs(s, runs[s.num], repeats) for s in steps}
+    used = {k: v for k, v in used.items() if v}
+    first = next((s for s in steps if s.num in used), None)
+    control = []
+    if first is not None:
+        ctl = matching(records, first, configs[first.num], shas[first.num], machine, True)
+        control = ok_since_failure(ctl)[-repeats:]
+    return runs, used, control
+
+
+def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=None,
+              single: dict | None = None, nproc: int = 1):  # fmt: skip
+    """The tidy table: one row per ladder step, numbers only for steps whose last run was ok.
+    `machine`: only this fingerprint's records (None: any); `single`: the `-x1` tag's used runs,
+    for the scaling efficiency of a tag of `nproc` > 1 processes."""
     import pandas as pd
 
-    rows = [
-        _row(s, matching(records, s, configs[s.num], shas[s.num]), configs[s.num], repeats)
-        for s in steps
-    ]
+    runs, used, control = collect(steps, records, configs, shas, repeats, machine)
+    rows = [_row(s, runs[s.num], configs[s.num], repeats) for s in steps]
     base = next((r for r in rows if r["step"] == "00"), None)
     base_tps = base["tokens_per_sec_median"] if base and base["status"] == "ok" else None
     for r in rows:
         if base_tps and r["status"] == "ok" and r["tokens_per_sec_median"] is not None:
             r["speedup_vs_00"] = r["tokens_per_sec_median"] / base_tps
+    gains.add_effects(rows, used, control)
+    if single is not None and nproc > 1:
+        gains.add_scaling(rows, used, single, nproc)
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    for col in NUMBER_COLUMNS:
+    for col in _NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
     df = df.round(_DIGITS)
     df["runs"] = df["runs"].astype(int)
+    df["busy_runs"] = df["busy_runs"].fillna(0).astype(int)
     df["world_size"] = df["world_size"].astype("Int64")
+    df["step_active"] = df["step_active"].astype("boolean")
     return df
 
 
@@ -163,7 +252,7 @@ def read_summary(tag_dir: Path):
 
     path = Path(tag_dir) / SUMMARY
     try:
-        df = pd.read_csv(path, dtype={"step": str})
+        df = pd.read_csv(path, dtype={"step": str, "prev_step": str})
     except pd.errors.EmptyDataError:
         raise UserError(f"{path}: empty; {REBUILD}") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
@@ -181,103 +270,25 @@ def read_summary(tag_dir: Path):
     for col in SUMMARY_COLUMNS:
         if col not in df:
             df[col] = None
-    for col in NUMBER_COLUMNS:
+    for col in _NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    df["runs"] = pd.to_numeric(df["runs"], errors="coerce").fillna(0).astype(int)
-    for col in (
-        "reason",
-        "title",
-        "status",
-        "device_name",
-        "preset",
-        "torch_version",
-        "mfu_invalid",
-    ):
-        if col in df:
-            df[col] = df[col].astype("object").where(df[col].notna(), None)
+    for col in ("runs", "busy_runs"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").fillna(0).astype(int)
+    for col in TEXT_COLUMNS:
+        df[col] = df[col].astype("object").where(df[col].notna(), None)
+    df["step_active"] = [_flag(v) for v in df["step_active"]]
     return df
+
+
+def _flag(v) -> bool | None:
+    """A step_active cell: True, False or None (unknown), whatever pandas read it as."""
+    if isinstance(v, str):
+        return {"true": True, "false": False}.get(v.strip().lower())
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return bool(v)
 
 
 def find_tags(results_dir: Path = RESULTS) -> list[Path]:
     """Every results/<tag>/ folder holding a summary.csv, sorted by name."""
     return sorted(p.parent for p in Path(results_dir).glob(f"*/{SUMMARY}"))
-
-
-# ---------------------------------------------------------------- reading the rows back
-def number(v) -> float | None:
-    """A summary cell as a float; None when empty or not a number."""
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
-def speedup_text(s: float) -> str:
-    return f"{s:.2f}x" if s < 10 else f"{s:.1f}x"
-
-
-def describe(df) -> str:
-    """'<device name>, preset <p>, torch <v>' from the summary rows that have them."""
-    rows = df.to_dict("records")
-
-    def first(col):
-        return next((r.get(col) for r in rows if isinstance(r.get(col), str) and r.get(col)), None)
-
-    dev, preset, torch_v = first("device_name"), first("preset"), first("torch_version")
-    bits = [dev, f"preset {preset}" if preset else None, f"torch {torch_v}" if torch_v else None]
-    return ", ".join(b for b in bits if b)
-
-
-def mfu_flag(row: dict) -> str | None:
-    """Why a summary row's MFU is not to be shown as a number, or None: its `mfu_invalid`, or
-    an `mfu` outside (0, 1] (a summary written before MFU was checked)."""
-    if row.get("status") != "ok":
-        return None
-    if isinstance(row.get("mfu_invalid"), str) and row["mfu_invalid"]:
-        return row["mfu_invalid"]
-    return mfu_problem(number(row.get("mfu")))
-
-
-def format_table(df) -> str:
-    """The summary as a fixed-width text table for the terminal; an invalid MFU is `invalid`,
-    with the reason below the table."""
-
-    def num(v, fmt):
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
-
-    head = ["step", "title", "tok/s", "speedup", "peak GiB", "MFU", "val loss", "status", "runs"]
-    lines, flags = [], []
-    for r in df.to_dict("records"):
-        status = r["status"]
-        if status not in ("ok", "not run") and isinstance(r.get("reason"), str):
-            status = f"{status}: {r['reason'][:60]}"
-        flag = mfu_flag(r)
-        mfu = number(r.get("mfu"))
-        if flag:
-            flags.append(f"MFU of step {r['step']} not shown: {flag}")
-        lines.append(
-            [
-                r["step"],
-                str(r["title"])[:42],
-                num(r["tokens_per_sec_median"], "{:,.0f}"),
-                num(r["speedup_vs_00"], "{:.2f}x"),
-                num(r["peak_reserved_gib"], "{:.2f}"),
-                "invalid" if flag else num(None if mfu is None else mfu * 100, "{:.1f}%"),
-                num(r["val_loss"], "{:.3f}"),
-                status,
-                str(r["runs"]),
-            ]
-        )
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=False)]
-    right = {2, 3, 4, 5, 6, 8}
-
-    def fmt(cells):
-        return "  ".join(
-            str(c).rjust(w) if i in right else str(c).ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=False))
-        ).rstrip()
-
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines), *flags])
