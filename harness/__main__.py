@@ -8,7 +8,7 @@ python -m harness run --device cpu --preset tiny --max-steps 5 --data the-verdic
 import argparse
 import sys
 
-from . import sweep
+from . import sweep_cli
 from .cli import Parser
 from .errors import UserError, broken_pipe, fail, flush_stdout
 
@@ -30,7 +30,7 @@ def _main(argv=None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    sweep.add_run_parser(sub)
+    sweep_cli.add_run_parser(sub)
     args = p.parse_args(argv)
     if args.command is None:
         p.print_help()

@@ -1,5 +1,6 @@
 """Running one child process under supervision: its output passed through live, a timeout that
-takes down its whole process tree, and, when it fails, the one line of stderr that says why."""
+takes down its whole process tree, and, when it fails, the one line of stderr that says why
+(and whether any of its ranks ran out of memory)."""
 
 import collections
 import ctypes
@@ -92,6 +93,11 @@ class ChildResult:
     timed_out: bool
     stderr_tail: list[str]
     duration_s: float
+    oom_line: str | None = None  # an out-of-memory line of any rank, seen on stderr
+
+
+# a rank's own line (harness.main) or torchrun's summary of a rank that exited with 3
+_OOM = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?error: out of memory\b|exitcode\s*:\s*3\b")
 
 
 class _Relay:
@@ -101,6 +107,7 @@ class _Relay:
     def __init__(self, proc: subprocess.Popen, indent: str):
         self.indent = indent
         self.tail: collections.deque[str] = collections.deque(maxlen=60)
+        self.oom: str | None = None  # the first out-of-memory line, from any rank
         self.sel = selectors.DefaultSelector()
         self.bufs: dict[int, bytes] = {}
         for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
@@ -115,6 +122,8 @@ class _Relay:
         text = line.decode("utf-8", errors="replace").rstrip()
         if out is sys.stderr and text.strip():
             self.tail.append(text)
+            if self.oom is None and _OOM.search(text):
+                self.oom = text.strip()
         print(self.indent + text if text else "", file=out, flush=True)
 
     def pump(self, wait: float) -> None:
@@ -191,6 +200,7 @@ def run_child(cmd: list[str], timeout: float, indent: str = "      ") -> ChildRe
         timed_out=timed_out,
         stderr_tail=list(relay.tail),
         duration_s=round(time.monotonic() - t0, 2),
+        oom_line=relay.oom,
     )
 
 

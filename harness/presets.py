@@ -137,6 +137,19 @@ PRESETS = {
 
 GPT2_VOCAB = 50257
 
+# How long `python -m harness run` runs each step, per preset: warm-up steps, then timed steps
+# (a step run by hand keeps its preset's own length: 15 epochs of gpt2-124m). PROVISIONAL: 10
+# warm-up steps cover the allocator, cuDNN/cuBLAS plans and torch.compile's first graphs, and 50
+# timed steps give the median 50 samples (a few tens of seconds per step on one GPU); to be
+# confirmed by a GPU sweep that the median is stable. A preset not named here (cpu, tiny) is
+# measured over its own max_steps / warmup_steps; --max-steps / --warmup-steps override both.
+SWEEP_LENGTH = {
+    "gpt2-124m": {"warmup_steps": 10, "timed_steps": 50},
+    "gpt2-medium": {"warmup_steps": 10, "timed_steps": 50},
+    "gpt2-large": {"warmup_steps": 10, "timed_steps": 50},
+    "gpt2-xl": {"warmup_steps": 10, "timed_steps": 50},
+}
+
 
 def flop_split(p: dict, vocab: int = GPT2_VOCAB) -> float:
     """Share of the output layer in the matmul parameters (GPT-2 124M: 0.31)."""

@@ -1,46 +1,54 @@
-"""`python -m harness run`: every step of the ladder in order, each in its own process, recorded
-in `results/<tag>/` (the tag names the hardware), one sweep per tag folder at a time.
+"""`python -m harness run`: the ladder's steps in rounds, each run in its own process, recorded in
+`results/<tag>/` (the tag names the hardware), one sweep per tag folder at a time.
 
-A step counts as done (and is skipped on a rerun) when runs.jsonl holds `--repeats` `ok` records
-for the same sweep configuration (preset, device, max_steps, warmup_steps, seed, data, nproc)
-and the same script sha256, none of them followed by a failure. Failed steps are retried.
-`results/<tag>/summary.csv` is rewritten atomically after every step. How the records survive a
-kill is in runs.py; how a step's process is supervised, in child.py.
+- **Passes.** Every chosen step runs on one process (distributed steps through torchrun with
+  one process) in `<hardware>-x1`; on N GPUs (or with --nproc N) the distributed steps run again
+  on N processes in `<hardware>-xN`, whose summary gives their scaling efficiency against the
+  `-x1` runs. 1-process and N-process results never share a folder.
+- **Rounds.** With `--repeats K` the sweep runs K rounds, every chosen step once per round
+  (00...14, then 00...14 again), so slow drift of the machine spreads over all steps instead
+  of landing on a few; from 2 rounds an A/A control (the first step run again right after
+  itself) measures the noise floor (gains.py). A killed sweep resumes in its round: a step's
+  round is one more than its ok runs so far (`sweep.round` in the record).
+- **Up to date.** A step is skipped when runs.jsonl holds K `ok` records for the same sweep
+  configuration (preset, device, max_steps, warmup_steps, seed, data, nproc), the same script
+  sha256 and this machine's fingerprint (machine.py), none followed by a failure. Failed steps
+  are retried; a failure ends that step's rounds in this sweep.
+- **Another machine's folder.** A tag folder holding records of another machine (committed
+  results, or records from before fingerprints) is never written: the sweep uses
+  `<hardware>-<6 hex digits of this machine's fingerprint>-xN` instead and says so.
+- **Before each run** it checks that other processes leave the machine quiet (load.py; with
+  --wait-quiet it waits, bounded), and prints the memory model's prediction for the run; before
+  the first, the expected duration (preflight.py).
+
+`results/<tag>/summary.csv` is rewritten atomically after every run. How the records survive a
+kill is in runs.py; how one run is launched and recorded, in launch.py.
 """
 
-import argparse
-import datetime as dt
 import json
 import os
 import re
-import signal
-import statistics
 import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import outputs, report
-from .child import failure_reason, run_child
-from .cli import add_step_flags, child_argv, positive, run_config
-from .errors import UserError, broken_pipe, is_environment_os_error, os_error_line
-from .files import RESULTS, ROOT
-from .ladder import Step, discover, parse_steps, processes_suffix
-from .presets import check_name
-from .record import append_jsonl, file_sha256
-from .runs import RUNS, done_runs, load_runs, recover, step_records, tmp_path
-from .summary import SUMMARY, find_tags, format_table, summarize, write_summary
-
-DEFAULT_TIMEOUT = 1800
+from . import load, machine, outputs, preflight, report
+from .cli import child_argv, run_config
+from .errors import UserError
+from .files import ROOT
+from .ladder import Step, discover, expected_steps, parse_steps, processes_suffix
+from .launch import Lock, run_once  # noqa: F401  (Lock: tests take a folder's lock)
+from .machine import slug  # noqa: F401
+from .record import file_sha256
+from .runs import RUNS, done_runs, foreign, load_runs, matching, recover
+from .summary import SUMMARY, collect, format_table, summarize, write_summary
 
 
-# ---------------------------------------------------------------- hardware tag
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
-
-
+# ---------------------------------------------------------------- hardware
 def resolve_device(name: str) -> str:
     """--device auto|cpu|cuda|mps -> the device type the steps will use (as the harness does)."""
     from .device import resolve
@@ -51,14 +59,14 @@ def resolve_device(name: str) -> str:
 _CUDA_INFO = None
 
 
-def cuda_info() -> tuple[int, str]:
-    """(visible GPUs, name of GPU 0), asked in a short child process: the sweep itself never
-    initializes CUDA, so it holds no GPU memory while the steps run."""
+def cuda_info() -> tuple[int, str, int | None]:
+    """(visible GPUs, name of GPU 0, its total memory in bytes), asked in a short child process:
+    the sweep itself never initializes CUDA, so it holds no GPU memory while the steps run."""
     global _CUDA_INFO
     if _CUDA_INFO is None:
         code = (
-            "import json, torch; "
-            "print(json.dumps([torch.cuda.device_count(), torch.cuda.get_device_name(0)]))"
+            "import json, torch; p = torch.cuda.get_device_properties(0); "
+            "print(json.dumps([torch.cuda.device_count(), p.name, p.total_memory]))"
         )
         out = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
@@ -66,153 +74,85 @@ def cuda_info() -> tuple[int, str]:
         if out.returncode != 0:
             last = (out.stderr.strip().splitlines() or ["no output"])[-1]
             raise UserError(f"cannot query the CUDA GPUs: {last}")
-        count, name = json.loads(out.stdout.strip().splitlines()[-1])
-        _CUDA_INFO = (int(count), str(name))
-    return _CUDA_INFO
+        count, name, total = json.loads(out.stdout.strip().splitlines()[-1])
+        _CUDA_INFO = (int(count), str(name), int(total))
+    return _CUDA_INFO[0], _CUDA_INFO[1], (_CUDA_INFO[2] if len(_CUDA_INFO) > 2 else None)
 
 
 def default_nproc(device_type: str) -> int:
     return max(1, cuda_info()[0]) if device_type == "cuda" else 1
 
 
+def tag_base(device_type: str) -> str:
+    return machine.tag_base(device_type, cuda_info()[1] if device_type == "cuda" else None)
+
+
 def hardware_tag(device_type: str, nproc: int) -> str:
-    """`cpu-2c`, `nvidia-h200-x1`, ... : where the numbers were measured."""
+    """`cpu-intel-xeon-2-50ghz-2c-x1`, `nvidia-h200-x8`, ...: where the numbers were measured."""
+    return tag_base(device_type) + processes_suffix(nproc)
+
+
+def this_machine(device_type: str) -> dict:
     if device_type == "cuda":
-        return slug(cuda_info()[1]) + processes_suffix(nproc)
-    if device_type == "mps":
-        import platform
-
-        base = f"apple-mps-{slug(platform.machine())}"
-    else:
-        base = f"cpu-{os.cpu_count()}c"
-    return base if nproc == 1 else base + processes_suffix(nproc)
+        count, name, _ = cuda_info()
+        return machine.fingerprint("cuda", name, count)
+    return machine.fingerprint(device_type)
 
 
-# ---------------------------------------------------------------- one run
-class Lock:
-    """One sweep per tag folder at a time (flock; released by the OS if the sweep is killed)."""
-
-    def __init__(self, tag_dir: Path):
-        self.path = tag_dir / ".lock"
-        self.f = None
-
-    def __enter__(self):
-        import fcntl
-
-        while True:
-            self.f = open(self.path, "a+")  # noqa: SIM115
-            try:
-                fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                self.f.close()
-                raise UserError(
-                    f"another sweep is writing {self.path.parent} (locked); wait for it, or "
-                    "use --tag / --results-dir for a separate folder"
-                ) from None
-            try:  # the holder before us may have removed the file: lock the one on disk
-                if os.stat(self.path).st_ino == os.fstat(self.f.fileno()).st_ino:
-                    return self
-            except FileNotFoundError:
-                pass
-            self.f.close()
-
-    def __exit__(self, *exc):
-        self.path.unlink(missing_ok=True)
-        self.f.close()
+def capacity(device_type: str) -> int | None:
+    """Memory one device offers: the GPU's total (CUDA), else the machine's RAM."""
+    return cuda_info()[2] if device_type == "cuda" else preflight.ram_bytes()
 
 
-def step_command(step: Step, flags: list[str], nproc: int, results: Path) -> list[str]:
-    cmd = [sys.executable]
-    if step.ddp:  # stock torchrun, with this interpreter
-        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return cmd + [str(step.path), *flags, "--results", str(results)]
+# ---------------------------------------------------------------- the plan
+@dataclass
+class Pass:
+    """One tag folder's part of the sweep: its steps, on `nproc` processes when distributed."""
+
+    tag: str
+    tag_dir: Path
+    nproc: int
+    ladder: list[Step]  # the steps this tag holds (its summary's rows)
+    steps: list[Step]  # the chosen ones, run in this sweep
+    configs: dict[str, dict]
+    shas: dict[str, str]
 
 
-def _outcome(step: Step, rec: dict | None, res, meta: dict, started_at: str, timeout: float):
-    """The run's record: the step's own, its status corrected by how the process ended, or one
-    synthesized for a run that wrote none."""
-    if res.timed_out or rec is None:
-        if res.timed_out:
-            status, reason = "timeout", f"timed out after {timeout:g} s"
-        elif res.exit_code == 0:
-            status = "error"
-            reason = "exited 0 without writing a record"
-        else:
-            status = "oom" if res.exit_code == 3 else "error"
-            reason = failure_reason(res.stderr_tail, res.exit_code)
-        return {
-            "step": step.num,
-            "script": step.rel,
-            "status": status,
-            "reason": reason,
-            "script_sha256": meta["script_sha256"],
-            "started_at": started_at,
-            "duration_s": res.duration_s,
-        }
-    if res.exit_code != 0 and rec.get("status") == "ok":  # e.g. another DDP rank failed
-        rec["status"] = "error"
-        rec["reason"] = (
-            f"exit code {res.exit_code} after an ok record: "
-            f"{failure_reason(res.stderr_tail, res.exit_code)}"
-        )
-    elif rec.get("status") != "ok" and not rec.get("reason"):
-        rec["reason"] = failure_reason(res.stderr_tail, res.exit_code)
-    return rec
-
-
-def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: float) -> dict:
-    """One run of one step: temp results file -> record (the step's, or a synthesized one) ->
-    appended to runs.jsonl -> temp file deleted."""
-    tmp = tmp_path(tag_dir, step, meta["run_id"])
-    cmd = step_command(step, flags, meta["config"]["nproc"], tmp)
-    meta = dict(meta, command=cmd)
-    append_jsonl(tmp, {"sweep_meta": meta})
-    started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    try:
-        res = run_child(cmd, timeout)
-    except BaseException:  # interrupted: keep the temp file only if it holds a record to recover
-        if not step_records(tmp):
-            tmp.unlink(missing_ok=True)
-        raise
-    recs = step_records(tmp)
-    rec = _outcome(step, dict(recs[0]) if recs else None, res, meta, started_at, timeout)
-    rec["sweep"] = dict(meta, exit_code=res.exit_code, duration_s=res.duration_s)
-    append_jsonl(tag_dir / RUNS, rec)
-    tmp.unlink(missing_ok=True)
-    return rec
-
-
-# ---------------------------------------------------------------- the sweep
-def _fmt_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    if h:
-        return f"{h}h{m:02d}m"
-    if m:
-        return f"{m}m{s:02d}s"
-    return f"{s}s"
+@dataclass(frozen=True)
+class Job:
+    pass_index: int
+    step: Step
+    control: bool = False
 
 
 @dataclass
 class Plan:
-    """What a sweep does and where: the ladder, the steps chosen, the tag folder, the steps'
-    flags, and per step the configuration and script sha256 that identify its runs."""
-
-    ladder: list[Step]
-    selected: list[Step]
-    tag: str
-    tag_dir: Path
+    passes: list[Pass]
     flags: list[str]
-    configs: dict[str, dict]
-    shas: dict[str, str]
     repeats: int
+    machine: dict
+    device_type: str
+    preset: str
+    control: bool
+    jobs: list[Job] = field(default_factory=list)
 
-    def summarize(self, records: list[dict]):
-        """The summary of `records`, written to summary.csv."""
-        df = summarize(self.ladder, records, self.configs, self.shas, self.repeats)
-        write_summary(self.tag_dir, df)
-        return df
+    def records(self, ps: Pass) -> list[dict]:
+        return load_runs(ps.tag_dir)
+
+    def summarize(self) -> dict[str, object]:
+        """Every pass's summary, written to its summary.csv (the -x1 pass first: the others'
+        scaling efficiency is over its runs)."""
+        out, single = {}, None
+        for ps in self.passes:
+            recs = self.records(ps)
+            df = summarize(ps.ladder, recs, ps.configs, ps.shas, self.repeats, self.machine,
+                           single=single, nproc=ps.nproc)  # fmt: skip
+            if ps.nproc == 1:
+                single = collect(ps.ladder, recs, ps.configs, ps.shas, self.repeats,
+                                 self.machine)[1]  # fmt: skip
+            write_summary(ps.tag_dir, df)
+            out[ps.tag] = df
+        return out
 
 
 def check_outputs(tag_dir: Path) -> None:
@@ -226,80 +166,216 @@ def check_outputs(tag_dir: Path) -> None:
         outputs.check_file(tag_dir / name, "results file")
 
 
-def plan(args) -> Plan:
-    steps = discover(Path(args.ladder_dir) if args.ladder_dir else ROOT)
-    selected = parse_steps(args.steps, steps)
+def _others(tag_dir: Path, fp: dict) -> list[dict]:
+    return foreign(load_runs(tag_dir), fp) if (tag_dir / RUNS).is_file() else []
+
+
+def choose_base(results_dir: Path, base: str, nprocs: list[int], fp: dict, explicit: bool) -> str:
+    """The tag base whose folders hold no other machine's records: `base`, else (for the
+    default tag) `base-<short id of this machine>`; an explicit --tag of another's is an error."""
+    taken_before = None
+    for candidate in (base, f"{base}-{machine.short_id(fp)}"):
+        taken = []
+        for n in nprocs:
+            tag_dir = Path(results_dir) / (candidate + processes_suffix(n))
+            check_outputs(tag_dir)
+            others = _others(tag_dir, fp)
+            if others:
+                taken.append((tag_dir, others[-1]))
+        if not taken:
+            if taken_before is not None:
+                where, rec = taken_before
+                print(
+                    f"{where} holds another machine's records "
+                    f"({machine.describe((rec.get('sweep') or {}).get('machine'))}); they are "
+                    f"left as they are, and this machine's go to {candidate}-x...",
+                    flush=True,
+                )
+            return candidate
+        if explicit:
+            where, rec = taken[0]
+            raise UserError(
+                f"{where} holds another machine's records "
+                f"({machine.describe((rec.get('sweep') or {}).get('machine'))}); results of two "
+                "machines never share a folder: choose another --tag"
+            )
+        taken_before = taken[0]
+    raise UserError(f"{results_dir}: {base} and its variant hold other machines' records")
+
+
+def _values(args) -> dict:
     if args.data is not None:
         from .data import check_text_file
 
         check_text_file(args.data)
     data = str(Path(args.data).resolve()) if args.data is not None else None
-    values = dict(vars(args), data=data)
+    return dict(vars(args), data=data)
+
+
+def plan(args) -> Plan:
+    ladder = discover(Path(args.ladder_dir) if args.ladder_dir else ROOT)
+    selected = parse_steps(args.steps, ladder)
     device_type = resolve_device(args.device)
+    values = preflight.measuring_values(_values(args), device_type)
     nproc = args.nproc or default_nproc(device_type)
-    tag = args.tag or hardware_tag(device_type, nproc)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", tag):
-        raise UserError(f"--tag {tag!r}: use letters, digits, '.', '_' and '-'")
-    tag_dir = Path(args.results_dir) / tag
-    check_outputs(tag_dir)
-    tag_dir.mkdir(parents=True, exist_ok=True)
-    configs = {s.num: dict(run_config(values), nproc=nproc if s.ddp else 1) for s in steps}
-    shas = {s.num: file_sha256(s.path) for s in steps}
-    return Plan(steps, selected, tag, tag_dir, child_argv(values), configs, shas, args.repeats)
+    if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.tag):
+        raise UserError(f"--tag {args.tag!r}: use letters, digits, '.', '_' and '-'")
+    base = re.sub(r"-x\d+$", "", args.tag) if args.tag else tag_base(device_type)
+    fp = this_machine(device_type)
+    nprocs = [1] + ([nproc] if nproc > 1 and any(s.distributed for s in selected) else [])
+    base = choose_base(Path(args.results_dir), base, nprocs, fp, args.tag is not None)
+    passes = []
+    for n in nprocs:
+        tag = base + processes_suffix(n)
+        tag_dir = Path(args.results_dir) / tag
+        tag_dir.mkdir(parents=True, exist_ok=True)
+        held = expected_steps(ladder, tag)
+        configs = {s.num: dict(run_config(values), nproc=n if s.distributed else 1) for s in held}
+        shas = {s.num: file_sha256(s.path) for s in held}
+        chosen = [s for s in selected if s in held]
+        passes.append(Pass(tag, tag_dir, n, held, chosen, configs, shas))
+    control = args.control if args.control is not None else args.repeats > 1
+    p = Plan(passes, child_argv(values), args.repeats, fp, device_type,
+             preflight.preset_of(values, device_type), control)  # fmt: skip
+    for i, ps in enumerate(passes):
+        for k, s in enumerate(ps.steps):
+            p.jobs.append(Job(i, s))
+            if control and i == 0 and k == 0:
+                p.jobs.append(Job(i, s, control=True))
+    return p
 
 
-def _run_steps(p: Plan, records: list[dict], force: bool, timeout: float) -> list[dict]:
-    """Run each chosen step until it has --repeats ok runs (a failure ends its repeats); returns
-    runs.jsonl's records after the last run."""
-    todo = {}
-    for s in p.selected:
-        have = 0 if force else done_runs(records, s, p.configs[s.num], p.shas[s.num])
-        todo[s.num] = max(0, p.repeats - have)
-    runs_left = sum(todo.values())
+# ---------------------------------------------------------------- the rounds
+@dataclass
+class Progress:
+    """What is done and what is left: ok runs per job so far, failures, durations."""
+
+    done: dict[Job, int]
+    estimate: dict[Job, float]
+    failed: set = field(default_factory=set)
+    t0: float = field(default_factory=time.monotonic)
+
+    def left(self, repeats: int) -> list[Job]:
+        return [j for j, n in self.done.items() if n < repeats and j not in self.failed]
+
+    def eta(self, repeats: int) -> float:
+        return sum(self.estimate[j] * (repeats - self.done[j]) for j in self.left(repeats))
+
+
+def _label(p: Plan, job: Job) -> str:
+    ps = p.passes[job.pass_index]
+    extra = " (A/A control)" if job.control else ""
+    if job.step.distributed:
+        extra += f" on {ps.nproc} process{'es' if ps.nproc > 1 else ''}"
+    return f"step {job.step.num} {job.step.title}{extra}"
+
+
+def _start(p: Plan, force: bool) -> Progress:
+    """The ok runs each job already has (none with --force), and an estimate of each run."""
+    done, estimate = {}, {}
+    for job in p.jobs:
+        ps = p.passes[job.pass_index]
+        recs = p.records(ps)
+        cfg, sha = ps.configs[job.step.num], ps.shas[job.step.num]
+        done[job] = 0 if force else done_runs(recs, job.step, cfg, sha, p.machine, job.control)
+        earlier = matching(recs, job.step, cfg, sha, p.machine, job.control)
+        same_cfg = [r for r in recs if r.get("step") == job.step.num
+                    and (r.get("sweep") or {}).get("config") == cfg
+                    and (r.get("sweep") or {}).get("machine") == p.machine]  # fmt: skip
+        estimate[job] = preflight.run_seconds(job.step, earlier or same_cfg, p.device_type)
+    prog = Progress(done, {j: s for j, (s, _) in estimate.items()})
+    todo = [estimate[j] for j in prog.left(p.repeats) for _ in range(p.repeats - done[j])]
+    tags = ", ".join(str(ps.tag_dir) for ps in p.passes)
     print(
-        f"sweep {p.tag}: {len(p.selected)} step(s), {runs_left} run(s) to do, "
-        f"{p.repeats} per step; results in {p.tag_dir}",
+        f"sweep {' + '.join(ps.tag for ps in p.passes)}: {len(p.jobs)} step run(s) per round, "
+        f"{len(todo)} run(s) to do in {p.repeats} round(s); results in {tags}",
         flush=True,
     )
-    t_start, durations = time.monotonic(), []
-    for i, s in enumerate(p.selected, 1):
-        head = f"[{i}/{len(p.selected)}] step {s.num} {s.title}"
-        if todo[s.num] == 0:
-            print(f"{head}: up to date ({p.repeats} ok run(s)), skipped", flush=True)
-            continue
-        for rep in range(p.repeats - todo[s.num] + 1, p.repeats + 1):
-            elapsed = _fmt_duration(time.monotonic() - t_start)
-            eta = _fmt_duration(statistics.mean(durations) * runs_left) if durations else "?"
-            rep_txt = f" (run {rep}/{p.repeats})" if p.repeats > 1 else ""
-            print(f"{head}{rep_txt} ... elapsed {elapsed}, ETA {eta}", flush=True)
-            meta = {
-                "run_id": uuid.uuid4().hex,
-                "tag": p.tag,
-                "repeat": rep,
-                "config": p.configs[s.num],
-                "script_sha256": p.shas[s.num],
-            }
-            rec = run_once(s, p.flags, meta, p.tag_dir, timeout)
-            durations.append(rec["sweep"]["duration_s"])
-            runs_left -= 1
+    if todo:
+        print(preflight.estimate_line(todo, p.device_type), flush=True)
+    for job in p.jobs:
+        if prog.done[job] >= p.repeats:
+            print(f"{_label(p, job)}: up to date ({p.repeats} ok run(s)), skipped", flush=True)
+    return prog
+
+
+def _before_run(p: Plan, job: Job, wait_s: float | None) -> None:
+    """The machine's load (waiting for quiet with --wait-quiet), and the memory prediction."""
+    check_s = float(os.environ.get("SPEED_LADDER_CHECK_S", load.CHECK_S))
+    if check_s > 0 and load.supported():
+        measure = lambda: load.measure_others(check_s)
+        say = lambda line: print(f"      {line}", flush=True)
+        if wait_s:
+            load.wait_quiet(wait_s, say=say, measure=measure)
+        else:
+            load.quiet_check(say=say, measure=measure)
+    ps = p.passes[job.pass_index]
+    world = ps.nproc if job.step.distributed else 1
+    pred = preflight.predict(job.step, p.preset, world, p.device_type)
+    if pred is not None:
+        line, warning = preflight.memory_line(pred, p.device_type, capacity(p.device_type), world)
+        print(f"      memory: {line}", flush=True)
+        if warning:
+            print(f"      warning: {warning}", flush=True)
+
+
+def _run_job(p: Plan, job: Job, rnd: int, timeout: float) -> dict:
+    ps = p.passes[job.pass_index]
+    meta = {
+        "run_id": uuid.uuid4().hex,
+        "tag": ps.tag,
+        "round": rnd,
+        "config": ps.configs[job.step.num],
+        "script_sha256": ps.shas[job.step.num],
+        "machine": p.machine,
+    }
+    if job.control:
+        meta["control"] = True
+    return run_once(job.step, p.flags, meta, ps.tag_dir, timeout)
+
+
+def _report(rec: dict) -> None:
+    took = preflight.fmt_duration(rec["sweep"]["duration_s"])
+    if rec["status"] == "ok":
+        tps = rec.get("tokens_per_sec")
+        rate = f"{tps:,.0f} tok/s" if isinstance(tps, (int, float)) else "no tok/s"
+        busy = ""
+        if load.is_busy(rec.get("other_load")):
+            busy = f" (unreliable: other processes used {rec['other_load']:.2f} cores)"
+        print(f"      -> ok: {rate} in {took}{busy}", flush=True)
+    else:
+        print(f"      -> FAILED ({rec['status']}): {rec.get('reason')}", flush=True)
+
+
+def run_rounds(p: Plan, force: bool, timeout: float, wait_s: float | None) -> None:
+    """Round after round, every job that has fewer ok runs than the round's number."""
+    prog = _start(p, force)
+    for rnd in range(1, p.repeats + 1):
+        jobs = [j for j in p.jobs if prog.done[j] < rnd and j not in prog.failed]
+        for i, job in enumerate(jobs, 1):
+            if job in prog.failed:
+                continue
+            head = f"round {rnd}/{p.repeats} " if p.repeats > 1 else ""
+            elapsed = preflight.fmt_duration(time.monotonic() - prog.t0)
+            eta = preflight.fmt_duration(prog.eta(p.repeats))
+            print(f"{head}[{i}/{len(jobs)}] {_label(p, job)} ... elapsed {elapsed}, "
+                  f"ETA {eta}", flush=True)  # fmt: skip
+            _before_run(p, job, wait_s)
+            rec = _run_job(p, job, prog.done[job] + 1, timeout)
+            prog.estimate[job] = rec["sweep"]["duration_s"]
+            _report(rec)
             if rec["status"] == "ok":
-                tps = rec.get("tokens_per_sec")
-                rate = f"{tps:,.0f} tok/s" if isinstance(tps, (int, float)) else "no tok/s"
-                print(f"      -> ok: {rate} in {_fmt_duration(durations[-1])}", flush=True)
-            else:
-                print(f"      -> FAILED ({rec['status']}): {rec.get('reason')}", flush=True)
-            records = load_runs(p.tag_dir)
-            p.summarize(records)
-            if rec["status"] != "ok":
-                runs_left -= p.repeats - rep  # no point repeating a failure
-                break
-    return records
+                prog.done[job] += 1
+            else:  # no point repeating a failure in this sweep
+                prog.failed.add(job)
+            p.summarize()
 
 
-def _draw_charts(tag_dir: Path, results_dir: Path) -> None:
-    """The tag's charts and, with several tags, the comparison; a failure is only a warning."""
+def _draw_charts(tag_dir: Path) -> None:
+    """The tag's charts; a failure is only a warning. (The comparison of every tag and the
+    README table are plot_results.py's: a sweep never rewrites another tag's files.)"""
     try:
-        written = report.draw_charts([tag_dir], find_tags(results_dir))
+        written = report.draw_charts([tag_dir], [])
         print("charts: " + ", ".join(str(p) for p in written))
     except BrokenPipeError:
         raise
@@ -313,122 +389,37 @@ def _draw_charts(tag_dir: Path, results_dir: Path) -> None:
 
 def sweep(args) -> int:
     p = plan(args)
-    with Lock(p.tag_dir):
-        copied = recover(p.tag_dir)
-        if copied:
-            print(f"recovered {copied} finished record(s) left by an interrupted sweep")
-        records = load_runs(p.tag_dir)
-        p.summarize(records)
-        records = _run_steps(p, records, args.force, args.timeout)
-        df = p.summarize(records)
-    print()
-    print(f"summary ({p.tag_dir / SUMMARY}):")
-    print(format_table(df), flush=True)
+    with ExitStack() as stack:
+        for ps in p.passes:
+            stack.enter_context(Lock(ps.tag_dir))
+        for ps in p.passes:
+            copied = recover(ps.tag_dir)
+            if copied:
+                print(f"recovered {copied} finished record(s) left by an interrupted sweep")
+        p.summarize()
+        run_rounds(p, args.force, args.timeout, args.wait_quiet)
+        dfs = p.summarize()
+    failed = []
+    for ps in p.passes:
+        df = dfs[ps.tag]
+        print()
+        print(f"summary ({ps.tag_dir / SUMMARY}):")
+        print(format_table(df), flush=True)
+        if not args.no_plots:
+            _draw_charts(ps.tag_dir)
+        chosen = {s.num for s in ps.steps}
+        failed += [
+            f"step {r['step']} ({r['status']}{', ' + ps.tag if len(p.passes) > 1 else ''})"
+            for r in df.to_dict("records")
+            if r["step"] in chosen and r["status"] != "ok"
+        ]
     if not args.no_plots:
-        _draw_charts(p.tag_dir, Path(args.results_dir))
-    chosen = {s.num for s in p.selected}
-    failed = [r for r in df.to_dict("records") if r["step"] in chosen and r["status"] != "ok"]
+        print("python plot_results.py redraws the comparison of all tags and the README table")
     if failed:
-        print(
-            "failed: " + ", ".join(f"step {r['step']} ({r['status']})" for r in failed),
-            file=sys.stderr,
-        )
+        print("failed: " + ", ".join(failed), file=sys.stderr)
         return 1
     return 0
 
 
-# ---------------------------------------------------------------- command line
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return v
-
-
-def add_run_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "run",
-        help="run the ladder's steps, record and summarize them",
-        description="Run every step of the ladder (00_orig.py, steps/NN_*.py) in order, each in "
-        "its own process (DDP steps through torchrun), and write results/<tag>/runs.jsonl "
-        "(one record per run), results/<tag>/summary.csv and the charts. A rerun skips steps "
-        "that already have --repeats ok runs for the same settings and script; failed steps "
-        "are retried. Exit status 1 if a step failed, 2 on bad input.",
-    )
-    p.add_argument(
-        "--steps", metavar="SPEC", help="steps to run: 05-08, 00,07,10 or a mix (default: all)"
-    )
-    add_step_flags(p, passed_only=True)
-    p.add_argument(
-        "--repeats",
-        type=positive,
-        default=1,
-        metavar="K",
-        help="runs per step; the summary shows their median, min and max (default: 1)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help=f"per run; a step past it is killed and recorded as timeout "
-        f"(default: {DEFAULT_TIMEOUT})",
-    )
-    p.add_argument(
-        "--nproc",
-        type=positive,
-        metavar="N",
-        help="processes for DDP steps (default: visible CUDA GPUs, 1 on CPU)",
-    )
-    p.add_argument(
-        "--results-dir",
-        default=str(RESULTS),
-        metavar="DIR",
-        help="where the <tag> folders go (default: results/ in the repository)",
-    )
-    p.add_argument(
-        "--tag",
-        help="results folder name (default: hardware and process count, e.g. cpu-8c, "
-        "nvidia-h100-80gb-hbm3-x1)",
-    )
-    p.add_argument("--force", action="store_true", help="rerun steps that are up to date")
-    p.add_argument("--no-plots", action="store_true", help="do not redraw the charts")
-    p.add_argument("--ladder-dir", help=argparse.SUPPRESS)  # tests: a ladder of fixture scripts
-    p.set_defaults(func=_run_command)
-    return p
-
-
-def _run_command(args) -> int:
-    check_name(args.preset)
-    if sys.platform == "win32":  # flock, process groups, PR_SET_PDEATHSIG: POSIX only
-        raise UserError(
-            "python -m harness run needs Linux or macOS (it supervises each step's process "
-            "group); on Windows use WSL2, or run a step by hand: "
-            "python steps/05_bf16.py --results results.jsonl"
-        )
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, on_term)
-    try:
-        return sweep(args)
-    except KeyboardInterrupt:
-        print("error: interrupted; finished runs are kept, rerun to resume", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # `python -m harness run | head`
-        broken_pipe("output closed (broken pipe); finished runs are kept, rerun to resume")
-    except OSError as e:
-        if not is_environment_os_error(e):
-            raise
-        print(
-            f"error: {os_error_line(e)}; finished runs are kept (a record not yet in "
-            f"{RUNS} stays in its .tmp file and the next sweep recovers it)",
-            file=sys.stderr,
-        )
-        return 1
-    finally:
-        signal.signal(signal.SIGTERM, old)
+# the command line lives in sweep_cli.py
+from .sweep_cli import DEFAULT_TIMEOUT, add_run_parser  # noqa: E402, F401

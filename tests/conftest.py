@@ -29,6 +29,9 @@ def offline_env(tmp_path_factory):
     if not VERDICT.is_file():
         atomic_write_bytes(VERDICT, read_text(None)[0][:20_000].encode())
     os.environ["SPEED_LADDER_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    # the sweep's 1-s load check before each run: off, except in the tests that check it
+    # (tests/test_load.py); the fixture ladders' runs take milliseconds
+    os.environ.setdefault("SPEED_LADDER_CHECK_S", "0")
     yield
 
 

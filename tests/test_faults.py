@@ -18,13 +18,13 @@ import pytest
 import torch
 from conftest import ROOT, VERDICT, py, records
 
-from harness import charts, cli, data, device, files, readme, report, summary, sweep
+from harness import charts, cli, data, device, files, launch, readme, report, summary, sweep
 from harness.errors import UserError
 from harness.ladder import discover
 from harness.runs import load_runs, recover
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-TAG = f"cpu-{os.cpu_count()}c"
+TAG = sweep.hardware_tag("cpu", 1)
 
 
 def sweep_here(capsys, *args) -> tuple[int, str, str]:
@@ -574,20 +574,20 @@ def test_a_record_that_cannot_be_written_is_printed_not_lost(capsys, monkeypatch
 
 
 def test_a_full_disk_during_the_sweep_keeps_the_record_for_the_next(tmp_path, capsys, monkeypatch):
-    real = sweep.append_jsonl
+    real = launch.append_jsonl
 
     def append(path, rec):
         if Path(path).name == "runs.jsonl":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real(path, rec)
 
-    monkeypatch.setattr(sweep, "append_jsonl", append)
+    monkeypatch.setattr(launch, "append_jsonl", append)
     code, _, err = fixture_sweep(capsys, tmp_path, "--steps", "00,01")
     assert code == 1
     line = one_line(err)
     assert "No space left on device" in line and "the next sweep recovers it" in line
     assert len(list((tmp_path / TAG).glob(".tmp-00-*.jsonl"))) == 1  # the finished run, kept
-    monkeypatch.setattr(sweep, "append_jsonl", real)
+    monkeypatch.setattr(launch, "append_jsonl", real)
     code, out, err = fixture_sweep(capsys, tmp_path, "--steps", "00,01")
     assert code == 0 and "recovered 1 finished record" in out
     recs = load_runs(tmp_path / TAG)

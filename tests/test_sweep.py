@@ -27,7 +27,7 @@ from harness.runs import load_runs, recover
 from harness.summary import NUMBER_COLUMNS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-TAG = f"cpu-{os.cpu_count()}c"
+TAG = sweep.hardware_tag("cpu", 1)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def runs_of(results: Path, tag: str = TAG) -> list[dict]:
 def summary_of(results: Path, tag: str = TAG) -> dict[str, dict]:
     import pandas as pd
 
-    df = pd.read_csv(results / tag / "summary.csv", dtype={"step": str})
+    df = pd.read_csv(results / tag / "summary.csv", dtype={"step": str, "prev_step": str})
     return {r["step"]: r for r in df.to_dict("records")}
 
 
@@ -180,39 +180,52 @@ def test_force_reruns_and_changes_invalidate(tmp_path, capsys):
     assert summary["01"]["runs"] == 1 and summary["02"]["status"] == "not run"
 
 
-def test_repeats_give_median_min_max_and_ddp_goes_through_torchrun(tmp_path, capsys):
+def test_rounds_interleave_the_steps_and_resume_in_their_round(tmp_path, capsys):
     results = tmp_path / "results"
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
-    base += ["--nproc", 2, "--no-plots"]
-    code, out, err = sweep_here(capsys, *base, "--steps", "00,01", "--repeats", 3)
+    base += ["--no-plots", "--no-control", "--steps", "00,01", "--repeats", 3]
+    code, out, err = sweep_here(capsys, *base)
     assert code == 0, out[-3000:] + err[-3000:]
-    assert "(run 3/3)" in out
-    tag = f"{TAG}-x2"
-    recs = runs_of(results, tag)
-    assert [r["step"] for r in recs] == ["00"] * 3 + ["01"] * 3
-    assert [r["sweep"]["repeat"] for r in recs] == [1, 2, 3] * 2
+    assert "round 3/3 [2/2] step 01" in out
+    recs = runs_of(results)
+    assert [r["step"] for r in recs] == ["00", "01"] * 3  # 00 01, 00 01, 00 01: not 00 00 00
+    assert [r["sweep"]["round"] for r in recs] == [1, 1, 2, 2, 3, 3]
+    assert all(r["sweep"]["machine"] == sweep.this_machine("cpu") for r in recs)
 
-    # a kill mid-way leaves 2 of 3 runs: the rerun does the one missing; median/min/max of 3
-    rows = [json.loads(x) for x in (results / tag / "runs.jsonl").read_text().splitlines()]
-    rows[3]["tokens_per_sec"], rows[4]["tokens_per_sec"] = 1000.0, 5000.0
-    (results / tag / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
-    code, out, _ = sweep_here(capsys, *base, "--steps", "00,01", "--repeats", 3)
-    assert code == 0 and out.count("up to date") == 1 and "(run 3/3)" in out
-    assert "(run 1/3)" not in out
-    row = summary_of(results, tag)["01"]
+    # killed in round 3 after step 00: the rerun does step 01's round 3 only
+    rows = [json.loads(x) for x in (results / TAG / "runs.jsonl").read_text().splitlines()]
+    rows[1]["tokens_per_sec"], rows[3]["tokens_per_sec"] = 1000.0, 5000.0
+    (results / TAG / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
+    code, out, _ = sweep_here(capsys, *base)
+    assert code == 0 and out.count("up to date") == 1 and "round 3/3 [1/1] step 01" in out
+    assert "round 1/3" not in out and "round 2/3" not in out
+    assert runs_of(results)[-1]["sweep"]["round"] == 3
+    row = summary_of(results)["01"]
     assert row["runs"] == 3 and row["tokens_per_sec_median"] == 2000.0
     assert row["tokens_per_sec_min"] == 1000.0 and row["tokens_per_sec_max"] == 5000.0
+    # its own effect: per-round ratios to step 00 of 1, 5 and 2 -> median 2, interval [1, 5]
+    assert (row["gain_vs_prev"], row["gain_vs_prev_lo"], row["gain_vs_prev_hi"]) == (2, 1, 5)
+    assert row["verdict"] == "no change" and row["prev_step"] == "00"  # the interval holds 1.0
+    assert summary_of(results)["00"]["verdict"] != summary_of(results)["00"]["verdict"]  # NaN
 
-    code, out, err = sweep_here(capsys, *base, "--steps", "02")
+
+def test_distributed_steps_run_on_one_and_on_n_processes_in_their_own_tags(tmp_path, capsys):
+    results = tmp_path / "results"
+    base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
+    code, out, err = sweep_here(capsys, *base, "--nproc", 2, "--no-plots", "--steps", "01,02")
     assert code == 0, out[-3000:] + err[-3000:]
-    ddp = runs_of(results, tag)[-1]
-    assert ddp["step"] == "02" and ddp["world_size"] == 2  # torchrun set WORLD_SIZE
-    assert ddp["sweep"]["command"][1:3] == ["-m", "torch.distributed.run"]
-    assert "--nproc_per_node=2" in ddp["sweep"]["command"]
-    assert recs[0]["sweep"]["config"]["nproc"] == 1 and ddp["sweep"]["config"]["nproc"] == 2
-    row = summary_of(results, tag)["02"]
-    assert row["runs"] == 1 and row["tokens_per_sec_median"] == 6000.0
-    assert row["speedup_vs_00"] == 6.0 and row["world_size"] == 2
+    one, two = runs_of(results), runs_of(results, TAG[: -len("-x1")] + "-x2")
+    assert [r["step"] for r in one] == ["01", "02"] and [r["step"] for r in two] == ["02"]
+    for rec, n in ((one[1], 1), (two[0], 2)):  # the distributed step: torchrun, 1 then 2 ranks
+        assert rec["world_size"] == n and rec["sweep"]["config"]["nproc"] == n
+        assert rec["sweep"]["command"][1:3] == ["-m", "torch.distributed.run"]
+        assert f"--nproc_per_node={n}" in rec["sweep"]["command"]
+    assert one[0]["sweep"]["command"][1:3] != ["-m", "torch.distributed.run"]
+    assert one[0]["sweep"]["config"]["nproc"] == 1
+    x2 = summary_of(results, TAG[: -len("-x1")] + "-x2")
+    assert list(x2) == ["02"]  # an N-process tag holds the distributed steps only
+    # 6000 tok/s on 2 processes against 3000 on one: 6000 / (2 x 3000)
+    assert x2["02"]["scaling_efficiency"] == 1.0 and x2["02"]["world_size"] == 2
 
 
 def _alive(pid: int) -> bool:
@@ -378,18 +391,29 @@ def test_discover_titles_and_ddp():
     assert ladder[0].num == "00" and by["00"].title == "the baseline"
     assert by["08"].title == "torch.compile"
     assert [s.num for s in ladder] == sorted(by)
-    assert all(s.ddp == ("_ddp" in s.path.name) for s in ladder)
+    # distributed: the steps that set up a process group, 11 (DDP) to 14 (FSDP2)
+    assert [s.num for s in ladder if s.distributed] == ["11", "12", "13", "14"]
     fixture = discover(FIXTURES / "ladder_ok")
-    assert [s.ddp for s in fixture] == [False, False, True, False]
+    assert [s.distributed for s in fixture] == [False, False, True, False]
 
 
 def test_hardware_tag(monkeypatch):
-    assert sweep.hardware_tag("cpu", 1) == TAG
-    monkeypatch.setattr(sweep, "_CUDA_INFO", (8, "NVIDIA H200"))
+    from harness import machine
+
+    cpu = f"cpu-{machine.cpu_slug(machine.cpu_model())}-{os.cpu_count()}c"
+    assert sweep.hardware_tag("cpu", 1) == TAG == f"{cpu}-x1"
+    assert sweep.hardware_tag("cpu", 2) == f"{cpu}-x2"
+    monkeypatch.setattr(sweep, "_CUDA_INFO", (8, "NVIDIA H200", 150 * 2**30))
     assert sweep.hardware_tag("cuda", 8) == "nvidia-h200-x8" and sweep.default_nproc("cuda") == 8
-    assert sweep.hardware_tag("cpu", 2) == f"{TAG}-x2"
+    assert sweep.hardware_tag("cuda", 1) == "nvidia-h200-x1"
+    assert sweep.capacity("cuda") == 150 * 2**30
+    assert sweep.this_machine("cuda")["device_count"] == 8
     assert sweep.slug("NVIDIA H200") == "nvidia-h200"
     assert sweep.slug("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
+    assert machine.cpu_slug("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz") == (
+        "intel-xeon-platinum-8375c-2-90ghz"
+    )
+    assert machine.cpu_slug("AMD EPYC 7763 64-Core Processor") == "amd-epyc-7763-64-core"
 
 
 def test_one_flag_table_gives_the_steps_and_the_sweep_their_flags():
@@ -444,3 +468,80 @@ def test_one_sweep_per_tag_folder_and_bad_data(tmp_path, capsys):
     assert not (tmp_path / TAG / ".lock").exists() and not runs_of(tmp_path)
     code, _, err = sweep_here(capsys, *base, "--data", tmp_path / "nope.txt")
     assert code == 2 and "no such file" in err
+
+
+# ---------------------------------------------------------------- machines, control, oom
+def _tree_bytes(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_another_machines_folder_is_not_skipped_and_its_files_are_unchanged(tmp_path, capsys):
+    from harness import machine
+
+    results = tmp_path / "results"
+    base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
+    base += ["--steps", "00,01"]
+    assert sweep_here(capsys, *base)[0] == 0  # charts too: files of every kind in the folder
+    # the same runs, as if made on another machine (and one from before fingerprints)
+    rows = runs_of(results)
+    rows[0]["sweep"]["machine"] = dict(rows[0]["sweep"]["machine"], host_id="0123456789ab")
+    del rows[1]["sweep"]["machine"]
+    (results / TAG / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = _tree_bytes(results / TAG)
+
+    code, out, err = sweep_here(capsys, *base, "--no-plots")
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "up to date" not in out and "holds another machine's records" in out
+    assert _tree_bytes(results / TAG) == before  # not one byte changed
+    mine = TAG[: -len("-x1")] + f"-{machine.short_id(sweep.this_machine('cpu'))}-x1"
+    assert [r["step"] for r in runs_of(results, mine)] == ["00", "01"]
+    assert summary_of(results, mine)["01"]["runs"] == 1
+    # a rerun finds this machine's folder up to date, and still leaves the other alone
+    code, out, _ = sweep_here(capsys, *base, "--no-plots")
+    assert code == 0 and out.count("up to date") == 2
+    assert _tree_bytes(results / TAG) == before
+    # naming the other machine's folder with --tag is refused, in one line
+    code, out, err = sweep_here(capsys, *base, "--tag", TAG)
+    assert code == 2 and "holds another machine's records" in err and "--tag" in err
+    assert _tree_bytes(results / TAG) == before
+
+
+def test_the_aa_control_measures_the_noise_floor(tmp_path, capsys):
+    results = tmp_path / "results"
+    base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
+    code, out, err = sweep_here(capsys, *base, "--steps", "00,01", "--repeats", 2, "--no-plots")
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "step 00 the fixture baseline (A/A control)" in out
+    recs = runs_of(results)
+    assert [(r["step"], bool(r["sweep"].get("control"))) for r in recs] == [
+        ("00", False), ("00", True), ("01", False)] * 2  # fmt: skip
+    rows = summary_of(results)
+    assert rows["00"]["runs"] == 2  # the control runs are not step 00's own
+    assert rows["01"]["noise_floor"] == 0.0 and rows["01"]["noise_source"].startswith("A/A")
+    assert rows["01"]["verdict"] == "faster" and rows["01"]["gain_vs_prev"] == 2.0
+    assert rows["01"]["mem_verdict"] == "more"
+    # the control is up to date with the rest
+    code, out, _ = sweep_here(capsys, *base, "--steps", "00,01", "--repeats", 2, "--no-plots")
+    assert code == 0 and out.count("up to date") == 3
+
+
+def test_an_out_of_memory_on_another_rank_is_oom(tmp_path, capsys):
+    ladder = copy_ladder("ladder_ok", tmp_path)
+    (ladder / "steps" / "02_fixture_ddp.py").write_text(
+        "import os, sys\n"
+        "def init_process_group(): pass\n"
+        "init_process_group()\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    print('error: out of memory: CUDA out of memory (rank 1)', file=sys.stderr)\n"
+        "    sys.exit(3)\n"
+        "print('RuntimeError: Connection closed by peer', file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    results = tmp_path / "results"
+    args = ["--ladder-dir", ladder, "--results-dir", results, "--device", "cpu", "--nproc", 2]
+    code, out, err = sweep_here(capsys, *args, "--steps", "02", "--no-plots")
+    assert code == 1
+    (rec,) = runs_of(results, TAG[: -len("-x1")] + "-x2")
+    assert rec["status"] == "oom", rec
+    assert rec["reason"] == "out of memory: CUDA out of memory (rank 1)"
+    assert runs_of(results)[0]["status"] == "error"  # on one process: rank 0's own failure
