@@ -12,7 +12,9 @@ round, with an interval, a verdict, and the noise floor that verdict is judged a
   rounds the true median ratio lies inside the min-max of K independent ratios with probability
   1 - 2^(1-K): 75% for 3 rounds, 88% for 4, 94% for 5. One round has no interval, and says so.
 - **Verdict**: `faster` / `slower` (memory: `less` / `more`) when the interval excludes 1.0
-  and the median effect is larger than the noise floor; otherwise `no change`. A step whose
+  and the median effect is larger than the noise floor and than `MIN_EFFECT` (1%: a smaller
+  effect is not a rung of a speed ladder, and peak memory, often exact to the byte from run to
+  run, would otherwise call 0.1% "more"); otherwise `no change`. A step whose
   records say `step_active: false` (it does nothing on this device) is `inactive`.
 - **Noise floor**: what two runs of the same script differ by. With the A/A control (the
   sweep's default from 2 rounds on: the first step run twice in each round, right after itself)
@@ -27,6 +29,7 @@ import statistics
 from dataclasses import dataclass
 
 NO_CHANGE, ONE_ROUND, INACTIVE = "no change", "one round: no interval", "inactive"
+MIN_EFFECT = 0.01  # |ratio - 1| below this is "no change", however tight the interval
 INTERVAL = "min-max of the per-round ratios"
 TPS, MEM = "tokens_per_sec", "peak_mem_reserved_bytes"
 
@@ -75,7 +78,7 @@ def effect(before: dict, after: dict, floor: float | None, up: str, down: str, s
     if len(ratios) == 1:
         return Effect(med, None, None, 1, ONE_ROUND)
     lo, hi = min(ratios), max(ratios)
-    quiet = lo <= 1.0 <= hi or (floor is not None and abs(med - 1.0) <= floor)
+    quiet = lo <= 1.0 <= hi or abs(med - 1.0) <= max(floor or 0.0, MIN_EFFECT)
     return Effect(med, lo, hi, len(ratios), NO_CHANGE if quiet else up if med > 1 else down)
 
 

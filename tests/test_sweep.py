@@ -110,6 +110,10 @@ def test_sweep_of_real_steps_writes_records_summary_and_charts(real_sweep):
         assert len(s["run_id"]) == 32 and s["tag"] == TAG and s["exit_code"] == 0
         assert s["config"]["max_steps"] == 3 and s["config"]["nproc"] == 1
         assert s["script_sha256"] == r["script_sha256"]
+        # the step's fingerprint is the one the sweep computed for this machine
+        assert r["machine"] == s["machine"] == sweep.this_machine("cpu")
+        assert r["other_load"] is None or r["other_load"] >= 0
+        assert "loadavg_start" in r and s["round"] == 1
     assert len({r["sweep"]["run_id"] for r in recs}) == 3
     # progress: an overall line per step, the step's own output indented beneath it
     assert "[1/3] step 00 the baseline ... elapsed" in proc.stdout

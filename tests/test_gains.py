@@ -1,0 +1,96 @@
+"""harness.gains: each step's effect over the previous one, its interval, verdict and the noise
+floor; the summary's columns from old and new records. In-process, milliseconds."""
+
+import pytest
+
+from harness import gains, summary
+from harness.ladder import Step
+from harness.rows import busy_text, effect_text, inactive
+
+
+def test_effect_verdicts():
+    before = {1: 100.0, 2: 100.0, 3: 100.0}
+    faster = gains.effect(before, {1: 110.0, 2: 112.0, 3: 109.0}, 0.02, "faster", "slower")
+    assert faster.verdict == "faster" and faster.ratio == pytest.approx(1.10)
+    assert (faster.lo, faster.hi, faster.rounds) == (pytest.approx(1.09), pytest.approx(1.12), 3)
+    slower = gains.effect(before, {1: 90.0, 2: 95.0, 3: 91.0}, 0.02, "faster", "slower")
+    assert slower.verdict == "slower"
+    # the interval holds 1.0: no change, whatever the median says
+    straddle = gains.effect(before, {1: 90.0, 2: 125.0, 3: 101.0}, 0.0, "faster", "slower")
+    assert straddle.verdict == "no change" and straddle.ratio == pytest.approx(1.01)
+    # outside 1.0 but under the noise floor: no change
+    small = gains.effect(before, {1: 101.0, 2: 101.5, 3: 101.2}, 0.02, "faster", "slower")
+    assert small.verdict == "no change"
+    tiny = gains.effect(before, {1: 100.5, 2: 100.6, 3: 100.5}, 0.0, "faster", "slower")
+    assert tiny.verdict == "no change"  # under MIN_EFFECT, 1%
+    one = gains.effect({1: 100.0}, {1: 150.0}, 0.0, "faster", "slower")
+    assert one.verdict == "one round: no interval" and one.lo is None and one.ratio == 1.5
+    # rounds pair by number: round 4 of one step and round 1 of the other do not pair
+    assert gains.effect({4: 1.0}, {1: 2.0}, None, "a", "b").verdict == ""
+
+
+def _rec(step, rnd, tps, mem=2**30, control=False, **extra):
+    sweep = {"run_id": f"{step}{rnd}{control}", "config": {}, "script_sha256": "x", "round": rnd}
+    if control:
+        sweep["control"] = True
+    return {"step": step, "status": "ok", "tokens_per_sec": tps, "peak_mem_reserved_bytes": mem,
+            "sweep": sweep, **extra}  # fmt: skip
+
+
+def _summary(recs, nums=("00", "01", "02")):
+    steps = [Step(n, __import__("pathlib").Path(f"{n}.py"), f"step {n}", False) for n in nums]
+    configs, shas = {n: {} for n in nums}, {n: "x" for n in nums}
+    df = summary.summarize(steps, recs, configs, shas, 3)
+    return {r["step"]: r for r in df.to_dict("records")}
+
+
+def test_the_noise_floor_from_the_aa_control_and_from_the_spread():
+    recs = []
+    for rnd, (a, ctl, b, c) in enumerate([(100, 102, 130, 131), (100, 99, 128, 133),
+                                           (104, 103, 131, 129)], 1):  # fmt: skip
+        recs += [_rec("00", rnd, a), _rec("00", rnd, ctl, control=True), _rec("01", rnd, b),
+                 _rec("02", rnd, c, mem=2**30 * 1.001)]  # fmt: skip
+    rows = _summary(recs)
+    assert rows["00"]["runs"] == 3 and rows["00"]["tokens_per_sec_median"] == 100
+    floor = rows["01"]["noise_floor"]
+    assert floor == pytest.approx(0.02, abs=1e-4)  # the largest |A/A - 1|: 102/100
+    assert rows["01"]["noise_source"].startswith("A/A control: step 00 run twice per round")
+    assert rows["01"]["verdict"] == "faster" and rows["01"]["prev_step"] == "00"
+    assert rows["02"]["verdict"] == "no change"  # 0.98-1.04 holds 1.0
+    # exact to the byte, 0.1% more: under the 1% that a verdict needs
+    assert rows["02"]["mem_verdict"] == "no change" and rows["02"]["mem_vs_prev"] == 1.001
+    assert rows["00"]["gain_vs_prev"] != rows["00"]["gain_vs_prev"]  # NaN: no previous step
+    # without the control: the median over steps of max/min - 1
+    rows = _summary([r for r in recs if not r["sweep"].get("control")])
+    assert rows["01"]["noise_source"].startswith("spread: median over 3 step(s)")
+    # spreads 104/100, 131/128 and 133/129: the median is step 02's
+    assert rows["01"]["noise_floor"] == pytest.approx(133 / 129 - 1, abs=1e-4)
+
+
+def test_inactive_busy_and_one_round_rows_say_so():
+    recs = [_rec("00", 1, 100.0), _rec("01", 1, 101.0, step_active=False,
+            inactive_reason="TF32 is CUDA-only"), _rec("02", 1, 150.0, other_load=1.3)]  # fmt: skip
+    rows = _summary(recs)
+    assert rows["01"]["verdict"] == "inactive" and rows["01"]["step_active"] == False  # noqa: E712
+    assert inactive(rows["01"]) == "inactive here: TF32 is CUDA-only"
+    assert rows["02"]["verdict"] == "one round: no interval"
+    assert effect_text(rows["02"]) == "1.49x (one round: no interval)"
+    assert rows["02"]["busy_runs"] == 1 and rows["02"]["other_load_max"] == 1.3
+    assert busy_text(rows["02"]).startswith("busy: 1/1 run(s), up to 1.30 cores")
+    assert rows["00"]["noise_source"] == "no repeated runs: no noise floor"
+
+
+def test_records_without_the_new_fields_still_summarize():
+    """Older records: no round (their repeat pairs them), no machine, no other_load."""
+    recs = []
+    for n, tps in (("00", [100, 110, 105]), ("01", [120, 118, 125])):
+        for i, t in enumerate(tps, 1):
+            r = _rec(n, i, float(t))
+            r["sweep"]["repeat"] = r["sweep"].pop("round")
+            recs.append(r)
+    rows = _summary(recs, ("00", "01"))
+    assert rows["01"]["gain_vs_prev"] == pytest.approx(1.19, abs=0.01)
+    assert rows["01"]["verdict"] == "faster" and rows["01"]["busy_runs"] == 0
+    active = rows["01"]["step_active"]
+    assert active is None or active != active  # unknown
+    assert effect_text(rows["01"]).startswith("1.19x [1.07-1.20] faster")
