@@ -1,8 +1,12 @@
 """The charts of a tag's summary, and of every tag side by side (headless: matplotlib's Agg).
 
-Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00),
-peak_memory.png (peak reserved GiB) and mfu.png (MFU %); a failed step is a "failed (oom)" label
-at zero, never a bar, and so is an MFU outside (0, 100%] ("MFU invalid: ..."). Each chart is
+Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00, and in a
+`-xN` tag the scaling efficiency; error bars: min-max over the rounds), peak_memory.png (peak
+reserved GiB, the largest of the rounds; error bars down to the smallest) and mfu.png (MFU %); a
+failed step is a "failed (oom)" label at zero, never a bar, and so is an MFU outside (0, 100%]
+("MFU invalid: ..."). An inactive step (it does nothing on this device) is a hatched, pale bar
+labelled "inactive here: <why>"; a step measured while other processes were busy, "[busy]".
+Each step's own effect over the previous one is gain_chart.py's. Each chart is
 written atomically: an interrupted or failed save leaves the previous one, never half a PNG.
 results/comparison.png groups every tag's tok/s per step. The published
 single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
@@ -16,6 +20,7 @@ from pathlib import Path
 
 from .errors import warn
 from .files import RESULTS, atomic_write_bytes
+from .rows import busy_text, inactive
 from .summary import describe, mfu_flag, number, read_summary, speedup_text
 
 REFERENCE_CSV = RESULTS / "reference" / "published_a100_ladder.csv"
@@ -28,6 +33,7 @@ REF_NOTE = (
 )
 REF_MEM_NOTE = "1x A100 (step 11: 4x A100), PyTorch 2.6; max reserved memory, printed as GB (GiB)"
 OURS_COLOR, REF_COLOR, FAIL_COLOR, MISSING_COLOR = "#1f77b4", "#b0b0b0", "#c0392b", "#7f7f7f"
+INACTIVE_COLOR = "#c6dbef"
 
 
 def read_reference(path: Path = REFERENCE_CSV):
@@ -90,19 +96,39 @@ def _thousands(ax):
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 10 else f"{x:g}"))
 
 
-def _bars(ax, rows, value_of, label_of, unit: str, no_value=_no_value):
-    """Horizontal bars, step 00 on top; failed or missing steps get a label at zero, no bar."""
+def _end(r, v: float, span_of) -> float:
+    """Where a bar's label goes: after its bar, or after its error bar."""
+    hi = (span_of(r) or (None, None))[1] if span_of else None
+    return max(v, hi) if hi is not None else v
+
+
+def _bars(ax, rows, value_of, label_of, unit: str, no_value=_no_value, span_of=None):
+    """Horizontal bars, step 00 on top; failed or missing steps get a label at zero, no bar.
+    `span_of(row)`: (min, max) over the runs, drawn as an error bar; an inactive step's bar is
+    hatched and labelled "inactive here", a busy one "[busy]"."""
     ys = list(range(len(rows)))
     values = [value_of(r) if _ok(r) else None for r in rows]
-    bars = [(y, v) for y, v in zip(ys, values, strict=True) if v is not None]
-    ax.barh([y for y, _ in bars], [v for _, v in bars], color=OURS_COLOR)
-    top = max((v for v in values if v is not None), default=0.0) or 1.0
+    for y, r, v in zip(ys, rows, values, strict=True):
+        if v is None:
+            continue
+        off = inactive(r) is not None
+        ax.barh(y, v, color=INACTIVE_COLOR if off else OURS_COLOR, hatch="xx" if off else None,
+                edgecolor="#606060" if off else None)  # fmt: skip
+        lo, hi = span_of(r) if span_of else (None, None)
+        if lo is not None and hi is not None and lo < hi:
+            ax.errorbar(v, y, xerr=[[max(0.0, v - lo)], [max(0.0, hi - v)]], fmt="none",
+                        ecolor="#333333", capsize=3, lw=1)  # fmt: skip
+    ends = [_end(r, v, span_of) for r, v in zip(rows, values, strict=True) if v is not None]
+    top = max(ends, default=0.0) or 1.0
     for y, r, v in zip(ys, rows, values, strict=True):
         if v is None:
             text, color = no_value(r)
             ax.text(top * 0.01, y, text, va="center", ha="left", color=color, fontweight="bold")
-        else:
-            ax.text(v + top * 0.01, y, label_of(r, v), va="center", ha="left", fontsize=9)
+            continue
+        label = label_of(r, v) + ("  [busy]" if busy_text(r) else "")
+        if inactive(r):
+            label += "  " + textwrap.shorten(inactive(r), 44, placeholder="…")
+        ax.text(_end(r, v, span_of) + top * 0.01, y, label, va="center", ha="left", fontsize=9)
     ax.set_yticks(ys, [_step_label(r) for r in rows])
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, top * 1.22)
@@ -168,7 +194,17 @@ def _tps_label(r, v) -> str:
     lo, hi = number(r.get("tokens_per_sec_min")), number(r.get("tokens_per_sec_max"))
     if r.get("runs", 1) and int(r.get("runs") or 1) > 1 and lo is not None and hi is not None:
         rng = f" [{lo:,.0f}-{hi:,.0f}]"
-    return (speedup_text(s) + "  " if s is not None else "") + f"{v:,.0f}{rng}"
+    eff = number(r.get("scaling_efficiency"))
+    scaling = f"  scaling {eff:.0%}" if eff is not None else ""
+    return (speedup_text(s) + "  " if s is not None else "") + f"{v:,.0f}{rng}{scaling}"
+
+
+def _tps_span(r):
+    return number(r.get("tokens_per_sec_min")), number(r.get("tokens_per_sec_max"))
+
+
+def _mem_span(r):
+    return number(r.get("peak_reserved_gib_min")), number(r.get("peak_reserved_gib"))
 
 
 def _tps_figure(plt, rows, heading: str, ref):
@@ -183,10 +219,12 @@ def _tps_figure(plt, rows, heading: str, ref):
         return f"{s}{v:,.0f}"
 
     fig, ax, ax_ref = _figure(plt, len(rows), n_ref)
-    _bars(ax, rows, lambda r: number(r.get("tokens_per_sec_median")), _tps_label, "tokens / s")
+    _bars(ax, rows, lambda r: number(r.get("tokens_per_sec_median")), _tps_label, "tokens / s",
+          span_of=_tps_span)  # fmt: skip
     ax.set_title(
         f"MEASURED by this project: {heading}\n"
-        "training throughput per step (labels: speedup over step 00, tok/s)",
+        "training throughput per step (labels: speedup over step 00, tok/s [min-max]; "
+        "error bars: min-max over rounds)",
         fontsize=10,
     )
     if ax_ref is not None:
@@ -198,8 +236,12 @@ def _memory_figure(plt, rows, heading: str, ref):
     fig, ax, ax_ref = _figure(plt, len(rows), len(ref) if ref is not None else 0)
     gib = lambda r, v: f"{v:.2f} GiB"
     unit = "peak reserved memory (GiB)"
-    _bars(ax, rows, lambda r: number(r.get("peak_reserved_gib")), gib, unit)
-    ax.set_title(f"MEASURED by this project: {heading}\npeak reserved memory per step", fontsize=10)
+    _bars(ax, rows, lambda r: number(r.get("peak_reserved_gib")), gib, unit, span_of=_mem_span)
+    ax.set_title(
+        f"MEASURED by this project: {heading}\npeak reserved memory per step (the largest of "
+        "the rounds; error bars down to the smallest)",
+        fontsize=10,
+    )
     if ax_ref is not None:
         _reference_bars(ax_ref, ref, "reserved_memory_gb", unit, gib, REF_MEM_NOTE)
     return fig

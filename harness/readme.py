@@ -1,5 +1,12 @@
 """The README's results table: a markdown table per tag, with links to its charts, written
-between `<!-- results:begin -->` and `<!-- results:end -->` (the rest of the README untouched)."""
+between `<!-- results:begin -->` and `<!-- results:end -->` (the rest of the README untouched).
+
+Per step: tok/s, its own effect over the previous step with the interval and verdict (rows.py's
+`effect_text`), the speedup over step 00, peak memory, MFU, val loss and status; a step measured
+while the machine was busy says so in its status, an inactive step in its effect cell and in a
+line under the table, and a line says how to read the interval for this tag's rounds. A tag of N
+processes shows the scaling efficiency over its steps' 1-process runs and each rank's peak beside
+the memory model's prediction."""
 
 import os
 import sys
@@ -7,7 +14,21 @@ from pathlib import Path
 
 from .charts import CHARTS, COMPARISON, REFERENCE_CSV
 from .files import ROOT, atomic_write_bytes
-from .summary import describe, mfu_flag, number, read_summary, speedup_text
+from .gain_chart import GAIN_CHART
+from .ladder import tag_processes
+from .rows import (
+    busy_text,
+    describe,
+    effect_text,
+    floor_text,
+    inactive,
+    mfu_flag,
+    number,
+    percent_text,
+    speedup_text,
+    text,
+)
+from .summary import read_summary
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 GENERATED = (
@@ -15,9 +36,17 @@ GENERATED = (
     "overwritten -->"
 )
 HEADER = [
-    "| step | title | tok/s | speedup | peak reserved GiB | MFU | val loss | status |",
-    "|---|---|--:|--:|--:|--:|--:|---|",
+    "| step | title | tok/s | vs previous step | speedup | peak reserved GiB | MFU | val loss | "
+    "status |",
+    "|---|---|--:|---|--:|--:|--:|--:|---|",
 ]
+HEADER_N = [  # a tag of N processes: its distributed steps, against their 1-process runs
+    "| step | title | tok/s | scaling efficiency | vs previous step | peak GiB per rank | "
+    "predicted GiB per rank | val loss | status |",
+    "|---|---|--:|---|---|--:|--:|--:|---|",
+]
+TAG_LINKS = (("tok/s", CHARTS[0]), ("each step's own gain", GAIN_CHART),
+             ("peak memory", CHARTS[1]), ("MFU", CHARTS[2]))  # fmt: skip
 
 
 def _cell(v) -> str:
@@ -29,13 +58,19 @@ def _fmt(v, spec: str) -> str:
     return "–" if f is None else format(f, spec)
 
 
-def _row(r: dict) -> str:
-    """One step's line: its numbers when its last run was ok, else dashes and why it failed."""
+def _status(r: dict) -> str:
     ok = r.get("status") == "ok"
     status = r.get("status") or "not run"
     if not ok and r.get("reason"):
         reason = str(r["reason"])
         status += ": " + (reason if len(reason) <= 80 else reason[:79] + "…")
+    busy = busy_text(r) if ok else None
+    return status + (f" ({busy.split(',')[0]})" if busy else "")  # "ok (busy: 1/3 run(s))"
+
+
+def _row(r: dict) -> str:
+    """One step's line: its numbers when its last run was ok, else dashes and why it failed."""
+    ok = r.get("status") == "ok"
     mfu = number(r.get("mfu")) if ok else None
     speed = number(r.get("speedup_vs_00")) if ok else None
     mfu_cell = "–" if mfu is None else f"{mfu * 100:.1f}%"
@@ -45,11 +80,32 @@ def _row(r: dict) -> str:
         r["step"],
         r.get("title") or "",
         _fmt(r.get("tokens_per_sec_median") if ok else None, ",.0f"),
+        effect_text(r),
         "–" if speed is None else speedup_text(speed),
         _fmt(r.get("peak_reserved_gib") if ok else None, ".2f"),
         mfu_cell,
         _fmt(r.get("val_loss") if ok else None, ".3f"),
-        status,
+        _status(r),
+    )
+    return "| " + " | ".join(_cell(x) for x in cells) + " |"
+
+
+def _row_n(r: dict) -> str:
+    """A step of an N-process tag: scaling efficiency and each rank's peak."""
+    ok = r.get("status") == "ok"
+    eff = percent_text(r.get("scaling_efficiency"), r.get("scaling_efficiency_lo"),
+                       r.get("scaling_efficiency_hi")) if ok else "–"  # fmt: skip
+    per_rank = text(r.get("peak_per_rank_gib")) or _fmt(r.get("peak_reserved_gib"), ".2f")
+    cells = (
+        r["step"],
+        r.get("title") or "",
+        _fmt(r.get("tokens_per_sec_median") if ok else None, ",.0f"),
+        eff,
+        effect_text(r),
+        per_rank if ok else "–",
+        _fmt(r.get("predicted_peak_gib") if ok else None, ".2f"),
+        _fmt(r.get("val_loss") if ok else None, ".3f"),
+        _status(r),
     )
     return "| " + " | ".join(_cell(x) for x in cells) + " |"
 
@@ -58,15 +114,48 @@ def _link(path: Path, base: Path) -> str:
     return Path(os.path.relpath(path, base)).as_posix()
 
 
+def method_note(rows: list[dict]) -> str:
+    """How to read 'vs previous step' for this tag: rounds, interval, verdict, noise floor."""
+    rounds = max((int(number(r.get("runs")) or 0) for r in rows if r.get("status") == "ok"),
+                 default=0)  # fmt: skip
+    floor = floor_text(rows)
+    if rounds <= 1:
+        return (
+            "One round: each number is a single run, and *vs previous step* has no interval "
+            "and no verdict; `python -m harness run --repeats 3` measures how sure it is."
+        )
+    cover = 1 - 2 ** (1 - rounds)
+    return (
+        f"Each row: the median of {rounds} rounds. *vs previous step*: the median of the "
+        "per-round ratios of this step's tok/s to the previous step's, [min-max] over the "
+        f"rounds (with {rounds} rounds it holds the true median ratio with probability "
+        f"{cover:.0%}); *no change* when it holds 1.00x or the change is under the noise "
+        f"floor or 1%" + (f"; {floor}." if floor else ".")
+    )
+
+
 def _tag_section(tag_dir: Path, base: Path) -> list[str]:
-    """A tag's heading, table (steps not run left out, and named) and chart links."""
+    """A tag's heading, table (steps not run left out, and named), notes and chart links."""
     df = read_summary(tag_dir)
     desc = describe(df)
     rows = df.to_dict("records")
     skipped = [r["step"] for r in rows if (r.get("status") or "not run") == "not run"]
-    lines = [f"#### `{tag_dir.name}`" + (f": {desc}" if desc else ""), "", *HEADER]
-    lines += [_row(r) for r in rows if r["step"] not in skipped]
-    lines += [""]
+    multi = tag_processes(tag_dir.name) > 1
+    lines = [f"#### `{tag_dir.name}`" + (f": {desc}" if desc else ""), ""]
+    lines += HEADER_N if multi else HEADER
+    lines += [(_row_n if multi else _row)(r) for r in rows if r["step"] not in skipped]
+    lines += ["", method_note(rows), ""]
+    marks = [f"step {r['step']}" + (f" ({_cell(text(r.get('inactive_reason')))})"
+             if text(r.get("inactive_reason")) else "") for r in rows if inactive(r)]  # fmt: skip
+    if marks:
+        lines += ["Inactive here (measured, but the step changes nothing on this device): "
+                  + "; ".join(marks) + ".", ""]  # fmt: skip
+    busy = [f"step {r['step']} ({busy_text(r).removeprefix('busy: ')})" for r in rows
+            if busy_text(r)]  # fmt: skip
+    if busy:
+        lines += ["Busy, so unreliable: other processes were using the CPU while these were "
+                  "measured (`other_load` in their records): " + "; ".join(busy) + ".",
+                  ""]  # fmt: skip
     flags = [(r["step"], mfu_flag(r)) for r in rows if mfu_flag(r)]
     if flags:
         lines += [
@@ -75,10 +164,7 @@ def _tag_section(tag_dir: Path, base: Path) -> list[str]:
         ]
     if skipped:
         lines += [f"Not run in this tag: steps {', '.join(skipped)}.", ""]
-    links = [
-        f"[{name}]({_link(tag_dir / png, base)})"
-        for name, png in zip(("tok/s", "peak memory", "MFU"), CHARTS, strict=True)
-    ]
+    links = [f"[{name}]({_link(tag_dir / png, base)})" for name, png in TAG_LINKS]
     return lines + ["Charts: " + " · ".join(links), ""]
 
 

@@ -5,17 +5,21 @@ and whether a results tag is complete.
     python plot_results.py results/cpu-8c      # just these
     python plot_results.py --no-readme         # charts only
 
-Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00),
-peak_memory.png (peak reserved GiB) and mfu.png (MFU %); a failed step is a "failed (oom)" label
-at zero, never a bar. With several tags, results/comparison.png groups every tag's tok/s per
-step. The published single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch
-ch05/10, results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
+Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00, min-max error
+bars), peak_memory.png (peak reserved GiB), mfu.png (MFU %) and gain_vs_prev.png (each step's
+own effect over the previous step, with its interval and verdict); a failed step is a "failed
+(oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here". With
+several tags, results/comparison.png groups every tag's tok/s per step. The published
+single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
+results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
 panel, labelled as such: they are not this project's measurements. The README's table between
-`<!-- results:begin -->` and `<!-- results:end -->` is regenerated from the same summaries.
+`<!-- results:begin -->` and `<!-- results:end -->` is regenerated from the same summaries, and
+LADDER.md beside it (ladder_page.py: each step's change, why, cost and measured effect).
 Headless: matplotlib's Agg backend, no display needed.
 """
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -30,16 +34,21 @@ from .errors import (
     warn,
 )
 from .files import ROOT
+from .gain_chart import GAIN_CHART, plot_gains
+from .ladder_page import PAGE, write_page
 from .readme import update_readme
-from .summary import SUMMARY, find_tags, read_summary
+from .runs import RUNS
+from .summary import SUMMARY, find_tags, read_summary, rebuild, write_summary
+
+TAG_CHARTS = (*CHARTS, GAIN_CHART)
 
 
 def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
-    """Each tag's three charts, and results/comparison.png of `all_tags` (default: these) when
+    """Each tag's four charts, and results/comparison.png of `all_tags` (default: these) when
     there are several; returns the files written."""
     tag_dirs = [Path(t) for t in tag_dirs]
     all_tags = tag_dirs if all_tags is None else list(all_tags)
-    written = [path for t in tag_dirs for path in plot_tag(t)]
+    written = [path for t in tag_dirs for path in [*plot_tag(t), plot_gains(t)]]
     readable = []
     for t in all_tags:  # another tag's broken summary costs the comparison that tag only
         try:
@@ -60,7 +69,7 @@ def expected_steps(tag_dir: Path, root: Path = ROOT) -> list[str]:
 
 def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
     """What a tag lacks: a summary row (with a result, ok or failed) per ladder step, and the
-    three charts. An empty list means complete."""
+    four charts. An empty list means complete."""
     tag_dir = Path(tag_dir)
     steps = expected_steps(tag_dir) if steps is None else steps
     problems = []
@@ -73,10 +82,28 @@ def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
             problems.append(f"{tag_dir.name}: step {s} has no row in {SUMMARY}")
         elif status[s] in (None, "not run"):
             problems.append(f"{tag_dir.name}: step {s} was not run")
-    for png in CHARTS:
+    for png in TAG_CHARTS:
         if not (tag_dir / png).is_file():
             problems.append(f"{tag_dir.name}: {png} is missing")
     return problems
+
+
+def rebuild_summaries(tags) -> None:
+    """Each tag's summary.csv again from its runs.jsonl (1-process tags first: the N-process
+    tags' scaling efficiency is over their runs)."""
+    steps = ladder.discover(ROOT)
+    single = {}
+    for t in sorted(tags, key=lambda t: ladder.tag_processes(Path(t).name)):
+        t = Path(t)
+        if not (t / RUNS).is_file():
+            continue
+        n = ladder.tag_processes(t.name)
+        base = re.sub(r"-x\d+$", "", t.name)
+        df, used = rebuild(t, ladder.expected_steps(steps, t.name), single.get(base), n)
+        if n == 1:
+            single[base] = used
+        write_summary(t, df)
+        print(f"rebuilt {t / SUMMARY} from {t / RUNS}")
 
 
 def main(argv=None) -> int:
@@ -115,9 +142,19 @@ def _main(argv=None) -> int:
         help="tag folders to draw (default: every results/*/ with a summary.csv); the README "
         "table lists these",
     )
-    p.add_argument("--no-readme", action="store_true", help="do not touch the README")
+    p.add_argument(
+        "--no-readme",
+        action="store_true",
+        help=f"do not touch the README (nor {PAGE}, the ladder page written beside it)",
+    )
     p.add_argument(
         "--readme", default=str(ROOT / "README.md"), metavar="PATH", help="(default: README.md)"
+    )
+    p.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="first rewrite each tag's summary.csv from its runs.jsonl (e.g. after the "
+        "summary's columns changed); a tag without runs.jsonl keeps its summary",
     )
     args = p.parse_args(argv)
     if args.tags:
@@ -131,13 +168,18 @@ def _main(argv=None) -> int:
         if not tags:
             print("no results/*/summary.csv yet: run `python -m harness run` first")
             return 0
+    if args.rebuild:
+        rebuild_summaries(tags)
     for t in tags:  # every summary readable, every output writable, before anything is drawn
         read_summary(t)
         outputs.check_dir(t, "results folder")
     if not args.no_readme and Path(args.readme).exists():  # a missing README is only a warning
         outputs.check_file(args.readme, "--readme")
+        outputs.check_file(Path(args.readme).parent / PAGE, "the ladder page")
     for path in draw_charts(tags):
         print(f"wrote {path}")
     if not args.no_readme and update_readme(Path(args.readme), tags):
         print(f"updated the results table in {args.readme}")
+        page = write_page(Path(args.readme).parent / PAGE, tags)
+        print(f"wrote {page}")
     return 0

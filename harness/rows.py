@@ -65,6 +65,14 @@ def ratio_text(ratio, lo, hi) -> str:
     return f"{r:.2f}x" + (f" [{a:.2f}-{b:.2f}]" if a is not None and b is not None else "")
 
 
+def percent_text(v, lo=None, hi=None) -> str:
+    """'87% [85-90%]', or '87%' without an interval; '–' without a value."""
+    r, a, b = number(v), number(lo), number(hi)
+    if r is None:
+        return "–"
+    return f"{r:.0%}" + (f" [{a * 100:.0f}-{b:.0%}]" if a is not None and b is not None else "")
+
+
 def effect_text(row: dict, prefix: str = "gain_vs_prev", verdict: str = "verdict") -> str:
     """This step over the previous one: '1.12x [1.08-1.15] faster', '0.99x [0.95-1.03] no
     change', '1.01x (one round: no interval)', '–' for the first step or no result."""
@@ -74,8 +82,8 @@ def effect_text(row: dict, prefix: str = "gain_vs_prev", verdict: str = "verdict
     v = text(row.get(verdict))
     if v == "one round: no interval":
         return f"{cell} ({v})"
-    if v == "inactive":  # the mark says why; the measured ratio is still shown
-        return cell
+    if v == "inactive":  # measured all the same; `inactive()` says why
+        return f"{cell} (inactive here)"
     return f"{cell} {v}" if v else cell
 
 
@@ -96,6 +104,19 @@ def floor_text(rows: list[dict]) -> str | None:
         if f is not None:
             return f"noise floor {f:.1%} ({text(r.get('noise_source')) or 'measured'})"
     return None
+
+
+def _add_scaling(head: list, lines: list[list], rows: list[dict]) -> None:
+    """A `scaling` column after tok/s, for a tag of N processes (rows that have one)."""
+    if not any(number(r.get("scaling_efficiency")) is not None for r in rows):
+        return
+    head.insert(3, "scaling")
+    for cells, r in zip(lines, rows, strict=True):
+        eff = "-"
+        if r.get("status") == "ok":
+            lo, hi = r.get("scaling_efficiency_lo"), r.get("scaling_efficiency_hi")
+            eff = percent_text(r.get("scaling_efficiency"), lo, hi).replace("–", "-")
+        cells.insert(3, eff)
 
 
 def format_table(df) -> str:
@@ -134,8 +155,9 @@ def format_table(df) -> str:
                 str(r["runs"]),
             ]
         )
+    _add_scaling(head, lines, rows)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=False)]
-    right = {2, 4, 5, 6, 7, 9}
+    right = {2, 4, 5, 6, 7, 9} if len(head) == 10 else {2, 5, 6, 7, 8, 10}
 
     def fmt(cells):
         return "  ".join(

@@ -231,6 +231,36 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=N
     return df
 
 
+def _group(records: list[dict], step: Step):
+    """(config, sha, machine) of a step's last non-control record in a tag, and its rounds."""
+    mine = [r for r in records if r.get("step") == step.num
+            and not (r.get("sweep") or {}).get("control")]  # fmt: skip
+    if not mine:
+        return {}, "", None, 1
+    sw = mine[-1].get("sweep") or {}
+    same = matching(mine, step, sw.get("config"), sw.get("script_sha256"), sw.get("machine"))
+    rounds = [(r.get("sweep") or {}).get("round") or (r.get("sweep") or {}).get("repeat") or 1
+              for r in same]  # fmt: skip
+    return sw.get("config"), sw.get("script_sha256"), sw.get("machine"), max(rounds, default=1)
+
+
+def rebuild(tag_dir: Path, ladder: list[Step], single: dict | None = None, nproc: int = 1):
+    """A tag's summary from its runs.jsonl alone (`plot_results.py --rebuild`, after the
+    summary's columns changed): per step, the runs of its last record's configuration, script
+    and machine, as many rounds as they hold. Returns (the table, the used runs)."""
+    from .runs import load_runs
+
+    records = load_runs(tag_dir)
+    groups = {s.num: _group(records, s) for s in ladder}
+    configs = {n: g[0] for n, g in groups.items()}
+    shas = {n: g[1] for n, g in groups.items()}
+    repeats = max((g[3] for g in groups.values()), default=1)
+    machines = {str(g[2]) for g in groups.values() if g[1]}
+    machine = groups[next(n for n, g in groups.items() if g[1])][2] if len(machines) == 1 else None
+    df = summarize(ladder, records, configs, shas, repeats, machine, single, nproc)
+    return df, collect(ladder, records, configs, shas, repeats, machine)[1]
+
+
 def write_summary(tag_dir: Path, df) -> Path:
     """summary.csv, replaced atomically (readers never see half a file)."""
     path = Path(tag_dir) / SUMMARY

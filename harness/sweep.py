@@ -26,25 +26,23 @@ kill is in runs.py; how one run is launched and recorded, in launch.py.
 """
 
 import json
-import os
 import re
 import subprocess
 import sys
-import time
-import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import load, machine, outputs, preflight, report
+from . import machine, outputs, preflight, report
 from .cli import child_argv, run_config
 from .errors import UserError
 from .files import ROOT
 from .ladder import Step, discover, expected_steps, parse_steps, processes_suffix
-from .launch import Lock, run_once  # noqa: F401  (Lock: tests take a folder's lock)
+from .launch import Lock  # noqa: F401  (tests take a folder's lock)
 from .machine import slug  # noqa: F401
 from .record import file_sha256
-from .runs import RUNS, done_runs, foreign, load_runs, matching, recover
+from .rounds import Job, run_rounds
+from .runs import RUNS, foreign, load_runs, recover
 from .summary import SUMMARY, collect, format_table, summarize, write_summary
 
 
@@ -118,13 +116,6 @@ class Pass:
     shas: dict[str, str]
 
 
-@dataclass(frozen=True)
-class Job:
-    pass_index: int
-    step: Step
-    control: bool = False
-
-
 @dataclass
 class Plan:
     passes: list[Pass]
@@ -134,6 +125,7 @@ class Plan:
     device_type: str
     preset: str
     control: bool
+    capacity: int | None = None  # one device's memory: the GPU's, or the machine's RAM
     jobs: list[Job] = field(default_factory=list)
 
     def records(self, ps: Pass) -> list[dict]:
@@ -236,139 +228,13 @@ def plan(args) -> Plan:
         passes.append(Pass(tag, tag_dir, n, held, chosen, configs, shas))
     control = args.control if args.control is not None else args.repeats > 1
     p = Plan(passes, child_argv(values), args.repeats, fp, device_type,
-             preflight.preset_of(values, device_type), control)  # fmt: skip
+             preflight.preset_of(values, device_type), control, capacity(device_type))  # fmt: skip
     for i, ps in enumerate(passes):
         for k, s in enumerate(ps.steps):
             p.jobs.append(Job(i, s))
             if control and i == 0 and k == 0:
                 p.jobs.append(Job(i, s, control=True))
     return p
-
-
-# ---------------------------------------------------------------- the rounds
-@dataclass
-class Progress:
-    """What is done and what is left: ok runs per job so far, failures, durations."""
-
-    done: dict[Job, int]
-    estimate: dict[Job, float]
-    failed: set = field(default_factory=set)
-    t0: float = field(default_factory=time.monotonic)
-
-    def left(self, repeats: int) -> list[Job]:
-        return [j for j, n in self.done.items() if n < repeats and j not in self.failed]
-
-    def eta(self, repeats: int) -> float:
-        return sum(self.estimate[j] * (repeats - self.done[j]) for j in self.left(repeats))
-
-
-def _label(p: Plan, job: Job) -> str:
-    ps = p.passes[job.pass_index]
-    extra = " (A/A control)" if job.control else ""
-    if job.step.distributed:
-        extra += f" on {ps.nproc} process{'es' if ps.nproc > 1 else ''}"
-    return f"step {job.step.num} {job.step.title}{extra}"
-
-
-def _start(p: Plan, force: bool) -> Progress:
-    """The ok runs each job already has (none with --force), and an estimate of each run."""
-    done, estimate = {}, {}
-    for job in p.jobs:
-        ps = p.passes[job.pass_index]
-        recs = p.records(ps)
-        cfg, sha = ps.configs[job.step.num], ps.shas[job.step.num]
-        done[job] = 0 if force else done_runs(recs, job.step, cfg, sha, p.machine, job.control)
-        earlier = matching(recs, job.step, cfg, sha, p.machine, job.control)
-        same_cfg = [r for r in recs if r.get("step") == job.step.num
-                    and (r.get("sweep") or {}).get("config") == cfg
-                    and (r.get("sweep") or {}).get("machine") == p.machine]  # fmt: skip
-        estimate[job] = preflight.run_seconds(job.step, earlier or same_cfg, p.device_type)
-    prog = Progress(done, {j: s for j, (s, _) in estimate.items()})
-    todo = [estimate[j] for j in prog.left(p.repeats) for _ in range(p.repeats - done[j])]
-    tags = ", ".join(str(ps.tag_dir) for ps in p.passes)
-    print(
-        f"sweep {' + '.join(ps.tag for ps in p.passes)}: {len(p.jobs)} step run(s) per round, "
-        f"{len(todo)} run(s) to do in {p.repeats} round(s); results in {tags}",
-        flush=True,
-    )
-    if todo:
-        print(preflight.estimate_line(todo, p.device_type), flush=True)
-    for job in p.jobs:
-        if prog.done[job] >= p.repeats:
-            print(f"{_label(p, job)}: up to date ({p.repeats} ok run(s)), skipped", flush=True)
-    return prog
-
-
-def _before_run(p: Plan, job: Job, wait_s: float | None) -> None:
-    """The machine's load (waiting for quiet with --wait-quiet), and the memory prediction."""
-    check_s = float(os.environ.get("SPEED_LADDER_CHECK_S", load.CHECK_S))
-    if check_s > 0 and load.supported():
-        measure = lambda: load.measure_others(check_s)
-        say = lambda line: print(f"      {line}", flush=True)
-        if wait_s:
-            load.wait_quiet(wait_s, say=say, measure=measure)
-        else:
-            load.quiet_check(say=say, measure=measure)
-    ps = p.passes[job.pass_index]
-    world = ps.nproc if job.step.distributed else 1
-    pred = preflight.predict(job.step, p.preset, world, p.device_type)
-    if pred is not None:
-        line, warning = preflight.memory_line(pred, p.device_type, capacity(p.device_type), world)
-        print(f"      memory: {line}", flush=True)
-        if warning:
-            print(f"      warning: {warning}", flush=True)
-
-
-def _run_job(p: Plan, job: Job, rnd: int, timeout: float) -> dict:
-    ps = p.passes[job.pass_index]
-    meta = {
-        "run_id": uuid.uuid4().hex,
-        "tag": ps.tag,
-        "round": rnd,
-        "config": ps.configs[job.step.num],
-        "script_sha256": ps.shas[job.step.num],
-        "machine": p.machine,
-    }
-    if job.control:
-        meta["control"] = True
-    return run_once(job.step, p.flags, meta, ps.tag_dir, timeout)
-
-
-def _report(rec: dict) -> None:
-    took = preflight.fmt_duration(rec["sweep"]["duration_s"])
-    if rec["status"] == "ok":
-        tps = rec.get("tokens_per_sec")
-        rate = f"{tps:,.0f} tok/s" if isinstance(tps, (int, float)) else "no tok/s"
-        busy = ""
-        if load.is_busy(rec.get("other_load")):
-            busy = f" (unreliable: other processes used {rec['other_load']:.2f} cores)"
-        print(f"      -> ok: {rate} in {took}{busy}", flush=True)
-    else:
-        print(f"      -> FAILED ({rec['status']}): {rec.get('reason')}", flush=True)
-
-
-def run_rounds(p: Plan, force: bool, timeout: float, wait_s: float | None) -> None:
-    """Round after round, every job that has fewer ok runs than the round's number."""
-    prog = _start(p, force)
-    for rnd in range(1, p.repeats + 1):
-        jobs = [j for j in p.jobs if prog.done[j] < rnd and j not in prog.failed]
-        for i, job in enumerate(jobs, 1):
-            if job in prog.failed:
-                continue
-            head = f"round {rnd}/{p.repeats} " if p.repeats > 1 else ""
-            elapsed = preflight.fmt_duration(time.monotonic() - prog.t0)
-            eta = preflight.fmt_duration(prog.eta(p.repeats))
-            print(f"{head}[{i}/{len(jobs)}] {_label(p, job)} ... elapsed {elapsed}, "
-                  f"ETA {eta}", flush=True)  # fmt: skip
-            _before_run(p, job, wait_s)
-            rec = _run_job(p, job, prog.done[job] + 1, timeout)
-            prog.estimate[job] = rec["sweep"]["duration_s"]
-            _report(rec)
-            if rec["status"] == "ok":
-                prog.done[job] += 1
-            else:  # no point repeating a failure in this sweep
-                prog.failed.add(job)
-            p.summarize()
 
 
 def _draw_charts(tag_dir: Path) -> None:

@@ -94,3 +94,33 @@ def test_records_without_the_new_fields_still_summarize():
     active = rows["01"]["step_active"]
     assert active is None or active != active  # unknown
     assert effect_text(rows["01"]).startswith("1.19x [1.07-1.20] faster")
+
+
+def test_rebuild_a_summary_from_old_records(tmp_path):
+    """plot_results.py --rebuild: the columns from runs.jsonl alone, records of before rounds
+    and fingerprints (3 runs of a step, then 3 of the next), a -x2 tag's scaling efficiency."""
+    import json
+    from pathlib import Path
+
+    from harness.ladder import discover
+
+    root = Path(__file__).resolve().parent / "fixtures" / "ladder_ok"
+    steps = discover(root)
+    one, two = tmp_path / "old-cpu-x1", tmp_path / "old-cpu-x2"
+    for tag, nums, scale in ((one, ("00", "01", "02", "03"), 1), (two, ("02",), 1.6)):
+        tag.mkdir()
+        lines = []
+        for n in nums:
+            for rep, tps in enumerate((100.0, 104.0, 98.0), 1):
+                sweep = {"run_id": f"{n}{rep}", "config": {"nproc": 1}, "repeat": rep,
+                         "script_sha256": "x"}  # fmt: skip
+                rec = {"step": n, "status": "ok", "tokens_per_sec": tps * (int(n) + 1) * scale,
+                       "peak_mem_reserved_bytes": 2**30, "sweep": sweep}  # fmt: skip
+                lines.append(json.dumps(rec) + "\n")
+        (tag / "runs.jsonl").write_text("".join(lines))
+    df, used = summary.rebuild(one, steps)
+    rows = {r["step"]: r for r in df.to_dict("records")}
+    assert rows["01"]["gain_vs_prev"] == pytest.approx(2.0) and rows["01"]["verdict"] == "faster"
+    assert rows["03"]["runs"] == 3 and set(used) == {"00", "01", "02", "03"}
+    df2, _ = summary.rebuild(two, [s for s in steps if s.distributed], used, 2)
+    assert df2.to_dict("records")[0]["scaling_efficiency"] == pytest.approx(0.8)

@@ -13,7 +13,7 @@ from conftest import ROOT
 from harness.charts import CHARTS, plot_tag, read_reference
 from harness.ladder import discover
 from harness.readme import update_readme
-from harness.report import check_complete, expected_steps
+from harness.report import TAG_CHARTS, check_complete, expected_steps
 from harness.summary import find_tags
 
 FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
@@ -60,7 +60,7 @@ def test_cli_renders_headless_and_regenerates_readme(tags, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for tag in tags:
-        for png in CHARTS:
+        for png in TAG_CHARTS:
             assert (tag / png).read_bytes()[:8] == PNG
     assert (tmp_path / "results" / "comparison.png").read_bytes()[:8] == PNG
     text = readme.read_text()
@@ -122,15 +122,21 @@ def test_readme_table_between_markers(tags, tmp_path):
     block = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
     assert "#### `cpu-fixture`: Fixture CPU, preset tiny, torch 2.13.0+cpu" in block
     assert (
-        "| step | title | tok/s | speedup | peak reserved GiB | MFU | val loss | status |" in block
+        "| step | title | tok/s | vs previous step | speedup | peak reserved GiB | MFU | val loss "
+        "| status |" in block
     )
-    assert "| 00 | the baseline | 1,000 | 1.00x | 0.60 | 12.0% | 10.957 | ok |" in block
-    assert "| 05 | bfloat16 mixed precision (autocast) | 3,100 | 3.10x | 0.31 | 37.2% |" in block
-    oom = "| 02 | tensor cores (TF32) for fp32 matmuls | – | – | – | – | – | oom: CUDA out of"
+    # an older summary (no gain columns): the effect cell is empty, the rest as before
+    assert "| 00 | the baseline | 1,000 | – | 1.00x | 0.60 | 12.0% | 10.957 | ok |" in block
+    bf16 = "| 05 | bfloat16 mixed precision (autocast) | 3,100 | – | 3.10x | 0.31 | 37.2% |"
+    assert bf16 in block
+    oom = "| 02 | tensor cores (TF32) for fp32 matmuls | – | – | – | – | – | – | oom: CUDA out of"
     assert oom in block
     assert (
-        "| 03 | a title \\| with a pipe | – | – | – | – | – | error: RuntimeError: boom |" in block
+        "| 03 | a title \\| with a pipe | – | – | – | – | – | – | error: RuntimeError: boom |"
+        in block
     )
+    assert "[each step's own gain](results/cpu-fixture/gain_vs_prev.png)" in block
+    assert "Each row: the median of 3 rounds." in block
     assert "| 04 |" not in block and "Not run in this tag: steps 04." in block
     assert "[tok/s](results/cpu-fixture/tokens_per_sec.png)" in block
     assert "[peak memory](results/cpu-fixture/peak_memory.png)" in block
@@ -153,8 +159,8 @@ def test_check_complete(tags):
     tag = tags[0]
     steps = ["00", "01", "02", "03", "05"]
     missing_charts = check_complete(tag, steps)
-    assert len(missing_charts) == 3 and all("missing" in p for p in missing_charts)
-    for png in CHARTS:
+    assert len(missing_charts) == 4 and all("missing" in p for p in missing_charts)
+    for png in TAG_CHARTS:
         (tag / png).write_bytes(PNG)
     assert check_complete(tag, steps) == []  # failed steps are results too
     problems = check_complete(tag, [*steps, "04", "13"])
@@ -165,8 +171,9 @@ def test_check_complete(tags):
     assert LADDER[:2] == ["00", "01"]
 
 
-def test_multi_process_tags_expect_the_ddp_steps_only(tmp_path):
-    assert expected_steps(tmp_path / "cpu-2c-x2") == ["11"]
+def test_multi_process_tags_expect_the_distributed_steps_only(tmp_path):
+    assert expected_steps(tmp_path / "cpu-2c-x2") == ["11", "12", "13", "14"]
+    assert expected_steps(tmp_path / "cpu-2c-x1") == LADDER
     assert expected_steps(tmp_path / "nvidia-h200-x1") == LADDER
     assert expected_steps(tmp_path / "cpu-2c") == LADDER
 
@@ -206,3 +213,39 @@ def test_reference_csv_is_the_published_table():
 def test_committed_results_are_complete(tag):
     """Every ladder step has a result row and every chart exists, for each committed tag."""
     assert check_complete(tag) == []
+
+
+def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
+    from harness import ladder_page
+    from harness.ladder import discover
+
+    by = {s.num: s for s in discover(ROOT)}
+    assert (
+        ladder_page.change(by["02"])[0]
+        .strip()
+        .startswith('torch.set_float32_matmul_precision("high")  # step 02')
+    )
+    assert ladder_page.why(ladder_page.paragraphs(by["02"])).startswith("On Ampere and newer")
+    assert ladder_page.costs(ladder_page.paragraphs(by["14"])).startswith("The cost: per step")
+    assert ladder_page.costs(["Step 99: x.", "Costs: more memory.", "Run ..."]) == "more memory."
+    # an inactive, busy step with an interval, in a copy of the fixture tag
+    import pandas as pd
+
+    df = pd.read_csv(tags[0] / "summary.csv", dtype={"step": str})
+    extra = {"gain_vs_prev": 1.2, "gain_vs_prev_lo": 1.1, "gain_vs_prev_hi": 1.3,
+             "verdict": "faster", "step_active": False, "inactive_reason": "CUDA only",
+             "busy_runs": 1, "other_load_max": 1.5}  # fmt: skip
+    for k, v in extra.items():
+        df[k] = None
+        df.loc[df["step"] == "01", k] = v
+    df.to_csv(tags[0] / "summary.csv", index=False)
+    text = ladder_page.page_markdown(tags, tmp_path)
+    assert text.count("\n## ") == len(LADDER)
+    sec01 = text.split("## 01 ")[1].split("\n## ")[0]
+    assert "**The change** (lines tagged `# step 01`)" in sec01 and "**Why it helps.**" in sec01
+    assert "| `cpu-fixture` | 1,200 | 1.20x [1.10-1.30] faster |" in sec01
+    assert "inactive here: CUDA only" in sec01 and "busy: 1/1 run(s), up to 1.50 cores" in sec01
+    assert "*Published reference, not measured here* (Raschka, 1x A100" in sec01
+    assert "Not measured yet in any results tag." in text.split("## 14 ")[1]
+    path = ladder_page.write_page(tmp_path / "LADDER.md", tags)
+    assert path.read_text() == text
