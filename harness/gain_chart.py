@@ -67,7 +67,7 @@ def _panel(ax, rows, prefix: str, verdict_col: str, floor_col: str, title: str) 
             label, color = _missing(r)
             ax.text(0, y, " " + label, va="center", ha="left", color=color, fontsize=8)
         else:
-            x = max(v[0], v[2] if v[2] is not None else v[0])
+            x = max(0.0, v[0], v[2] if v[2] is not None else v[0])
             ax.text(x + reach * 0.02, y, v[3], va="center", ha="left", fontsize=8)
     floor = next((number(r.get(floor_col)) for r in rows if number(r.get(floor_col))), None)
     if floor:
@@ -91,15 +91,14 @@ def plot_gains(tag_dir: Path) -> Path:
     rows = df.to_dict("records")
     desc = describe(df)
     fig, (ax, ax_mem) = plt.subplots(2, 1, figsize=(11, 0.7 * len(rows) + 3.6))
+    source = next((text(r.get("noise_source")) for r in rows if text(r.get("noise_source"))), "")
+    head = (
+        f"MEASURED by this project: {tag_dir.name}" + (f" ({desc})" if desc else "") + "\n"
+        + textwrap.fill("bars: median of the per-round ratios; error bars: their min-max"
+                        + (f"; noise floor from {source}" if source else ""), 110)
+    )  # fmt: skip
     _panel(ax, rows, "gain_vs_prev", "verdict", "noise_floor",
-           "tokens/s: each step over the previous one")  # fmt: skip
+           f"{head}\ntokens/s: each step over the previous one")  # fmt: skip
     _panel(ax_mem, rows, "mem_vs_prev", "mem_verdict", "mem_noise_floor",
            "peak reserved memory: each step over the previous one")  # fmt: skip
-    source = next((text(r.get("noise_source")) for r in rows if text(r.get("noise_source"))), "")
-    fig.suptitle(
-        f"MEASURED by this project: {tag_dir.name}" + (f" ({desc})" if desc else "") + "\n"
-        "bars: median of the per-round ratios; error bars: their min-max"
-        + (f"; noise floor from {source}" if source else ""),
-        fontsize=10,
-    )
     return _save(plt, fig, tag_dir / GAIN_CHART)
