@@ -108,15 +108,31 @@ def test_a_run_under_burners_records_its_other_load_and_says_unreliable(
     assert fp["torch_version"] == torch.__version__ and fp["device_name"]
 
 
+@pytest.fixture
+def detached_burners():
+    """Two `yes` outside this process's tree (started by a shell that exits at once), so that
+    an in-process sweep sees them as other processes."""
+    out = subprocess.run(["sh", "-c", "for i in 1 2; do yes >/dev/null 2>&1 </dev/null & "
+                          "echo $!; done"], capture_output=True, text=True, timeout=30)  # fmt: skip
+    pids = [int(x) for x in out.stdout.split()]
+    time.sleep(0.2)
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @linux
-def test_the_sweep_says_when_the_machine_is_busy(burners, tmp_path):
-    cmd = [sys.executable, "-m", "harness", "run", "--ladder-dir", FIXTURES / "ladder_ok",
-           "--results-dir", tmp_path, "--device", "cpu", "--no-plots", "--steps", "00"]  # fmt: skip
-    env = dict(os.environ, SPEED_LADDER_CHECK_S="0.5")
-    proc = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    line = next(ln for ln in proc.stdout.splitlines() if "machine busy:" in ln)
+def test_the_sweep_says_when_the_machine_is_busy(detached_burners, tmp_path, capsys, monkeypatch):
+    from test_sweep import sweep_here
+
+    monkeypatch.setenv("SPEED_LADDER_CHECK_S", "0.5")
+    args = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", tmp_path, "--device", "cpu"]
+    code, out, _ = sweep_here(capsys, *args, "--no-plots", "--steps", "00")
+    assert code == 0
+    line = next(ln for ln in out.splitlines() if "machine busy:" in ln)
     cores = float(line.split("other processes are using ")[1].split()[0])
     assert cores >= 1.0 and " CPU cores (" in line, line  # how many, and who
 

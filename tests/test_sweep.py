@@ -538,7 +538,7 @@ def test_an_out_of_memory_on_another_rank_is_oom(tmp_path, capsys):
         "if os.environ.get('RANK') == '1':\n"
         "    print('error: out of memory: CUDA out of memory (rank 1)', file=sys.stderr)\n"
         "    sys.exit(3)\n"
-        "import time; time.sleep(3)  # rank 0 fails after its peer, as in a real job\n"
+        "import time; time.sleep(1.5)  # rank 0 fails after its peer, as in a real job\n"
         "print('RuntimeError: Connection closed by peer', file=sys.stderr)\n"
         "sys.exit(1)\n"
     )
