@@ -1,6 +1,6 @@
 """Charts and the README results table from the sweep's summaries (see --help):
 
-    python plot_results.py [results/<tag> ...] [--no-readme] [--readme PATH]
+    python plot_results.py [results/<tag> ...] [--no-readme] [--readme PATH] [--rebuild]
 
 The command users run; the work is done in harness/report.py.
 """

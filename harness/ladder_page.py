@@ -52,8 +52,8 @@ def costs(paras: list[str]) -> str | None:
 
 
 def change(step: Step, golden: Path = GOLDEN) -> list[str]:
-    """The lines step NN's golden diff adds with a `# step NN` tag (a tagged comment brings the
-    lines that follow it), at most MAX_LINES."""
+    """The `+` lines step NN's golden diff adds with a `# step NN` tag (a tagged comment brings
+    the lines that follow it)."""
     try:
         lines = (golden / f"{step.num}.diff").read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -62,10 +62,10 @@ def change(step: Step, golden: Path = GOLDEN) -> list[str]:
     for ln in lines:
         added = ln.startswith("+") and not ln.startswith("+++")
         if added and tag in ln:
-            out.append(ln[1:])
+            out.append(ln)
             follow = 3 if ln[1:].strip().startswith("#") else 0
         elif added and follow and ln[1:].strip():
-            out.append(ln[1:])
+            out.append(ln)
             follow -= 1
         else:
             follow = 0
@@ -139,8 +139,8 @@ def _section(step: Step, summaries, ref, base: Path) -> list[str]:
     lines = change(step)
     if lines:
         more = len(lines) - MAX_LINES
-        out += [f"**The change** (lines tagged `# step {step.num}`):", "", "```python",
-                *lines[:MAX_LINES], *([f"# ... {more} more in the diff"] if more > 0 else []),
+        out += [f"**The change** (lines tagged `# step {step.num}`):", "", "```diff",
+                *lines[:MAX_LINES], *([f"  ... {more} more in the diff"] if more > 0 else []),
                 "```", ""]  # fmt: skip
     head = "**What it is.**" if step.num == "00" else "**Why it helps.**"
     out += [f"{head} {why(paras) or 'Not stated in the step docstring.'}", ""]

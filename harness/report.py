@@ -4,6 +4,7 @@ and whether a results tag is complete.
     python plot_results.py                     # every results/<tag>/ with a summary.csv
     python plot_results.py results/cpu-8c      # just these
     python plot_results.py --no-readme         # charts only
+    python plot_results.py --rebuild           # summaries again from runs.jsonl first
 
 Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00, min-max error
 bars), peak_memory.png (peak reserved GiB), mfu.png (MFU %) and gain_vs_prev.png (each step's

@@ -220,10 +220,8 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     from harness.ladder import discover
 
     by = {s.num: s for s in discover(ROOT)}
-    assert (
-        ladder_page.change(by["02"])[0]
-        .strip()
-        .startswith('torch.set_float32_matmul_precision("high")  # step 02')
+    assert ladder_page.change(by["02"])[0].startswith(
+        '+    torch.set_float32_matmul_precision("high")'
     )
     assert ladder_page.why(ladder_page.paragraphs(by["02"])).startswith("On Ampere and newer")
     assert ladder_page.costs(ladder_page.paragraphs(by["14"])).startswith("The cost: per step")
