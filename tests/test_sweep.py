@@ -191,6 +191,7 @@ def test_rounds_interleave_the_steps_and_resume_in_their_round(tmp_path, capsys)
     code, out, err = sweep_here(capsys, *base)
     assert code == 0, out[-3000:] + err[-3000:]
     assert "round 3/3 [2/2] step 01" in out
+    assert "expected duration: about " in out and "      memory: predicted per rank (" in out
     recs = runs_of(results)
     assert [r["step"] for r in recs] == ["00", "01"] * 3  # 00 01, 00 01, 00 01: not 00 00 00
     assert [r["sweep"]["round"] for r in recs] == [1, 1, 2, 2, 3, 3]
@@ -550,3 +551,33 @@ def test_an_out_of_memory_on_another_rank_is_oom(tmp_path, capsys):
     assert rec["status"] == "oom", rec
     assert rec["reason"] == "out of memory: CUDA out of memory (rank 1)"
     assert runs_of(results)[0]["status"] == "error"  # on one process: rank 0's own failure
+
+
+def test_preflight_run_length_duration_and_memory():
+    from harness import memory_model, preflight
+
+    ladder = {s.num: s for s in discover(ROOT)}
+    # GPU presets: a bounded measuring run; the cpu preset and explicit flags are left alone
+    bounded = preflight.measuring_values({"preset": None}, "cuda")
+    assert (bounded["warmup_steps"], bounded["max_steps"]) == (10, 60)
+    assert preflight.measuring_values({"preset": None}, "cpu") == {"preset": None}
+    mine = {"preset": "gpt2-xl", "max_steps": 7, "warmup_steps": 2}
+    assert preflight.measuring_values(mine, "cuda") == mine
+    # duration: earlier runs of this step here, else the rough model (+ torch.compile)
+    earlier = [{"status": "ok", "sweep": {"duration_s": d}} for d in (30.0, 34.0, 90.0)]
+    assert preflight.run_seconds(ladder["05"], earlier, "cpu") == (34.0, True)
+    assert preflight.run_seconds(ladder["05"], [], "cpu") == (40.0, False)
+    assert preflight.run_seconds(ladder["08"], [], "cpu") == (130.0, False)
+    line = preflight.estimate_line([(34.0, True), (130.0, False)], "cpu")
+    assert line.startswith("expected duration: about 2m44s (2 runs; 1 from earlier runs here")
+    # memory: the prediction's line, and a warning when it cannot fit
+    pred = preflight.predict(ladder["10"], "gpt2-xl", 1, "cuda")
+    text, warning = preflight.memory_line(pred, "cuda", 24 * 2**30, 1)
+    assert text.startswith("predicted per rank (gpt2-xl, single, 1 process")
+    assert warning.startswith("predicted not to fit: ") and "24.0 GiB" in warning
+    assert not memory_model.fits(pred, 24 * 2**30)
+    small = preflight.predict(ladder["10"], "gpt2-124m", 1, "cuda")
+    assert preflight.memory_line(small, "cuda", 80 * 2**30, 1)[1] is None
+    cpu = preflight.predict(ladder["11"], "cpu", 2, "cpu")
+    assert cpu.mode == "ddp" and cpu.world == 2
+    assert "RAM per process" in preflight.memory_line(cpu, "cpu", 2 * 2**30, 2)[1]
