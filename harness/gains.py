@@ -171,10 +171,9 @@ def add_scaling(rows: list[dict], used: dict, single: dict[str, list[dict]], npr
         runs, base = used.get(row["step"]), single.get(row["step"])
         if not runs or not base or row.get("status") != "ok":
             continue
-        e = effect(per_round(base, TPS), per_round(runs, TPS), None, "", "", scale=nproc)
-        if e.ratio is None:  # no common round: the medians
-            a = statistics.median(per_round(base, TPS).values() or [0]) or None
-            b = statistics.median(per_round(runs, TPS).values() or [0]) or None
-            e = Effect(b / (nproc * a) if a and b else None)
+        one, many = per_round(base, TPS), per_round(runs, TPS)
+        e = effect(one, many, None, "", "", scale=nproc)
+        if e.ratio is None and one and many:  # no round in common: the medians
+            e = Effect(statistics.median(many.values()) / (nproc * statistics.median(one.values())))
         row.update(scaling_efficiency=e.ratio, scaling_efficiency_lo=e.lo,
                    scaling_efficiency_hi=e.hi)  # fmt: skip

@@ -180,7 +180,8 @@ def choose_base(results_dir: Path, base: str, nprocs: list[int], fp: dict, expli
                 print(
                     f"{where} holds another machine's records "
                     f"({machine.describe((rec.get('sweep') or {}).get('machine'))}); they are "
-                    f"left as they are, and this machine's go to {candidate}-x...",
+                    "left as they are, and this machine's go to "
+                    + ", ".join(candidate + processes_suffix(n) for n in nprocs),
                     flush=True,
                 )
             return candidate
