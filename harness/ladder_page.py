@@ -82,9 +82,10 @@ def _measured_row(tag_dir: Path, row: dict) -> str:
         effect_text(row, "mem_vs_prev", "mem_verdict"),
     ]
     if tag_processes(tag_dir.name) > 1 and ok:
-        cells[2] += "; scaling " + percent_text(row.get("scaling_efficiency"),
-                                                row.get("scaling_efficiency_lo"),
-                                                row.get("scaling_efficiency_hi"))  # fmt: skip
+        eff = "scaling efficiency " + percent_text(row.get("scaling_efficiency"),
+                                                   row.get("scaling_efficiency_lo"),
+                                                   row.get("scaling_efficiency_hi"))  # fmt: skip
+        cells[2] = eff if cells[2] == "–" else f"{cells[2]}; {eff}"
     status = row.get("status") or "not run"
     if not ok and row.get("reason"):
         status += ": " + str(row["reason"])[:80]
