@@ -67,6 +67,9 @@ def _start(p, force: bool) -> Progress:
     )
     if todo:
         print(preflight.estimate_line(todo, p.device_type), flush=True)
+        if not load.supported():
+            print("note: other processes' CPU use can be measured on Linux only: no busy "
+                  "check here, and the records' other_load is null", flush=True)  # fmt: skip
     for job in p.jobs:
         if prog.done[job] >= p.repeats:
             print(f"{_label(p, job)}: up to date ({p.repeats} ok run(s)), skipped", flush=True)

@@ -33,7 +33,9 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
         "run in its own process (distributed steps through torchrun), and write "
         "results/<tag>/runs.jsonl (one record per run), results/<tag>/summary.csv and the "
         "charts. On N GPUs (or --nproc N) every step runs on one process in the <tag>-x1 "
-        "folder and the distributed steps again on N in <tag>-xN. A rerun skips steps that "
+        "folder and the distributed steps again on N in <tag>-xN. On the GPU presets each step "
+        "runs 10 warm-up and 50 timed steps (presets.SWEEP_LENGTH; --warmup-steps and "
+        "--max-steps override), not its full epochs. A rerun skips steps that "
         "already have --repeats ok runs for the same settings, script and machine; failed steps "
         "are retried. Exit status 1 if a step failed, 2 on bad input.",
     )
