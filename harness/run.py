@@ -5,7 +5,9 @@ cuDNN/oneDNN plans, torch.compile). At the window start the device is synchroniz
 peak-memory counters are reset. Every step ends with a device synchronize before the clock is
 read; a step's time is end-to-end, from the previous step's end (data loading included) to its
 own. Evaluation and sampling run inside `run.paused()`, which restarts the clock after them, so
-they are never timed. tokens/s = tokens per step (all ranks) / median step time.
+they are never timed, and leaves them out of the peak memory (device.PeakWindow: on CUDA, MPS
+and Linux CPUs the recorded peak is the training steps' alone, the final evaluation's neither).
+tokens/s = tokens per step (all ranks) / median step time.
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
@@ -116,6 +118,7 @@ class Run:
         self._t_last = None
         self._t_print = 0.0
         self._window_note = None
+        self._memory = dev.PeakWindow(self.device)  # the timed steps' peak, pauses left out
         self._written = False
         self.memory_prediction: dict = {}  # memory_model.announce, before the first step
         on_failure.register(self.write_failure)  # from here on, a failure can be recorded
@@ -175,11 +178,15 @@ class Run:
 
     @contextmanager
     def paused(self):
-        """Evaluation, sampling and printing inside this block are not timed."""
+        """Evaluation, sampling and printing inside this block are not timed, and the memory
+        they take is not in the recorded peak (device.PeakWindow)."""
         dev.synchronize(self.device)
+        self._memory.pause()
         try:
             yield
         finally:
+            dev.synchronize(self.device)
+            self._memory.resume()
             self._t_last = self._now()
 
     # ------------------------------------------------------------ timing
@@ -189,11 +196,12 @@ class Run:
 
     def _start_window(self) -> None:
         dev.synchronize(self.device)
-        self._window_note = dev.reset_peak_memory(self.device)
+        self._window_note = self._memory.start()
 
     def step_done(self, loss: torch.Tensor, tokens: int) -> None:
         """Call after optimizer.step(): syncs, clocks the step, logs progress."""
         now = self._now()
+        self._memory.step_end()
         self.steps_done += 1
         self.losses.append(loss.item())
         warm = self.steps_done <= self.preset["warmup_steps"]
@@ -260,7 +268,7 @@ class Run:
                 f"no timed steps: the run ended after {self.steps_done} steps, all warm-up; "
                 "raise --max-steps/--epochs or lower --warmup-steps"
             )
-        reserved, allocated = dev.peak_memory(self.device)
+        reserved, allocated = self._memory.peak()
         if self._window_note:
             self.note(self._window_note)
         m = across_ranks(
