@@ -9,19 +9,9 @@ from pathlib import Path
 
 import torch
 
+from . import gpus
 from .errors import UserError, warn
 from .files import atomic_write_bytes, cache_dir
-
-# Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's datasheets; first match on the device name
-# wins, so the more specific names come first. MFU of every step, fp32 ones too, is taken over
-# this bf16 peak: one denominator for the whole ladder (as nanoGPT's estimate_mfu does).
-GPU_PEAK_BF16 = [
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),  # SXM
-    ("H200", 989e12),  # same chip and tensor-core rate as the H100 SXM
-    ("A100", 312e12),
-]
 
 
 def resolve(name: str) -> torch.device:
@@ -39,10 +29,25 @@ def resolve(name: str) -> torch.device:
                 f"--device cuda: no CUDA GPU visible (torch {torch.__version__}, "
                 f"built for CUDA {torch.version.cuda}); use --device cpu"
             )
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cuda", _local_rank_gpu())
     if name == "mps" and not torch.backends.mps.is_available():
         raise UserError("--device mps: MPS is not available here; use --device cpu")
     return torch.device(name)
+
+
+def _local_rank_gpu() -> int:
+    """This process's GPU index (torchrun's LOCAL_RANK), checked against the visible GPUs before
+    anything asks for its name or properties (they assert on a missing device)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        local_world = os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1))
+        raise UserError(
+            f"{local_world} processes on this node but {count} GPU{'s' * (count != 1)} visible "
+            f"(LOCAL_RANK {local_rank} has none): use --nproc_per_node at most {count}, or "
+            "check CUDA_VISIBLE_DEVICES"
+        )
+    return local_rank
 
 
 def synchronize(device: torch.device) -> None:
@@ -294,19 +299,20 @@ def measured_matmul_rates(device: torch.device) -> dict:
     return rates
 
 
-def gpu_peak(gpu_name: str) -> float | None:
-    """Dense bf16 peak FLOP/s of a GPU by its name, None when unknown."""
-    return next((flops for tag, flops in GPU_PEAK_BF16 if tag in gpu_name), None)
+def is_rocm() -> bool:
+    """ROCm builds report AMD GPUs through torch.cuda (torch.version.hip is set)."""
+    return getattr(torch.version, "hip", None) is not None
 
 
 def peak_flops(device: torch.device) -> tuple[float | None, str]:
-    """The MFU denominator for one device and where it comes from."""
+    """The MFU denominator for one device and where it comes from.
+
+    CUDA/ROCm: the vendor's dense bf16 peak (fp16 on V100/T4) from harness.gpus' table, by the
+    device's name, SM count (a MIG slice gets its share) and AMD arch; an unknown GPU gets None
+    and a note saying how to add it. CPU/MPS: the best matmul rate measured here.
+    """
     if device.type == "cuda":
-        gpu = name(device)
-        flops = gpu_peak(gpu)
-        if flops is None:
-            return None, f"no bf16 peak known for {gpu}: MFU left empty"
-        return flops, f"{gpu} dense bf16 datasheet peak {flops / 1e12:.0f} TFLOP/s"
+        return gpus.peak_for(torch.cuda.get_device_properties(device))
     rates = measured_matmul_rates(device)
     why = rates_problem(device, rates)
     if why is not None:
@@ -319,10 +325,15 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
 
 
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
-    """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step)."""
+    """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step).
+
+    CUDA: compute capability >= 8.0 (Ampere on), where bf16 runs on tensor cores; not
+    torch.cuda.is_bf16_supported(), which says True on a V100 or T4 too, where bf16 is emulated
+    (slower than fp32). ROCm: by the AMD arch (harness.gpus.has_native_bf16).
+    """
     if device.type == "cuda":
-        ok = torch.cuda.is_bf16_supported()
-        return ok, f"{name(device)} {'has' if ok else 'lacks'} bf16 tensor cores"
+        ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
+        return ok, f"{name(device)}: {why}"
     r = measured_matmul_rates(device)
     if rates_problem(device, r) is not None:
         return False, f"measured matmul rates implausible ({rates_problem(device, r)})"

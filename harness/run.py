@@ -11,8 +11,9 @@ tokens/s = tokens per step (all ranks) / median step time.
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
-(PaLM, Chowdhery et al. 2022, app. B). The peak is the device's bf16 peak for every step, fp32
-steps included (see device.GPU_PEAK_BF16; CPU and MPS: the best matmul rate measured here).
+(PaLM, Chowdhery et al. 2022, app. B). The peak is the device's dense bf16 peak for every step,
+fp32 steps included (harness.gpus' datasheet table; CPU and MPS: the best matmul rate measured
+here).
 """
 
 import datetime as dt
