@@ -14,8 +14,19 @@ and ends with `harness.main(main)`, which turns bad input into one error line.
 """
 
 from .cli import main, parse_args
-from .device import bf16_is_fast
+from .device import bf16_is_fast, compile_disabled, sdpa_math_only, tf32_unavailable
 from .errors import UserError
+from .presets import GPT2_VOCAB
 from .run import Run
 
-__all__ = ["Run", "UserError", "bf16_is_fast", "main", "parse_args"]
+__all__ = [
+    "GPT2_VOCAB",
+    "Run",
+    "UserError",
+    "bf16_is_fast",
+    "compile_disabled",
+    "main",
+    "parse_args",
+    "sdpa_math_only",
+    "tf32_unavailable",
+]

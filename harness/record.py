@@ -32,6 +32,8 @@ FIELDS = [
     "started_at",
     "duration_s",
     "notes",
+    "step_active",  # false: this step's own optimization did nothing here (see inactive_reason)
+    "inactive_reason",
 ]
 
 

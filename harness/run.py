@@ -98,6 +98,7 @@ class Run:
         self.t_begin = time.time()
         self.is_rank0 = int(os.environ.get("RANK", "0")) == 0
         self.notes: list[str] = []
+        self.inactive_reason: str | None = None  # why this step's own optimization did nothing
         self.device = dev.resolve(args.device)
         # every place this run writes, checked now rather than after the training
         if args.results is not None and self.is_rank0:
@@ -134,6 +135,16 @@ class Run:
         if text not in self.notes:
             self.notes.append(text)
             self.print(f"[{self.step}] note: {text}")
+
+    def inactive(self, step: str, reason: str) -> None:
+        """Step `step`'s optimization does nothing in this run, and why: TF32 or pinned memory
+        on a CPU, bf16 where it is not native, Liger's fallback, compile disabled, DDP in a
+        world of one. Every such note is kept (`step NN: reason`); when `step` is this run's
+        own, the record says `step_active: false` and `inactive_reason`, so that a no-op is
+        never read as a gain."""
+        self.note(f"step {step}: {reason}")
+        if step == self.step and self.inactive_reason is None:
+            self.inactive_reason = reason
 
     def tokenizer(self):
         return gpt2_tokenizer()
@@ -249,6 +260,8 @@ class Run:
             "started_at": self.started_at,
             "duration_s": round(time.time() - self.t_begin, 2),
             "notes": self.notes,
+            "step_active": self.inactive_reason is None,
+            "inactive_reason": self.inactive_reason,
             "config": {
                 "preset": self.preset_name,
                 "device": self.device.type,
