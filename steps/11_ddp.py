@@ -292,6 +292,8 @@ def main():
 
     model = GPTModel(GPT_CONFIG).to(device)
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
+    if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
+        run.inactive("08", no_compile)
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(
@@ -304,6 +306,9 @@ def main():
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     if not use_bf16:  # step 05
         run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
+    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
+    if no_fused:  # step 07
+        run.inactive("07", no_fused)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

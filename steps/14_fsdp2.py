@@ -389,6 +389,8 @@ def main():
     # after forward, so the fused loss reads out_head's full weight and its gradient is
     # reduce-scattered at the end of backward with the rest of the root's
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
+        run.inactive("08", no_compile)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=SETTINGS["learning_rate"],
@@ -399,6 +401,9 @@ def main():
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     if not use_bf16:  # step 05
         run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
+    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
+    if no_fused:  # step 07
+        run.inactive("07", no_fused)
     fused_ce = FusedLinearCrossEntropy(run, torch.bfloat16 if use_bf16 else torch.float32)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
