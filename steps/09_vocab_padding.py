@@ -3,7 +3,9 @@
 The output layer is a (B*T, C) x (C, V) matmul, the largest in the model. V = 50257 is odd, so
 its tiles do not line up with the GPU's 64/128-wide matmul tiles and the last tile is mostly
 wasted work. 50304 = 786 x 64 is the next multiple of 64 (Karpathy, nanoGPT: "~25% speedup").
-The 47 extra rows are never targets: training pushes their logits down, and sampling skips them.
+The 47 extra rows are never targets: training pushes their logits down, and generation sets
+their logits to -inf (ids >= harness.GPT2_VOCAB), so a sample never picks one; filtering them out
+of the decoded text would only hide such a pick.
 The loss starts from a different random init (larger embedding), so it is compared with a
 tolerance.
 
@@ -190,6 +192,7 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
         idx_cond = idx[:, -context_size:]  # (1, <=T)
         with torch.no_grad():
             logits = model(idx_cond)[:, -1, :]  # (1, V): the last position only
+        logits[:, harness.GPT2_VOCAB :] = -torch.inf  # step 09: a padded id is never picked
         idx_next = torch.argmax(logits, dim=-1, keepdim=True)  # (1, 1)
         idx = torch.cat((idx, idx_next), dim=1)
     return idx

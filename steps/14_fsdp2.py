@@ -291,6 +291,7 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
         idx_cond = idx[:, -context_size:]  # (1, <=T)
         with torch.no_grad():
             logits = model(idx_cond)[:, -1, :]  # (1, V): the last position only
+        logits[:, harness.GPT2_VOCAB :] = -torch.inf  # step 09: a padded id is never picked
         idx_next = torch.argmax(logits, dim=-1, keepdim=True)  # (1, 1)
         idx = torch.cat((idx, idx_next), dim=1)
     return idx
