@@ -273,10 +273,21 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 def ddp_setup(device):  # step 11
     """Join the process group torchrun describes; under plain python, a world of one."""
     backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
+    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+    if backend not in known:
+        raise harness.UserError(
+            f"DDP_BACKEND={backend}: not a torch.distributed backend; use one of "
+            f"{', '.join(known)} (unset: nccl on CUDA, gloo elsewhere)"
+        )
     if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
         raise harness.UserError(
             f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
             f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
+        )
+    if not dist.is_backend_available(backend):
+        raise harness.UserError(
+            f"DDP_BACKEND={backend}: this torch ({torch.__version__}) was built without it; "
+            "use gloo (CPU) or nccl (CUDA)"
         )
     if device.type == "cuda":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -325,6 +336,9 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
+    if dist.get_world_size() == 1:  # step 11
+        run.inactive("11", "a world of one: no other process shares the batch, so this run "
+                     "measures DDP's overhead, not its gain; run it with torchrun")  # fmt: skip
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
     no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
     if no_tf32:  # step 02
@@ -349,6 +363,10 @@ def main():
         run.inactive("08", no_compile)
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # step 11: every rank built the same weights from --seed; from here each rank draws its own
+    # dropout masks (rank 0 goes on with one process's stream: a world of one is step 10's run)
+    if dist.get_rank() > 0:  # step 11
+        torch.manual_seed(args.seed + dist.get_rank())
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=SETTINGS["learning_rate"],

@@ -22,7 +22,8 @@ all-reduce of the gradients is worth two, about 1.5x DDP's traffic (ZeRO-3), and
 gathered copies (the root and two blocks) on top of its shards.
 
 When to pick it: when the model does not fit with DDP. On one GPU there is nothing to shard: it
-trades DDP's gradient buckets (4 B/param) for those gathered copies. `python -m
+trades DDP's gradient buckets (4 B/param) for those gathered copies, and the record of a world
+of one says `step_active: false`. `python -m
 harness.memory_model` predicts either per rank, and every run prints its prediction.
 
 Measured with tools/fsdp2_evidence.py (2 processes, gloo, 2-core CPU, eager; against DDP on
@@ -38,7 +39,8 @@ Choices. Each block is sharded, then the root (torchtitan's recipe). torch.compi
 eager (FSDP2's hooks are not traced, and a graph break inside the loop over blocks makes dynamo
 skip the whole forward). Step 13's `checkpoint(block, x)` calls the sharded block; FSDP2
 gathers it again for the recompute. Every rank builds the same weights from the same seed
-before sharding (FSDP2 broadcasts nothing). Mixed precision stays step 05's autocast (fp32
+before sharding (FSDP2 broadcasts nothing); only then do ranks other than 0 reseed for their
+own dropout masks (step 11). Mixed precision stays step 05's autocast (fp32
 shards and fp32 all-gathers, bf16 only where bf16 is fast) rather than FSDP2's
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32). Measured on `tiny` (8 steps, bf16
 autocast forced on in both): with autocast, step 14's losses equal DDP's exactly; the policy
@@ -311,10 +313,21 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 def ddp_setup(device):  # step 11
     """Join the process group torchrun describes; under plain python, a world of one."""
     backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
+    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+    if backend not in known:
+        raise harness.UserError(
+            f"DDP_BACKEND={backend}: not a torch.distributed backend; use one of "
+            f"{', '.join(known)} (unset: nccl on CUDA, gloo elsewhere)"
+        )
     if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
         raise harness.UserError(
             f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
             f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
+        )
+    if not dist.is_backend_available(backend):
+        raise harness.UserError(
+            f"DDP_BACKEND={backend}: this torch ({torch.__version__}) was built without it; "
+            "use gloo (CPU) or nccl (CUDA)"
         )
     if device.type == "cuda":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -363,6 +376,12 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
+    if dist.get_world_size() == 1:  # step 11
+        run.inactive("11", "a world of one: no other process shares the batch, so this run "
+                     "measures DDP's overhead, not its gain; run it with torchrun")  # fmt: skip
+    if dist.get_world_size() == 1:  # step 14
+        run.inactive("14", "a world of one: nothing to shard (a rank's shard is the whole "
+                     "tensor), so this run measures FSDP2's hooks, not its saving")  # fmt: skip
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
     no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
     if no_tf32:  # step 02
@@ -392,6 +411,10 @@ def main():
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
     if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
         run.inactive("08", no_compile)
+    # step 11: every rank built the same weights from --seed; from here each rank draws its own
+    # dropout masks (rank 0 goes on with one process's stream: a world of one is step 10's run)
+    if dist.get_rank() > 0:  # step 11
+        torch.manual_seed(args.seed + dist.get_rank())
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=SETTINGS["learning_rate"],
