@@ -7,10 +7,14 @@ at batch 32: 3.3 GB in bf16, 6.6 GB in fp32, each). Liger's LigerFusedLinearCros
 and writes the gradient in place, so the full logits never exist. The model now returns its
 final hidden states in training; evaluation and generation still use the logits as before.
 The fused loss stays outside torch.compile: Liger has open issues under compile (a wrong loss
-with ignore_index, failures with bf16 and accum_dtype).
-Where Liger cannot run (no CUDA GPU, no triton, a kernel that fails to launch, e.g. Triton's
-"0 active drivers" on a CPU) the step warns once and uses a chunked PyTorch version that also
-never holds more than one chunk of logits; the record's notes say which path ran.
+with ignore_index, failures with bf16 and accum_dtype). Liger sums the output layer's weight
+gradient over all B*T rows in fp32 (`accum_dtype=torch.float32`, liger-kernel >= 0.6.2): in
+bf16 the running sum of 32K rows' contributions would round small ones away.
+Only where Liger cannot run (no CUDA GPU, liger-kernel not installed, no triton) does the step
+warn once and use a chunked PyTorch version that also never holds more than one chunk of
+logits; its record then says `step_active: false` and why. On a GPU, a CUDA out-of-memory or a
+Triton error inside Liger is the run's result (`oom`, `error`, with the reason), never a silent
+fallback.
 
 Run (flags shared by every step; --help lists them):
     python steps/12_liger_fused_ce.py  # CUDA: the gpt2-124m preset, else the cpu preset
@@ -197,32 +201,39 @@ def chunked_linear_cross_entropy(weight, hidden, targets, chunk_rows=1024):  # s
 
 
 class FusedLinearCrossEntropy:  # step 12
-    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel, else the chunked one."""
+    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel on a CUDA GPU; the
+    chunked one only where Liger cannot run (no CUDA device, not installed, no triton)."""
 
-    def __init__(self, run, dtype):
+    def __init__(self, run, dtype, device):
         self.run, self.dtype, self.liger = run, dtype, None
-        try:
-            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
-            self.liger = LigerFusedLinearCrossEntropyLoss()
-        except Exception as e:  # not installed (macOS, Windows), or no triton
+        if device.type != "cuda":
+            self.fall_back(f"Liger runs Triton GPU kernels: no CUDA device ({device.type})")
+            return
+        try:  # the ops module: liger_kernel.transformers imports transformers where installed
+            from liger_kernel.ops.fused_linear_cross_entropy import (
+                LigerFusedLinearCrossEntropyFunction,
+            )
+        except ImportError as e:  # not installed (macOS, Windows), or no triton
             self.fall_back(f"liger-kernel unavailable: {e.__class__.__name__}: {e}")
+            return
+        self.liger = LigerFusedLinearCrossEntropyFunction
 
     def fall_back(self, why):
-        self.liger = None
         warnings.warn(f"step 12: {why}; using chunked PyTorch linear+cross-entropy", stacklevel=2)
-        self.run.note(f"step 12: chunked PyTorch linear+cross-entropy ran ({why})")
+        self.run.inactive("12", f"chunked PyTorch linear+cross-entropy ran, not Liger's ({why})")
 
     def __call__(self, weight, hidden, targets):
         hidden = hidden.to(self.dtype)  # bf16 when step 05 is on, as autocast would cast it
-        if self.liger is not None:
-            try:
-                loss = self.liger(weight.to(self.dtype), hidden, targets)
-                self.run.note("step 12: Liger fused linear cross-entropy kernel ran")
-                return loss
-            except Exception as e:  # e.g. Triton's "0 active drivers" without a GPU
-                self.fall_back(f"Liger kernel failed: {str(e).splitlines()[0][:120]}")
-        return chunked_linear_cross_entropy(weight, hidden, targets)
+        if self.liger is None:
+            return chunked_linear_cross_entropy(weight, hidden, targets)
+        # No fallback here: a CUDA out-of-memory or a Triton error is the run's result (oom,
+        # error). Arguments (liger-kernel >= 0.6.2): input, weight, target, bias, ce_weight,
+        # ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
+        # accum_dtype: the output layer's weight gradient is summed over all rows in fp32.
+        out = self.liger.apply(hidden, weight.to(self.dtype), targets, None, None, -100, 0.0,
+                               0.0, "mean", None, False, torch.float32)  # fmt: skip
+        self.run.note("step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)")
+        return out[0]
 
 
 def calc_loss_loader(data_loader, model, device, num_batches):
@@ -378,7 +389,7 @@ def main():
     no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
     if no_fused:  # step 07
         run.inactive("07", no_fused)
-    fused_ce = FusedLinearCrossEntropy(run, torch.bfloat16 if use_bf16 else torch.float32)
+    fused_ce = FusedLinearCrossEntropy(run, torch.bfloat16 if use_bf16 else torch.float32, device)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):
