@@ -324,6 +324,15 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
     )
 
 
+def gpu_memory(device: torch.device) -> tuple[int, bool] | None:
+    """(total memory in bytes, native bf16) of a CUDA device, for the batch rule
+    (presets.fit_batch); None on other devices."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return props.total_memory, gpus.bf16_for(props, is_rocm())[0]
+
+
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
     """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step).
 

@@ -105,11 +105,13 @@ class Run:
             check_file(args.results, "--results")
         check_cache_dir()
 
-        name, why, self.preset = choose(args, self.device.type)
+        name, why, self.preset = choose(args, self.device.type, dev.gpu_memory(self.device))
         self.preset_name = name
         self.print(
             f"[{step}] preset {name} ({why}); device {self.device.type}: {dev.name(self.device)}"
         )
+        if self.preset["batch_rule"] is not None:  # a GPU too small for the preset's batch
+            self.note(f"batch rule: {self.preset['batch_rule']['reason']}")
 
         self.steps_done = 0
         self.losses: list[float] = []
@@ -262,6 +264,7 @@ class Run:
             "notes": self.notes,
             "step_active": self.inactive_reason is None,
             "inactive_reason": self.inactive_reason,
+            "batch_rule": self.preset["batch_rule"],
             "config": {
                 "preset": self.preset_name,
                 "device": self.device.type,

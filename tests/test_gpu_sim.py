@@ -113,3 +113,77 @@ def test_more_processes_than_gpus_is_one_clear_line_before_any_name_is_asked(fak
         dev.resolve("cuda")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert dev.resolve("cuda") == torch.device("cuda", 1)
+
+
+# ---------------------------------------------------------------- the batch that fits
+# total_memory as torch reports it on these cards (bytes)
+RTX_4090, L4, T4, V100_16 = 25_386_352_640, 23_580_639_232, 15_828_320_256, 16_945_512_448
+A100_40, A100_80 = 42_505_273_344, 85_051_572_224
+
+
+@pytest.mark.parametrize(
+    "memory,bf16,batches",
+    [
+        (RTX_4090, True, (4, 16)),  # 24 GB: step 00 (fp32, batch 8) would need ~26 GB
+        (L4, True, (4, 16)),
+        (V100_16, False, (2, 8)),  # 16 GB, no bf16: fp32 throughout
+        (T4, False, (2, 8)),
+        (A100_40, True, None),  # the preset fits: no rule
+        (A100_80, True, None),
+    ],
+)
+def test_the_batch_rule_picks_a_batch_that_fits_and_keeps_step_10s_4x(memory, bf16, batches):
+    from harness.presets import PRESETS, fit_batch
+
+    rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], memory, bf16)
+    if batches is None:
+        assert rule is None
+        return
+    assert (rule["batch"], rule["large_batch"]) == batches
+    assert rule["large_batch"] == 4 * rule["batch"]
+    assert (rule["preset_batch"], rule["preset_large_batch"]) == (8, 32)
+    assert "cannot hold gpt2-124m at batch 8" in rule["reason"]
+
+
+def test_where_no_batch_fits_the_preset_is_kept_and_said():
+    from harness.presets import PRESETS, fit_batch
+
+    rule = fit_batch("gpt2-xl", PRESETS["gpt2-xl"], RTX_4090, True)  # 26 GB of state alone
+    assert (rule["batch"], rule["large_batch"]) == (1, 4)
+    assert "nor at batch 1" in rule["reason"]
+
+
+def _run_args(**kw):
+    import argparse
+
+    from conftest import VERDICT
+
+    base = dict(device="cuda", preset=None, epochs=None, max_steps=None, warmup_steps=None,
+                batch_size=None, data=str(VERDICT), results=None, seed=123)  # fmt: skip
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("memory,batch", [(RTX_4090, 4), (V100_16, 2), (A100_80, 8)])
+def test_every_step_makes_the_same_choice_prints_it_and_records_it(memory, batch, fake_gpu, capsys):
+    from harness.run import Run
+
+    major = 7 if memory == V100_16 else 8
+    fake_gpu(props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory))
+    runs = [Run(_run_args(), step, __file__) for step in ("00", "05", "10", "13")]
+    assert {r.preset["batch_size"] for r in runs} == {batch}
+    assert {r.preset["large_batch_size"] for r in runs} == {4 * batch}
+    rec = runs[0]._base_record("ok")
+    if batch == 8:
+        assert rec["batch_rule"] is None
+        return
+    assert rec["batch_rule"]["batch"] == batch
+    assert any(n.startswith("batch rule: ") for n in rec["notes"])
+    assert "batch rule: this GPU's" in capsys.readouterr().out
+
+
+def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
+    from harness.run import Run
+
+    fake_gpu(props("NVIDIA GeForce RTX 4090", 8, 9, 128, memory=RTX_4090))
+    run = Run(_run_args(batch_size=8), "00", __file__)
+    assert run.preset["batch_size"] == 8 and run.preset["batch_rule"] is None
