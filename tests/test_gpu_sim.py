@@ -187,3 +187,67 @@ def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
     fake_gpu(props("NVIDIA GeForce RTX 4090", 8, 9, 128, memory=RTX_4090))
     run = Run(_run_args(batch_size=8), "00", __file__)
     assert run.preset["batch_size"] == 8 and run.preset["batch_rule"] is None
+
+
+# ---------------------------------------------------------------- is the step's idea active here?
+@pytest.mark.parametrize(
+    "p,rocm,env,inactive",
+    [
+        (props("NVIDIA A100-SXM4-80GB", 8, 0), False, None, None),
+        (props("Tesla V100-SXM2-16GB", 7, 0), False, None, "7.0 < 8.0 has no TF32"),
+        (props("Tesla T4", 7, 5), False, None, "7.5 < 8.0 has no TF32"),
+        (props("AMD Instinct MI250X", 9, 0, arch="gfx90a:sramecc+:xnack-"), True, None, "MI300"),
+        (props("AMD Instinct MI300X", 9, 4, arch="gfx942:sramecc+:xnack-"), True, None,
+         "HIPBLASLT_ALLOW_TF32=1"),
+        (props("AMD Instinct MI300X", 9, 4, arch="gfx942:sramecc+:xnack-"), True, "1", None),
+    ],
+)  # fmt: skip
+def test_tf32_is_inactive_where_the_gpu_has_none(p, rocm, env, inactive, fake_gpu, monkeypatch):
+    if env is None:
+        monkeypatch.delenv("HIPBLASLT_ALLOW_TF32", raising=False)
+    else:
+        monkeypatch.setenv("HIPBLASLT_ALLOW_TF32", env)
+    why = dev.tf32_unavailable(fake_gpu(p, rocm=rocm))
+    assert why is None if inactive is None else inactive in why, why
+    assert "no effect on cpu" in dev.tf32_unavailable(torch.device("cpu"))
+
+
+def test_sdpa_on_a_cpu_with_dropout_runs_the_math_path():
+    from harness.presets import PRESETS
+
+    cpu = torch.device("cpu")
+    why = dev.sdpa_math_only(cpu, PRESETS["cpu"], bf16=False)  # dropout 0.1
+    assert "math path" in why and "dropout 0.1" in why
+    assert dev.sdpa_math_only(cpu, PRESETS["tiny"], bf16=False) is None  # dropout 0: flash
+
+
+def test_compile_disabled_is_inactive(monkeypatch):
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    assert "TORCH_COMPILE_DISABLE=1" in dev.compile_disabled()
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)
+    assert dev.compile_disabled() is None
+
+
+def test_only_the_running_steps_own_number_sets_step_active(fake_gpu):
+    import argparse
+
+    from conftest import VERDICT
+
+    from harness.run import Run
+
+    args = argparse.Namespace(device="cpu", preset="tiny", epochs=None, max_steps=None,
+                              warmup_steps=None, batch_size=None, data=str(VERDICT),
+                              results=None, seed=123)  # fmt: skip
+    run = Run(args, "05", __file__)
+    run.inactive("02", "TF32 is a CUDA tensor-core mode: no effect on cpu")
+    assert run._base_record("ok")["step_active"] is True  # another step's no-op: a note only
+    run.inactive("05", "bf16 autocast off on this cpu: slower")
+    rec = run._base_record("ok")
+    assert (
+        rec["step_active"] is False
+        and rec["inactive_reason"] == "bf16 autocast off on this cpu: slower"
+    )
+    assert rec["notes"] == ["step 02: TF32 is a CUDA tensor-core mode: no effect on cpu",
+                            "step 05: bf16 autocast off on this cpu: slower"]  # fmt: skip
