@@ -2,7 +2,9 @@
 
 Four times the sequences per step (8 -> 32 on gpt2-124m; each preset's `large_batch_size`): the
 matmuls get larger and fill the GPU better, and the per-step overheads (optimizer, Python,
-launches) are paid once per 4x the tokens. It costs activation memory roughly in proportion.
+launches) are paid once per 4x the tokens. It costs activation memory roughly in proportion: on
+a GPU too small for the preset (24 GB: 4 -> 16), the batch rule lowers both batches alike
+(harness/presets.py, fit_batch), so the 4x and the comparison with step 09 stay.
 The learning rate is kept, as in Raschka's step 10; the loss after N steps differs because each
 step sees different data, so it is compared with a wider tolerance.
 
