@@ -27,9 +27,13 @@ PY=${PYTHON:-python3}
 DATA="" BPE="" WHEELS="" TESTS=1 SWEEP=() HAVE_WARMUP=0 HAVE_MAX=0 HAVE_DEVICE=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --data) DATA=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); SWEEP+=(--data "$DATA"); shift 2 ;;
-        --bpe) BPE=$2; shift 2 ;;
-        --wheels) WHEELS=$2; shift 2 ;;
+        --data) DATA=$(cd "$(dirname "$2")" && pwd)/$(basename "$2") \
+                    || { echo "error: --data $2: no such folder" >&2; exit 2; }
+                SWEEP+=(--data "$DATA"); shift 2 ;;
+        --bpe) BPE=$(cd "$2" && pwd) || { echo "error: --bpe $2: no such folder" >&2; exit 2; }
+               shift 2 ;;
+        --wheels) WHEELS=$(cd "$2" && pwd) || { echo "error: --wheels $2: no such folder" >&2; exit 2; }
+                  shift 2 ;;
         --no-tests) TESTS=0; shift ;;
         --warmup-steps) HAVE_WARMUP=1; SWEEP+=("$1" "$2"); shift 2 ;;
         --max-steps) HAVE_MAX=1; SWEEP+=("$1" "$2"); shift 2 ;;
@@ -67,7 +71,7 @@ if [ -n "$BPE" ]; then
 from harness.data import stage_bpe; stage_bpe(Path('$BPE'), Path('$TIKTOKEN_CACHE_DIR'))" \
             || { echo "error: cannot stage the BPE files from $BPE" >&2; exit 2; }
     else
-        export TIKTOKEN_CACHE_DIR=$(cd "$BPE" && pwd)  # already tiktoken's cache folder
+        export TIKTOKEN_CACHE_DIR="$BPE"  # already tiktoken's cache folder
     fi
 fi
 [ $STAGED = 1 ] && export SPEED_LADDER_SHARED="$OUT/offline"  # else: as it was
