@@ -690,3 +690,14 @@ def from_args(args, run) -> StepProfiler | None:
 def excluded(profiler: StepProfiler | None):
     """`run.paused()`'s part: what runs inside is left out of a running profile."""
     return nullcontext() if profiler is None else profiler.excluded()
+
+
+def profiled_runs(records: list[dict]) -> int:
+    """How many of a step's latest records in a row are ok and have a time breakdown: the runs
+    a profiled sweep (`python -m harness run --profile`) counts as done."""
+    n = 0
+    for r in reversed(records):
+        if r.get("status") != "ok" or not isinstance(r.get("time_breakdown"), dict):
+            break
+        n += 1
+    return n

@@ -1,6 +1,6 @@
 """Where the time goes (`--profile`, harness.profile): the categories, backward attribution,
 the device-time path, the Run's schedule (after the window; after the warm-up without
---max-steps; data running out), the flags; and a real step.
+--max-steps; data running out), the flags, the sweep and the summary; and a real step.
 
 The real steps run with OMP_NUM_THREADS=1: on a 2-core machine shared with other jobs an op
 parallelized over both cores waits for a time slice whenever the other core is busy, which adds
@@ -305,6 +305,27 @@ def test_profile_flags_are_passed_but_do_not_identify_a_run(tmp_path):
     file.write_text("")
     with pytest.raises(UserError, match=r"--trace .*a-file: is a file, not a folder"):
         profile.from_args(cli.parse_args(None, ["--trace", str(file)]), run=None)
+
+
+def test_a_profiled_sweep_reruns_steps_without_a_breakdown(tmp_path, capsys):
+    """Fixture steps: --profile keeps the configuration (same runs.jsonl config), reruns the
+    steps whose latest runs have no time breakdown; the summary has their shares."""
+    from test_sweep import FIXTURES, runs_of, summary_of, sweep_here
+
+    results = tmp_path / "results"
+    base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
+    base += ["--steps", "00,01"]
+    assert sweep_here(capsys, *base, "--no-plots")[0] == 0
+    code, out, err = sweep_here(capsys, *base, "--profile", "--no-plots")
+    assert code == 0, out + err
+    recs = runs_of(results)
+    assert len(recs) == 4 and "up to date" not in out
+    assert recs[0]["sweep"]["config"] == recs[2]["sweep"]["config"]
+    assert "--profile" in recs[2]["sweep"]["command"] and recs[2]["time_breakdown"]
+    row = summary_of(results)["01"]
+    assert row["time_attention"] == 0.15 and row["time_matmul"] == 0.5
+    code, out, _ = sweep_here(capsys, *base, "--profile", "--no-plots")
+    assert code == 0 and out.count("up to date") == 2
 
 
 # ---------------------------------------------------------------- real steps
