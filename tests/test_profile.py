@@ -1,6 +1,7 @@
 """Where the time goes (`--profile`, harness.profile): the categories, backward attribution,
 the device-time path, the Run's schedule (after the window; after the warm-up without
---max-steps; data running out), the flags, the sweep and the summary; and a real step.
+--max-steps; data running out), the flags, the sweep, the summary and the chart; and a real
+step.
 
 The real steps run with OMP_NUM_THREADS=1: on a 2-core machine shared with other jobs an op
 parallelized over both cores waits for a time slice whenever the other core is busy, which adds
@@ -307,16 +308,22 @@ def test_profile_flags_are_passed_but_do_not_identify_a_run(tmp_path):
         profile.from_args(cli.parse_args(None, ["--trace", str(file)]), run=None)
 
 
-def test_a_profiled_sweep_reruns_steps_without_a_breakdown(tmp_path, capsys):
+def test_a_profiled_sweep_reruns_steps_without_a_breakdown_and_charts_it(tmp_path, capsys):
     """Fixture steps: --profile keeps the configuration (same runs.jsonl config), reruns the
-    steps whose latest runs have no time breakdown; the summary has their shares."""
+    steps whose latest runs have no time breakdown, and draws time_breakdown.png, which the
+    README links."""
     from test_sweep import FIXTURES, runs_of, summary_of, sweep_here
+
+    from harness.readme import results_markdown
+    from harness.time_chart import TIME_CHART
 
     results = tmp_path / "results"
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
     base += ["--steps", "00,01"]
     assert sweep_here(capsys, *base, "--no-plots")[0] == 0
-    code, out, err = sweep_here(capsys, *base, "--profile", "--no-plots")
+    tag = results / runs_of(results)[0]["sweep"]["tag"]
+    assert not (tag / TIME_CHART).exists()
+    code, out, err = sweep_here(capsys, *base, "--profile")
     assert code == 0, out + err
     recs = runs_of(results)
     assert len(recs) == 4 and "up to date" not in out
@@ -324,8 +331,40 @@ def test_a_profiled_sweep_reruns_steps_without_a_breakdown(tmp_path, capsys):
     assert "--profile" in recs[2]["sweep"]["command"] and recs[2]["time_breakdown"]
     row = summary_of(results)["01"]
     assert row["time_attention"] == 0.15 and row["time_matmul"] == 0.5
+    assert (tag / TIME_CHART).read_bytes()[:4] == b"\x89PNG"
+    assert f"[where the time goes]({tag.name}/{TIME_CHART})" in results_markdown([tag], results)
     code, out, _ = sweep_here(capsys, *base, "--profile", "--no-plots")
     assert code == 0 and out.count("up to date") == 2
+
+
+def test_time_chart_bars_only_profiled_steps(tmp_path, monkeypatch):
+    """A stacked bar per profiled step, its shares scaled to 100%; the others are labels."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from test_plot import FIXTURE_TAG
+
+    from harness.summary import TIME_COLUMNS
+    from harness.time_chart import plot_time_breakdown
+
+    tag = tmp_path / "cpu-fixture"
+    tag.mkdir()
+    df = pd.read_csv(FIXTURE_TAG / "summary.csv", dtype={"step": str})
+    assert plot_time_breakdown(FIXTURE_TAG) == []  # nothing profiled: no chart
+    ok = df.index[df["status"] == "ok"]
+    for col in TIME_COLUMNS:
+        df[col] = None
+    df.loc[ok[0], TIME_COLUMNS] = [0.5, 0.2, 0.1, 0.1, 0.05, 0.0, 0.04, 0.02]  # adds to 1.01
+    df.to_csv(tag / "summary.csv", index=False)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    (path,) = plot_time_breakdown(tag)
+    assert path.name == "time_breakdown.png" and path.read_bytes()[:4] == b"\x89PNG"
+    ax = figures[0].axes[0]
+    widths = [p.get_width() for p in ax.patches]
+    assert len(widths) == 7 and sum(widths) == pytest.approx(100)  # communication is 0
+    texts = [t.get_text() for t in ax.texts]
+    assert texts.count("not profiled (run with --profile)") == len(ok) - 1
+    assert "50%" in texts and "failed (oom)" in texts
 
 
 # ---------------------------------------------------------------- real steps
