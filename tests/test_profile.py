@@ -1,7 +1,7 @@
 """Where the time goes (`--profile`, harness.profile): the categories, backward attribution,
 the device-time path, the Run's schedule (after the window; after the warm-up without
---max-steps; data running out), the flags, the sweep, the summary and the chart; and a real
-step.
+--max-steps; data running out), the flags, the sweep, the summary and the chart; a real step,
+and (slow) every step, 11 and 14 in 2 processes too.
 
 The real steps run with OMP_NUM_THREADS=1: on a 2-core machine shared with other jobs an op
 parallelized over both cores waits for a time slice whenever the other core is busy, which adds
@@ -11,6 +11,7 @@ milliseconds to random ops and would blur the shares compared here.
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -369,7 +370,7 @@ def test_time_chart_bars_only_profiled_steps(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- real steps
 def _profiled(tmp_path, script, *extra, env=None, launcher=()):
-    out = tmp_path / f"{os.path.basename(script)[:2]}.jsonl"
+    out = tmp_path / f"{os.path.basename(script)[:2]}{'-x2' if launcher else ''}.jsonl"
     args = [script, "--device", "cpu", "--preset", "tiny", "--data", VERDICT, "--results", out]
     args += ["--max-steps", 5, "--profile", *extra]
     if launcher:
@@ -396,3 +397,19 @@ def test_a_real_step_records_its_breakdown_and_trace(tmp_path):
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"speed-ladder/step: 6", "speed-ladder/step: 8"} <= names
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+
+
+@pytest.mark.slow
+def test_every_step_profiles_on_cpu(tmp_path):
+    """Steps 00-14 on tiny with --profile (08 compiled; 09-14 eager to save the compiles), and
+    11 and 14 in 2 processes, where communication shows."""
+    from harness.ladder import discover
+
+    no_compile = {"TORCH_COMPILE_DISABLE": "1"}
+    for s in discover(ROOT):
+        env = no_compile if int(s.num) >= 9 else None
+        _profiled(tmp_path, s.rel, env=env)
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    for script in ("steps/11_ddp.py", "steps/14_fsdp2.py"):
+        rec = _profiled(tmp_path, script, env=no_compile, launcher=torchrun)
+        assert rec["world_size"] == 2 and rec["time_breakdown"]["communication"] > 0
