@@ -117,7 +117,7 @@ BACKWARD = "autograd::engine::evaluate_function: "
 
 # ---------------------------------------------------------------- which category an op is
 _EXACT = {
-    "matmul": ("mm addmm linear mv addmv dot _addmm_activation _int_mm _scaled_mm mkldnn_linear"),
+    "matmul": "mm addmm linear mv addmv dot _addmm_activation _int_mm _scaled_mm mkldnn_linear",
     "attention": (
         "bmm baddbmm softmax _softmax _softmax_backward_data masked_fill masked_fill_ triu tril "
         "scaled_dot_product_attention"
@@ -155,37 +155,11 @@ PREFIXES = (  # (start of the name, category), first match wins
 # what a name that is a list of fused ops (a Triton or C++ kernel of torch.compile, a backward
 # node, a kernel no op launched) says, by the words in it: first match wins
 KEYWORDS = (
-    (
-        "loss",
-        (
-            "liger",
-            "cross_entropy",
-            "crossentropy",
-            "nll_loss",
-            "nllloss",
-            "log_softmax",
-            "logsoftmax",
-        ),
-    ),  # fmt: skip
-    (
-        "communication",
-        (
-            "nccl",
-            "gloo",
-            "all_reduce",
-            "allreduce",
-            "all_gather",
-            "allgather",
-            "reduce_scatter",
-            "reducescatter",
-        ),
-    ),  # fmt: skip
-    ("attention", ("flash", "attention", "fmha", "softmax", "bmm")),
-    (
-        "norm_act",
-        ("layer_norm", "layernorm", "rms_norm", "rmsnorm", "gelu", "tanh", "silu", "relu"),
-    ),  # fmt: skip
-    ("optimizer", ("adam", "sgd")),
+    ("loss", "liger cross_entropy crossentropy nll_loss nllloss log_softmax logsoftmax".split()),
+    ("communication", "nccl gloo all_reduce allreduce all_gather allgather reduce_scatter".split()),
+    ("attention", "flash attention fmha softmax bmm".split()),
+    ("norm_act", "layer_norm layernorm rms_norm rmsnorm gelu tanh silu relu".split()),
+    ("optimizer", "adam sgd".split()),
 )
 _MATMUL_WORD = re.compile(r"(gemm|cutlass|nvjet|(^|[_:])(mm|addmm|matmul)($|[_0-9]))", re.I)
 FUSED = ("triton_", "cpp_fused", "liger")
@@ -506,6 +480,7 @@ class StepProfiler:
         self.hooks = None
         self.range = None
         self.first = self.profiled = 0
+        self.started = True  # False once a start failed: nothing was profiled
         self.result: dict = {}
         self.trace: str | None = None
 
@@ -518,7 +493,7 @@ class StepProfiler:
     @property
     def window_delay(self) -> int:
         """Steps the timed window starts later: the profiled ones, without --max-steps."""
-        return 0 if self.measuring or self.state == "failed" else self.steps
+        return 0 if self.measuring or not self.started else self.steps
 
     def attach(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -547,6 +522,7 @@ class StepProfiler:
             self.prof = profile(activities=activities)
             self.prof.start()
         except Exception as e:  # never lose a measuring run to the profiler
+            self.started = False
             self._fail(f"could not start torch.profiler: {e.__class__.__name__}: {e}")
             return
         self.state = "running"

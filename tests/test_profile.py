@@ -291,6 +291,22 @@ def test_data_running_out_keeps_the_profiled_steps(monkeypatch):
     assert "before step 6, the first to profile" in " ".join(rec["notes"])
 
 
+def test_a_profiler_that_cannot_start_costs_the_run_nothing(monkeypatch):
+    import torch.profiler
+
+    def broken(**kw):
+        raise RuntimeError("no kineto here")
+
+    monkeypatch.setattr(torch.profiler, "profile", broken)
+    run = _run(monkeypatch, ["--warmup-steps", "2", "--profile"])
+    run.preset["max_steps"] = None  # epoch mode: the window would wait for the profiled steps
+    run.profiler = profile.from_args(run.args, run)
+    rec = _train(run, 5)
+    assert rec["timed_steps"] == 3 and rec["time_breakdown"] is None
+    assert "could not start torch.profiler: RuntimeError: no kineto here" in " ".join(rec["notes"])
+    assert not any(m._forward_hooks for m in run.profiler.model.modules())
+
+
 # ---------------------------------------------------------------- flags
 def test_profile_flags_are_passed_but_do_not_identify_a_run(tmp_path):
     p = cli.Parser()
