@@ -6,9 +6,10 @@ they come after the timed window: the run trains N more steps (default 3) under 
 only then reports finished; the window's peak memory is read before the profiler starts (its
 buffers raise a CPU process's RSS). Without `--max-steps` (a tutorial run over epochs) the end
 is not known in advance, so the N steps right after the warm-up are profiled and the timed
-window starts after them. A run whose data runs out first keeps what it profiled (a note says
-so). Evaluation inside `run.paused()` during the profiled steps is left out, as it is from the
-timing.
+window starts after them (on a CPU its peak RSS may then include memory the profiler freed but
+the process still holds; a note says so). A run whose data runs out first keeps the whole
+steps it profiled (a note says so). Evaluation inside `run.paused()` during the profiled steps
+is left out, as it is from the timing.
 
 The denominator. Shares are of the profiled steps' wall time: each step runs inside a range
 `speed-ladder/step: N`, from the previous step's end to its own (device synchronized), as the
@@ -595,6 +596,12 @@ class StepProfiler:
             if self.trace_dir is not None:
                 self._export()
         self.prof = None
+        if not self.measuring and self.run.device.type != "cuda":
+            self.run.note(
+                "profile: the timed window starts right after the profiled steps, and peak RSS "
+                "may include memory the profiler freed but the process still holds (about "
+                "0.1 GiB on tiny); --max-steps profiles after the window instead"
+            )
         self.run.print(
             f"[{self.run.step}] profile analysed in {time.perf_counter() - t0:.1f} s"
             + (f"; trace: {self.trace}" if self.trace else "")

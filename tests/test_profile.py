@@ -276,6 +276,7 @@ def test_without_max_steps_the_steps_after_warm_up_are_profiled(monkeypatch):
     assert rec["timed_steps"] == 4 and rec["profiled_steps"] == 2
     assert_adds_up(rec["time_breakdown"])
     assert "after the warm-up, before it" in " ".join(rec["notes"])
+    assert "peak RSS may include memory the profiler freed" in " ".join(rec["notes"])
 
 
 def test_data_running_out_keeps_the_profiled_steps(monkeypatch):
