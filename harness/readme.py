@@ -8,6 +8,7 @@ from pathlib import Path
 from .charts import CHARTS, COMPARISON, REFERENCE_CSV
 from .files import ROOT, atomic_write_bytes
 from .summary import describe, mfu_flag, number, read_summary, speedup_text
+from .time_chart import TIME_CHART, has_breakdown
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 GENERATED = (
@@ -79,6 +80,8 @@ def _tag_section(tag_dir: Path, base: Path) -> list[str]:
         f"[{name}]({_link(tag_dir / png, base)})"
         for name, png in zip(("tok/s", "peak memory", "MFU"), CHARTS, strict=True)
     ]
+    if has_breakdown(df):  # profiled (--profile): where each step's time goes
+        links.append(f"[where the time goes]({_link(tag_dir / TIME_CHART, base)})")
     return lines + ["Charts: " + " · ".join(links), ""]
 
 

@@ -7,7 +7,8 @@ and whether a results tag is complete.
 
 Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00),
 peak_memory.png (peak reserved GiB) and mfu.png (MFU %); a failed step is a "failed (oom)" label
-at zero, never a bar. With several tags, results/comparison.png groups every tag's tok/s per
+at zero, never a bar; time_breakdown.png (where each step's time goes) when some step was
+profiled (--profile). With several tags, results/comparison.png groups every tag's tok/s per
 step. The published single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch
 ch05/10, results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
 panel, labelled as such: they are not this project's measurements. The README's table between
@@ -32,14 +33,16 @@ from .errors import (
 from .files import ROOT
 from .readme import update_readme
 from .summary import SUMMARY, find_tags, read_summary
+from .time_chart import plot_time_breakdown
 
 
 def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
-    """Each tag's three charts, and results/comparison.png of `all_tags` (default: these) when
-    there are several; returns the files written."""
+    """Each tag's three charts (and its time breakdown when profiled), and
+    results/comparison.png of `all_tags` (default: these) when there are several; returns the
+    files written."""
     tag_dirs = [Path(t) for t in tag_dirs]
     all_tags = tag_dirs if all_tags is None else list(all_tags)
-    written = [path for t in tag_dirs for path in plot_tag(t)]
+    written = [path for t in tag_dirs for path in plot_tag(t) + plot_time_breakdown(t)]
     readable = []
     for t in all_tags:  # another tag's broken summary costs the comparison that tag only
         try:

@@ -7,7 +7,9 @@ read; a step's time is end-to-end, from the previous step's end (data loading in
 own. Evaluation and sampling run inside `run.paused()`, which restarts the clock after them, so
 they are never timed, and leaves them out of the peak memory (device.PeakWindow: on CUDA, MPS
 and Linux CPUs the recorded peak is the training steps' alone, the final evaluation's neither).
-tokens/s = tokens per step (all ranks) / median step time.
+tokens/s = tokens per step (all ranks) / median step time. With --profile, N more steps after
+the window (without --max-steps: right after the warm-up) run under torch.profiler, never timed,
+and the record says where their time goes (harness.profile).
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 
 from . import device as dev
+from . import profile
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError, os_error_why
@@ -125,6 +128,8 @@ class Run:
         self._memory = dev.PeakWindow(self.device)  # the timed steps' peak, pauses left out
         self._written = False
         self.memory_prediction: dict = {}  # memory_model.announce, before the first step
+        self._window_peak = None  # (reserved, allocated) at the window's end, when work follows
+        self.profiler = profile.from_args(args, self)  # --profile/--trace, else None
         on_failure.register(self.write_failure)  # from here on, a failure can be recorded
 
     # ------------------------------------------------------------ helpers for the step
@@ -172,14 +177,16 @@ class Run:
         Q = cfg["emb_dim"] // H
         self.flops_per_token = 6 * n + 12 * L * H * Q * T
         self.peak, self.peak_source = dev.peak_flops(self.device)  # cached after the first run
-        if self.preset["warmup_steps"] == 0:
-            self._start_window()
+        if self.profiler is not None:
+            self.profiler.attach(model)
+        self._profile_or_window()
         self._t_last = self._now()
 
     @property
     def finished(self) -> bool:
         m = self.preset["max_steps"]
-        return m is not None and self.steps_done >= m
+        more = self.profiler is not None and self.profiler.wants_more  # profiled steps to come
+        return m is not None and self.steps_done >= m and not more
 
     def eval_due(self) -> bool:
         f = self.preset["eval_freq"]
@@ -197,7 +204,8 @@ class Run:
         dev.synchronize(self.device)
         self._memory.pause()
         try:
-            yield
+            with profile.excluded(self.profiler):  # nor profiled
+                yield
         finally:
             dev.synchronize(self.device)
             self._memory.resume()
@@ -212,18 +220,41 @@ class Run:
         dev.synchronize(self.device)
         self._window_note = self._memory.start()
 
+    def _end_window(self) -> None:
+        """The timed window's peak memory, read at its end, before the profiled steps (whose
+        profiler buffers raise a CPU process's RSS); finish() reports it."""
+        dev.synchronize(self.device)
+        self._window_peak = self._memory.peak()
+
+    def _profile_or_window(self) -> bool:
+        """At a step boundary: start the profiled steps (see harness.profile) or the timed
+        window when they are due; True if either started."""
+        started = False
+        p = self.profiler
+        if p is not None and p.state == "waiting" and self.steps_done == p.starts_after:
+            if p.measuring:
+                self._end_window()
+            p.start(self.steps_done + 1)
+            started = True
+        delay = p.window_delay if p is not None else 0
+        if self.steps_done == self.preset["warmup_steps"] + delay:
+            self._start_window()
+            started = True
+        return started
+
     def step_done(self, loss: torch.Tensor, tokens: int) -> None:
         """Call after optimizer.step(): syncs, clocks the step, logs progress."""
         now = self._now()
         self._memory.step_end()
         self.steps_done += 1
+        # a profiled step (harness.profile) is never timed
+        profiled = self.profiler is not None and self.profiler.step_ended(self.steps_done)
         self.losses.append(loss.item())
         warm = self.steps_done <= self.preset["warmup_steps"]
-        if not warm:
+        if not warm and not profiled:
             self.step_times.append(now - self._t_last)
             self.tokens_per_step = tokens
-        if self.steps_done == self.preset["warmup_steps"]:
-            self._start_window()
+        if self._profile_or_window():
             now = self._now()
         self._t_last = now
         if self.is_rank0 and (now - self._t_print > 2.0 or self.finished):
@@ -280,12 +311,17 @@ class Run:
 
     def finish(self, train_loss: float | None, val_loss: float | None) -> dict:
         """Reduce across ranks, print the summary and append the record (rank 0)."""
+        if self.profiler is not None:
+            self.profiler.close()  # a profile the data cut short keeps its whole steps
         if not self.step_times:
+            but = ""
+            if self.profiler is not None and self.profiler.profiled:
+                but = f" ({self.profiler.profiled} profiled)"
             raise UserError(
-                f"no timed steps: the run ended after {self.steps_done} steps, all warm-up; "
+                f"no timed steps: the run ended after {self.steps_done} steps, all warm-up{but}; "
                 "raise --max-steps/--epochs or lower --warmup-steps"
             )
-        reserved, allocated = self._memory.peak()
+        reserved, allocated = self._window_peak or self._memory.peak()
         if self._window_note:
             self.note(self._window_note)
         m = across_ranks(
@@ -332,6 +368,8 @@ class Run:
         )
         if mfu_invalid is not None:
             rec["mfu_invalid"] = mfu_invalid
+        if self.profiler is not None:
+            rec.update(self.profiler.fields())  # time_breakdown, trace (harness.profile)
         rec = {k: rec[k] for k in FIELDS} | {k: v for k, v in rec.items() if k not in FIELDS}
         gib = (m.reserved or 0) / 2**30
         self.print(

@@ -13,6 +13,7 @@ from pathlib import Path
 from .errors import UserError
 from .files import RESULTS, atomic_write_bytes
 from .ladder import Step
+from .profile import CATEGORIES as TIME_CATEGORIES
 from .record import mfu_problem
 from .runs import matching, ok_since_failure
 
@@ -38,6 +39,9 @@ SUMMARY_COLUMNS = [
     "script",
     "mfu_invalid",  # why a step's MFU is not shown (outside (0, 100%]); empty when it is
 ]
+# where the time goes (--profile, harness.profile): each category's median share over the runs
+TIME_COLUMNS = [f"time_{c}" for c in TIME_CATEGORIES]
+SUMMARY_COLUMNS += TIME_COLUMNS
 NUMBER_COLUMNS = SUMMARY_COLUMNS[2:10]
 _DIGITS = {
     "tokens_per_sec_median": 1,
@@ -95,6 +99,7 @@ def _measured(row: dict, oks: list[dict]) -> None:
         mfu_invalid=_mfu_invalid(oks),
         train_loss=_median(r.get("train_loss") for r in oks),
         val_loss=_median(r.get("val_loss") for r in oks),
+        **time_breakdown_columns(oks),
     )
 
 
@@ -134,9 +139,9 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int):
         if base_tps and r["status"] == "ok" and r["tokens_per_sec_median"] is not None:
             r["speedup_vs_00"] = r["tokens_per_sec_median"] / base_tps
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    for col in NUMBER_COLUMNS:
+    for col in NUMBER_COLUMNS + TIME_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    df = df.round(_DIGITS)
+    df = df.round(_DIGITS | dict.fromkeys(TIME_COLUMNS, 4))
     df["runs"] = df["runs"].astype(int)
     df["world_size"] = df["world_size"].astype("Int64")
     return df
@@ -281,3 +286,10 @@ def format_table(df) -> str:
         ).rstrip()
 
     return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines), *flags])
+
+
+def time_breakdown_columns(oks: list[dict]) -> dict:
+    """`time_<category>`: the median share of each category over the runs that have a
+    `time_breakdown` (run with --profile); empty when none has."""
+    shares = [r["time_breakdown"] for r in oks if isinstance(r.get("time_breakdown"), dict)]
+    return {f"time_{c}": _median(s.get(c) for s in shares) for c in TIME_CATEGORIES}

@@ -4,6 +4,8 @@ in `results/<tag>/` (the tag names the hardware), one sweep per tag folder at a 
 A step counts as done (and is skipped on a rerun) when runs.jsonl holds `--repeats` `ok` records
 for the same sweep configuration (preset, device, max_steps, warmup_steps, seed, data, nproc)
 and the same script sha256, none of them followed by a failure. Failed steps are retried.
+`--profile` and `--trace` (harness.profile) do not change the configuration, but a profiled
+sweep counts only the latest runs that have a time breakdown, and reruns the others.
 `results/<tag>/summary.csv` is rewritten atomically after every step. How the records survive a
 kill is in runs.py; how a step's process is supervised, in child.py.
 """
@@ -29,8 +31,9 @@ from .errors import UserError, broken_pipe, is_environment_os_error, os_error_li
 from .files import RESULTS, ROOT
 from .ladder import Step, discover, parse_steps, processes_suffix
 from .presets import check_name
+from .profile import profiled_runs
 from .record import append_jsonl, file_sha256
-from .runs import RUNS, done_runs, load_runs, recover, step_records, tmp_path
+from .runs import RUNS, done_runs, load_runs, matching, recover, step_records, tmp_path
 from .summary import SUMMARY, find_tags, format_table, summarize, write_summary
 
 DEFAULT_TIMEOUT = 1800
@@ -235,6 +238,9 @@ def plan(args) -> Plan:
         check_text_file(args.data)
     data = str(Path(args.data).resolve()) if args.data is not None else None
     values = dict(vars(args), data=data)
+    if args.trace is not None:  # every step writes its trace there (harness.profile)
+        outputs.check_dir(args.trace, "--trace")
+        values["trace"] = str(Path(args.trace).resolve())
     device_type = resolve_device(args.device)
     nproc = args.nproc or default_nproc(device_type)
     tag = args.tag or hardware_tag(device_type, nproc)
@@ -254,6 +260,8 @@ def _run_steps(p: Plan, records: list[dict], force: bool, timeout: float) -> lis
     todo = {}
     for s in p.selected:
         have = 0 if force else done_runs(records, s, p.configs[s.num], p.shas[s.num])
+        if {"--profile", "--trace"} & set(p.flags):  # profiled: latest runs with a breakdown
+            have = min(have, profiled_runs(matching(records, s, p.configs[s.num], p.shas[s.num])))
         todo[s.num] = max(0, p.repeats - have)
     runs_left = sum(todo.values())
     print(
