@@ -5,17 +5,29 @@ No step changes it: every step measures the same way. A step script uses it as
     args = harness.parse_args(__doc__)
     run = harness.Run(args, STEP, __file__)
     ...
+    run.inactive("02", why)                     # this step's idea does nothing here, and why
     run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start
     ...  run.step_done(loss, tokens)            # after each optimizer step
-    with run.paused(): ...                      # evaluation / sampling, never timed
+    with run.paused(): ...                      # evaluation / sampling: not timed, not in the peak
     run.finish(train_loss, val_loss)
 
 and ends with `harness.main(main)`, which turns bad input into one error line.
 """
 
 from .cli import main, parse_args
-from .device import bf16_is_fast
+from .device import bf16_is_fast, compile_disabled, sdpa_math_only, tf32_unavailable
 from .errors import UserError
+from .presets import GPT2_VOCAB
 from .run import Run
 
-__all__ = ["Run", "UserError", "bf16_is_fast", "main", "parse_args"]
+__all__ = [
+    "GPT2_VOCAB",
+    "Run",
+    "UserError",
+    "bf16_is_fast",
+    "compile_disabled",
+    "main",
+    "parse_args",
+    "sdpa_math_only",
+    "tf32_unavailable",
+]

@@ -24,6 +24,8 @@ from .errors import (
 )
 from .presets import PRESETS, check_name
 
+PROFILE_STEPS = 3  # --profile without a number (harness.profile)
+
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
@@ -64,13 +66,15 @@ def seed(text: str) -> int:
 
 @dataclass(frozen=True)
 class Flag:
-    """One step flag: its name, help, argparse options, and whether the sweep passes it to every
-    step (those flags, and only those, identify a sweep's run)."""
+    """One step flag: its name, help, argparse options, whether the sweep passes it to every
+    step, and whether it then identifies a sweep's run (the passed flags do, unless they change
+    nothing that is measured, as --profile, which runs after the timed window)."""
 
     name: str
     help: str
     options: dict = field(default_factory=dict)  # argparse's type, default, choices, metavar
     passed: bool = False
+    identifies: bool = True
 
     @property
     def dest(self) -> str:
@@ -126,6 +130,22 @@ STEP_FLAGS = (
         {"type": seed, "default": 123, "metavar": "N"},
         passed=True,
     ),
+    Flag(
+        "--profile",
+        f"after the timed window (without --max-steps: after the warm-up) profile N more steps "
+        f"(default {PROFILE_STEPS}) with torch.profiler and record where their time goes "
+        "(time_breakdown); profiled steps are never timed",
+        {"type": positive, "nargs": "?", "const": PROFILE_STEPS, "metavar": "N"},
+        passed=True,
+        identifies=False,
+    ),
+    Flag(
+        "--trace",
+        "also write the profiled steps' Chrome/Perfetto trace into DIR (implies --profile)",
+        {"metavar": "DIR"},
+        passed=True,
+        identifies=False,
+    ),
 )
 
 
@@ -149,7 +169,7 @@ def child_argv(values: dict) -> list[str]:
 
 def run_config(values: dict) -> dict:
     """The passed-through flags' values by name: what identifies a sweep's run (with nproc)."""
-    return {f.dest: values.get(f.dest) for f in STEP_FLAGS if f.passed}
+    return {f.dest: values.get(f.dest) for f in STEP_FLAGS if f.passed and f.identifies}
 
 
 def parse_args(doc: str | None, argv=None) -> argparse.Namespace:

@@ -198,10 +198,19 @@ def load_split(data: str | None, context_length: int, batch_size: int, world_siz
     need = batch_size * world_size
     have = num_windows(len(train), context_length)
     if have < need or num_windows(len(val), context_length) < 1:
+        fit = have // world_size
+        if have >= need:
+            fix = "Use a longer --data text or a smaller --preset"
+        elif fit >= 1:
+            procs = f"{world_size} process{'es' * (world_size > 1)}"
+            fix = (f"--batch-size {fit} is the largest per-process batch that fits {procs}; "
+                   "or a longer --data text")  # fmt: skip
+        else:
+            fix = f"use at most {have} processes, a longer --data text or a smaller --preset"
         raise UserError(
             f"{path.name}: text too short: {len(ids):,} tokens give {have} training windows of "
             f"{context_length + 1} tokens and {num_windows(len(val), context_length)} validation "
             f"windows; one batch needs {need} (batch {batch_size} x {world_size} processes) and "
-            "validation needs 1. Use a longer --data text or a smaller --preset"
+            f"validation needs 1. {fix}"
         )
     return torch.from_numpy(train.astype(np.int64)), torch.from_numpy(val.astype(np.int64))

@@ -9,19 +9,9 @@ from pathlib import Path
 
 import torch
 
+from . import gpus
 from .errors import UserError, warn
 from .files import atomic_write_bytes, cache_dir
-
-# Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's datasheets; first match on the device name
-# wins, so the more specific names come first. MFU of every step, fp32 ones too, is taken over
-# this bf16 peak: one denominator for the whole ladder (as nanoGPT's estimate_mfu does).
-GPU_PEAK_BF16 = [
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),  # SXM
-    ("H200", 989e12),  # same chip and tensor-core rate as the H100 SXM
-    ("A100", 312e12),
-]
 
 
 def resolve(name: str) -> torch.device:
@@ -39,10 +29,25 @@ def resolve(name: str) -> torch.device:
                 f"--device cuda: no CUDA GPU visible (torch {torch.__version__}, "
                 f"built for CUDA {torch.version.cuda}); use --device cpu"
             )
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cuda", _local_rank_gpu())
     if name == "mps" and not torch.backends.mps.is_available():
         raise UserError("--device mps: MPS is not available here; use --device cpu")
     return torch.device(name)
+
+
+def _local_rank_gpu() -> int:
+    """This process's GPU index (torchrun's LOCAL_RANK), checked against the visible GPUs before
+    anything asks for its name or properties (they assert on a missing device)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        local_world = os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1))
+        raise UserError(
+            f"{local_world} processes on this node but {count} GPU{'s' * (count != 1)} visible "
+            f"(LOCAL_RANK {local_rank} has none): use --nproc_per_node at most {count}, or "
+            "check CUDA_VISIBLE_DEVICES"
+        )
+    return local_rank
 
 
 def synchronize(device: torch.device) -> None:
@@ -88,12 +93,16 @@ def reset_peak_memory(device: torch.device) -> str | None:
             Path("/proc/self/clear_refs").write_text("5")
             return None
         except OSError:
-            return "peak RSS is since process start: /proc/self/clear_refs not writable here"
-    return "MPS has no peak-memory counter: the driver's allocation at the end is reported"
+            return (
+                "peak RSS is since process start, evaluation included: /proc/self/clear_refs "
+                "not writable here"
+            )
+    return None  # MPS: no counter to reset; PeakWindow samples it at every step's end
 
 
 def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
     """(reserved, allocated) peak bytes since the reset. CPU: peak RSS, allocated unknown.
+    MPS: what the driver holds now (MPS keeps no peak; PeakWindow samples it per step).
 
     torch.cuda.max_memory_* return 0 silently on a CPU-only run, so they are only asked on CUDA.
     """
@@ -109,6 +118,85 @@ def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
             return None, None
         hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return hwm, None
+
+
+def _malloc_trim() -> None:
+    """Hand the C heap's free pages back to the OS (glibc), so the RSS after an evaluation is
+    what training holds, not what evaluation freed. A no-op where libc has no malloc_trim."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # musl, macOS, Windows
+        pass
+
+
+def release_cached(device: torch.device) -> None:
+    """Return freed memory that the allocator keeps cached (after an evaluation)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()
+    else:
+        _malloc_trim()
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+class PeakWindow:
+    """Peak memory of the timed window's training steps: evaluation and sampling never count.
+
+    The device counters know only "the peak since the last reset", so the window keeps its own
+    running peak. At a pause (`Run.paused()`: evaluation, sampling, the final evaluation) it
+    folds the counters' peak so far into a Python max; when the pause ends it releases what the
+    pause left cached (CUDA: torch.cuda.empty_cache(), else evaluation's cached blocks stay
+    reserved; CPU: malloc_trim(0) where glibc has it) and resets the counters to the memory in
+    use then (CUDA: reset_peak_memory_stats(); Linux: /proc/self/clear_refs "5" sets VmHWM to
+    the current RSS). MPS keeps no peak: the driver's allocation (the allocator's cache
+    included) is sampled at every step's end. Evaluation at batch 32 on gpt2-124m holds 6 GiB
+    of full logits: counted, it would hide what steps 12-13 save.
+
+    Without a resettable counter (macOS and Windows CPU: peak RSS since process start) the
+    evaluation does count; `start()` returns a note saying so.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.open = False
+        self.reserved: int | None = None
+        self.allocated: int | None = None
+
+    def _fold(self) -> None:
+        r, a = peak_memory(self.device)
+        self.reserved, self.allocated = _max(self.reserved, r), _max(self.allocated, a)
+
+    def start(self) -> str | None:
+        """Open the window (the first timed step); returns a note when it cannot reset."""
+        self.open, self.reserved, self.allocated = True, None, None
+        return reset_peak_memory(self.device)
+
+    def step_end(self) -> None:
+        if self.open and self.device.type == "mps":
+            self._fold()
+
+    def pause(self) -> None:
+        """Before an evaluation or a sample: keep the training peak so far."""
+        if self.open:
+            self._fold()
+
+    def resume(self) -> None:
+        """After it: drop what it cached and start the counters again from here."""
+        if self.open:
+            release_cached(self.device)
+            reset_peak_memory(self.device)
+
+    def peak(self) -> tuple[int | None, int | None]:
+        """(reserved, allocated) peak bytes of the window's training steps."""
+        if self.open and self.device.type != "mps":
+            self._fold()  # since the last pause: the steps after it (or what is held now)
+        return self.reserved, self.allocated
 
 
 # ---------------------------------------------------------------- peak FLOP/s
@@ -211,19 +299,20 @@ def measured_matmul_rates(device: torch.device) -> dict:
     return rates
 
 
-def gpu_peak(gpu_name: str) -> float | None:
-    """Dense bf16 peak FLOP/s of a GPU by its name, None when unknown."""
-    return next((flops for tag, flops in GPU_PEAK_BF16 if tag in gpu_name), None)
+def is_rocm() -> bool:
+    """ROCm builds report AMD GPUs through torch.cuda (torch.version.hip is set)."""
+    return getattr(torch.version, "hip", None) is not None
 
 
 def peak_flops(device: torch.device) -> tuple[float | None, str]:
-    """The MFU denominator for one device and where it comes from."""
+    """The MFU denominator for one device and where it comes from.
+
+    CUDA/ROCm: the vendor's dense bf16 peak (fp16 on V100/T4) from harness.gpus' table, by the
+    device's name, SM count (a MIG slice gets its share) and AMD arch; an unknown GPU gets None
+    and a note saying how to add it. CPU/MPS: the best matmul rate measured here.
+    """
     if device.type == "cuda":
-        gpu = name(device)
-        flops = gpu_peak(gpu)
-        if flops is None:
-            return None, f"no bf16 peak known for {gpu}: MFU left empty"
-        return flops, f"{gpu} dense bf16 datasheet peak {flops / 1e12:.0f} TFLOP/s"
+        return gpus.peak_for(torch.cuda.get_device_properties(device))
     rates = measured_matmul_rates(device)
     why = rates_problem(device, rates)
     if why is not None:
@@ -235,13 +324,90 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
     )
 
 
+def gpu_memory(device: torch.device) -> tuple[int, bool] | None:
+    """(total memory in bytes, native bf16) of a CUDA device, for the batch rule
+    (presets.fit_batch); None on other devices."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return props.total_memory, gpus.bf16_for(props, is_rocm())[0]
+
+
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
-    """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step)."""
+    """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step).
+
+    CUDA: compute capability >= 8.0 (Ampere on), where bf16 runs on tensor cores; not
+    torch.cuda.is_bf16_supported(), which says True on a V100 or T4 too, where bf16 is emulated
+    (slower than fp32). ROCm: by the AMD arch (harness.gpus.has_native_bf16).
+    """
     if device.type == "cuda":
-        ok = torch.cuda.is_bf16_supported()
-        return ok, f"{name(device)} {'has' if ok else 'lacks'} bf16 tensor cores"
+        ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
+        return ok, f"{name(device)}: {why}"
     r = measured_matmul_rates(device)
     if rates_problem(device, r) is not None:
         return False, f"measured matmul rates implausible ({rates_problem(device, r)})"
     why = f"measured matmul: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f} GFLOP/s"
     return r["bf16"] > r["fp32"], why
+
+
+# ---------------------------------------------------------------- is a step's idea active here?
+# Each returns why a step's optimization does nothing on this device, or None where it acts; the
+# step passes the reason to run.inactive(), and its record says step_active: false.
+def tf32_unavailable(device: torch.device) -> str | None:
+    """Step 02: TF32 exists on NVIDIA compute capability >= 8.0 (Ampere on) and, on ROCm, on MI300
+    (gfx94x) only with HIPBLASLT_ALLOW_TF32=1 (PyTorch's own ROCm tests set it for TF32)."""
+    if device.type != "cuda":
+        return f"TF32 is a CUDA tensor-core mode: no effect on {device.type}"
+    p = torch.cuda.get_device_properties(device)
+    if is_rocm():
+        arch = (getattr(p, "gcnArchName", "") or "").split(":")[0]
+        if not arch.startswith("gfx94"):
+            where = arch or "arch unknown"
+            return f"{p.name} ({where}): on AMD GPUs TF32 exists on MI300 (gfx94x) only"
+        if os.environ.get("HIPBLASLT_ALLOW_TF32") != "1":
+            return f"{p.name}: ROCm uses TF32 on MI300 only with HIPBLASLT_ALLOW_TF32=1 set"
+        return None
+    if (p.major, p.minor) < (8, 0):
+        return (
+            f"{p.name}: compute capability {p.major}.{p.minor} < 8.0 has no TF32 tensor cores: "
+            "fp32 matmuls stay IEEE fp32"
+        )
+    return None
+
+
+def sdpa_math_only(device: torch.device, cfg: dict, bf16: bool) -> str | None:
+    """Step 07: why scaled_dot_product_attention runs PyTorch's math path here (the same
+    (B, H, T, T) work as hand-written attention), or None where a fused kernel runs. Asked of
+    torch itself (torch._fused_sdp_choice) for the training call's shape, dtype and dropout.
+    On a CPU, a dropout above 0 is the usual cause: the CPU flash kernel's checks refuse it
+    ("Both fused kernels do not support non-zero dropout", aten sdp_utils_cpp.h)."""
+    if device.type not in ("cpu", "cuda"):
+        return None  # MPS has its own attention kernel; torch offers no way to ask
+    try:
+        from torch.nn.attention import SDPBackend
+
+        heads, T = cfg["n_heads"], cfg["context_length"]
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        q = torch.zeros(1, heads, T, cfg["emb_dim"] // heads, device=device, dtype=dtype)
+        q.requires_grad_(True)
+        drop = float(cfg.get("drop_rate") or 0.0)
+        choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
+    except Exception:  # an older or newer torch without this probe: say nothing
+        return None
+    if choice != int(SDPBackend.MATH):
+        return None
+    why = f"dropout {drop:g} > 0 has no fused kernel on {device.type}" if drop > 0 else (
+        f"no fused kernel for {dtype} and head size {cfg['emb_dim'] // heads} here"
+    )  # fmt: skip
+    return f"scaled_dot_product_attention runs the math path ({why}): no flash attention"
+
+
+def compile_disabled() -> str | None:
+    """Step 08: why torch.compile returns the model unchanged here, or None where it compiles.
+    (A torch.compile that cannot compile fails the run with one line naming the fix, which is
+    TORCH_COMPILE_DISABLE=1; a run made that way is this case.)"""
+    import torch._dynamo
+
+    if torch._dynamo.config.disable:
+        return "TORCH_COMPILE_DISABLE=1: torch.compile returns the model unchanged (eager)"
+    return None

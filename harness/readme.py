@@ -29,6 +29,7 @@ from .rows import (
     text,
 )
 from .summary import read_summary
+from .time_chart import TIME_CHART, has_breakdown
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 GENERATED = (
@@ -165,6 +166,8 @@ def _tag_section(tag_dir: Path, base: Path) -> list[str]:
     if skipped:
         lines += [f"Not run in this tag: steps {', '.join(skipped)}.", ""]
     links = [f"[{name}]({_link(tag_dir / png, base)})" for name, png in TAG_LINKS]
+    if has_breakdown(df):  # profiled (--profile): where each step's time goes
+        links.append(f"[where the time goes]({_link(tag_dir / TIME_CHART, base)})")
     return lines + ["Charts: " + " · ".join(links), ""]
 
 

@@ -32,6 +32,9 @@ FIELDS = [
     "started_at",
     "duration_s",
     "notes",
+    "step_active",  # false: this step's own optimization did nothing here (see inactive_reason)
+    "inactive_reason",
+    "batch_rule",  # null, or how the batch was lowered to fit this GPU (presets.fit_batch)
 ]
 
 

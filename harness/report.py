@@ -7,10 +7,11 @@ and whether a results tag is complete.
     python plot_results.py --rebuild           # summaries again from runs.jsonl first
 
 Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00, min-max error
-bars), peak_memory.png (peak reserved GiB), mfu.png (MFU %) and gain_vs_prev.png (each step's
-own effect over the previous step, with its interval and verdict); a failed step is a "failed
-(oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here". With
-several tags, results/comparison.png groups every tag's tok/s per step. The published
+bars), peak_memory.png (peak reserved GiB), mfu.png (MFU %), gain_vs_prev.png (each step's
+own effect over the previous step, with its interval and verdict) and, when some step was
+profiled (--profile), time_breakdown.png (where each step's time goes); a failed step is a
+"failed (oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here".
+With several tags, results/comparison.png groups every tag's tok/s per step. The published
 single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
 results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
 panel, labelled as such: they are not this project's measurements. The README's table between
@@ -40,16 +41,20 @@ from .ladder_page import PAGE, write_page
 from .readme import update_readme
 from .runs import RUNS
 from .summary import SUMMARY, find_tags, read_summary, rebuild, write_summary
+from .time_chart import plot_time_breakdown
 
 TAG_CHARTS = (*CHARTS, GAIN_CHART)
 
 
 def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
-    """Each tag's four charts, and results/comparison.png of `all_tags` (default: these) when
-    there are several; returns the files written."""
+    """Each tag's four charts (and its time breakdown when profiled), and
+    results/comparison.png of `all_tags` (default: these) when there are several; returns the
+    files written."""
     tag_dirs = [Path(t) for t in tag_dirs]
     all_tags = tag_dirs if all_tags is None else list(all_tags)
-    written = [path for t in tag_dirs for path in [*plot_tag(t), plot_gains(t)]]
+    written = [
+        path for t in tag_dirs for path in [*plot_tag(t), plot_gains(t), *plot_time_breakdown(t)]
+    ]
     readable = []
     for t in all_tags:  # another tag's broken summary costs the comparison that tag only
         try:

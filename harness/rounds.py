@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from . import load, preflight
 from .ladder import Step
 from .launch import run_once
+from .profile import profiled_runs
 from .runs import done_runs, matching
 
 
@@ -53,6 +54,8 @@ def _start(p, force: bool) -> Progress:
         cfg, sha = ps.configs[job.step.num], ps.shas[job.step.num]
         done[job] = 0 if force else done_runs(recs, job.step, cfg, sha, p.machine, job.control)
         earlier = matching(recs, job.step, cfg, sha, p.machine, job.control)
+        if {"--profile", "--trace"} & set(p.flags):  # profiled: latest runs with a breakdown
+            done[job] = min(done[job], profiled_runs(earlier))
         same_cfg = [r for r in recs if r.get("step") == job.step.num
                     and (r.get("sweep") or {}).get("config") == cfg
                     and (r.get("sweep") or {}).get("machine") == p.machine]  # fmt: skip

@@ -5,14 +5,19 @@ cuDNN/oneDNN plans, torch.compile). At the window start the device is synchroniz
 peak-memory counters are reset. Every step ends with a device synchronize before the clock is
 read; a step's time is end-to-end, from the previous step's end (data loading included) to its
 own. Evaluation and sampling run inside `run.paused()`, which restarts the clock after them, so
-they are never timed. tokens/s = tokens per step (all ranks) / median step time. Over the same
-window rank 0 measures `other_load`, the CPU cores other processes used (load.py), and the
-record carries this machine's fingerprint (`machine`, machine.py).
+they are never timed, and leaves them out of the peak memory (device.PeakWindow: on CUDA, MPS
+and Linux CPUs the recorded peak is the training steps' alone, the final evaluation's neither).
+tokens/s = tokens per step (all ranks) / median step time. Over the same window rank 0 measures
+`other_load`, the CPU cores other processes used (load.py), and the record carries this
+machine's fingerprint (`machine`, machine.py). With --profile, N more steps after the window
+(without --max-steps: right after the warm-up) run under torch.profiler, never timed, and the
+record says where their time goes (harness.profile).
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
-(PaLM, Chowdhery et al. 2022, app. B). The peak is the device's bf16 peak for every step, fp32
-steps included (see device.GPU_PEAK_BF16; CPU and MPS: the best matmul rate measured here).
+(PaLM, Chowdhery et al. 2022, app. B). The peak is the device's dense bf16 peak for every step,
+fp32 steps included (harness.gpus' datasheet table; CPU and MPS: the best matmul rate measured
+here).
 """
 
 import datetime as dt
@@ -29,7 +34,7 @@ from pathlib import Path
 import torch
 
 from . import device as dev
-from . import load, machine
+from . import load, machine, profile
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError, os_error_why
@@ -98,17 +103,20 @@ class Run:
         self.t_begin = time.time()
         self.is_rank0 = int(os.environ.get("RANK", "0")) == 0
         self.notes: list[str] = []
+        self.inactive_reason: str | None = None  # why this step's own optimization did nothing
         self.device = dev.resolve(args.device)
         # every place this run writes, checked now rather than after the training
         if args.results is not None and self.is_rank0:
             check_file(args.results, "--results")
         check_cache_dir()
 
-        name, why, self.preset = choose(args, self.device.type)
+        name, why, self.preset = choose(args, self.device.type, dev.gpu_memory(self.device))
         self.preset_name = name
         self.print(
             f"[{step}] preset {name} ({why}); device {self.device.type}: {dev.name(self.device)}"
         )
+        if self.preset["batch_rule"] is not None:  # a GPU too small for the preset's batch
+            self.note(f"batch rule: {self.preset['batch_rule']['reason']}")
 
         self.steps_done = 0
         self.losses: list[float] = []
@@ -120,8 +128,12 @@ class Run:
         self._t_print = 0.0
         self._window_note = None
         self._load = load.Meter()  # other processes' CPU use over the timed window
+        self._busy: dict | None = None  # load.Meter.stop(), at the window's end
+        self._memory = dev.PeakWindow(self.device)  # the timed steps' peak, pauses left out
         self._written = False
         self.memory_prediction: dict = {}  # memory_model.announce, before the first step
+        self._window_peak = None  # (reserved, allocated) at the window's end, when work follows
+        self.profiler = profile.from_args(args, self)  # --profile/--trace, else None
         on_failure.register(self.write_failure)  # from here on, a failure can be recorded
 
     # ------------------------------------------------------------ helpers for the step
@@ -134,6 +146,16 @@ class Run:
         if text not in self.notes:
             self.notes.append(text)
             self.print(f"[{self.step}] note: {text}")
+
+    def inactive(self, step: str, reason: str) -> None:
+        """Step `step`'s optimization does nothing in this run, and why: TF32 or pinned memory
+        on a CPU, bf16 where it is not native, Liger's fallback, compile disabled, DDP in a
+        world of one. Every such note is kept (`step NN: reason`); when `step` is this run's
+        own, the record says `step_active: false` and `inactive_reason`, so that a no-op is
+        never read as a gain."""
+        self.note(f"step {step}: {reason}")
+        if step == self.step and self.inactive_reason is None:
+            self.inactive_reason = reason
 
     def tokenizer(self):
         return gpt2_tokenizer()
@@ -159,14 +181,16 @@ class Run:
         Q = cfg["emb_dim"] // H
         self.flops_per_token = 6 * n + 12 * L * H * Q * T
         self.peak, self.peak_source = dev.peak_flops(self.device)  # cached after the first run
-        if self.preset["warmup_steps"] == 0:
-            self._start_window()
+        if self.profiler is not None:
+            self.profiler.attach(model)
+        self._profile_or_window()
         self._t_last = self._now()
 
     @property
     def finished(self) -> bool:
         m = self.preset["max_steps"]
-        return m is not None and self.steps_done >= m
+        more = self.profiler is not None and self.profiler.wants_more  # profiled steps to come
+        return m is not None and self.steps_done >= m and not more
 
     def eval_due(self) -> bool:
         f = self.preset["eval_freq"]
@@ -179,11 +203,16 @@ class Run:
 
     @contextmanager
     def paused(self):
-        """Evaluation, sampling and printing inside this block are not timed."""
+        """Evaluation, sampling and printing inside this block are not timed, and the memory
+        they take is not in the recorded peak (device.PeakWindow)."""
         dev.synchronize(self.device)
+        self._memory.pause()
         try:
-            yield
+            with profile.excluded(self.profiler):  # nor profiled
+                yield
         finally:
+            dev.synchronize(self.device)
+            self._memory.resume()
             self._t_last = self._now()
 
     # ------------------------------------------------------------ timing
@@ -193,21 +222,54 @@ class Run:
 
     def _start_window(self) -> None:
         dev.synchronize(self.device)
-        self._window_note = dev.reset_peak_memory(self.device)
+        self._window_note = self._memory.start()
         if self.is_rank0:
             self._load.start()
+
+    def _stop_load(self) -> dict:
+        """Other processes' CPU use over the timed window (once: at the window's end)."""
+        if self._busy is None:
+            self._busy = self._load.stop()
+        return self._busy
+
+    def _end_window(self) -> None:
+        """The timed window's peak memory and other processes' load, read at its end, before
+        the profiled steps (whose profiler buffers raise a CPU process's RSS); finish()
+        reports them."""
+        dev.synchronize(self.device)
+        self._window_peak = self._memory.peak()
+        if self.is_rank0:
+            self._stop_load()
+
+    def _profile_or_window(self) -> bool:
+        """At a step boundary: start the profiled steps (see harness.profile) or the timed
+        window when they are due; True if either started."""
+        started = False
+        p = self.profiler
+        if p is not None and p.state == "waiting" and self.steps_done == p.starts_after:
+            if p.measuring:
+                self._end_window()
+            p.start(self.steps_done + 1)
+            started = True
+        delay = p.window_delay if p is not None else 0
+        if self.steps_done == self.preset["warmup_steps"] + delay:
+            self._start_window()
+            started = True
+        return started
 
     def step_done(self, loss: torch.Tensor, tokens: int) -> None:
         """Call after optimizer.step(): syncs, clocks the step, logs progress."""
         now = self._now()
+        self._memory.step_end()
         self.steps_done += 1
+        # a profiled step (harness.profile) is never timed
+        profiled = self.profiler is not None and self.profiler.step_ended(self.steps_done)
         self.losses.append(loss.item())
         warm = self.steps_done <= self.preset["warmup_steps"]
-        if not warm:
+        if not warm and not profiled:
             self.step_times.append(now - self._t_last)
             self.tokens_per_step = tokens
-        if self.steps_done == self.preset["warmup_steps"]:
-            self._start_window()
+        if self._profile_or_window():
             now = self._now()
         self._t_last = now
         if self.is_rank0 and (now - self._t_print > 2.0 or self.finished):
@@ -247,6 +309,9 @@ class Run:
             "duration_s": round(time.time() - self.t_begin, 2),
             "notes": self.notes,
             "machine": machine.of_device(self.device),
+            "step_active": self.inactive_reason is None,
+            "inactive_reason": self.inactive_reason,
+            "batch_rule": self.preset["batch_rule"],
             "config": {
                 "preset": self.preset_name,
                 "device": self.device.type,
@@ -262,13 +327,18 @@ class Run:
 
     def finish(self, train_loss: float | None, val_loss: float | None) -> dict:
         """Reduce across ranks, print the summary and append the record (rank 0)."""
+        if self.profiler is not None:
+            self.profiler.close()  # a profile the data cut short keeps its whole steps
         if not self.step_times:
+            but = ""
+            if self.profiler is not None and self.profiler.profiled:
+                but = f" ({self.profiler.profiled} profiled)"
             raise UserError(
-                f"no timed steps: the run ended after {self.steps_done} steps, all warm-up; "
+                f"no timed steps: the run ended after {self.steps_done} steps, all warm-up{but}; "
                 "raise --max-steps/--epochs or lower --warmup-steps"
             )
-        reserved, allocated = dev.peak_memory(self.device)
-        busy = self._load.stop() if self.is_rank0 else {}
+        reserved, allocated = self._window_peak or self._memory.peak()
+        busy = self._stop_load() if self.is_rank0 else {}
         if self._window_note:
             self.note(self._window_note)
         if load.busy_note(busy.get("other_load")):
@@ -318,6 +388,8 @@ class Run:
         )
         if mfu_invalid is not None:
             rec["mfu_invalid"] = mfu_invalid
+        if self.profiler is not None:
+            rec.update(self.profiler.fields())  # time_breakdown, trace (harness.profile)
         rec = {k: rec[k] for k in FIELDS} | {k: v for k, v in rec.items() if k not in FIELDS}
         gib = (m.reserved or 0) / 2**30
         self.print(

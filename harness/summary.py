@@ -22,6 +22,7 @@ from .errors import UserError
 from .files import RESULTS, atomic_write_bytes
 from .ladder import Step
 from .load import is_busy
+from .profile import CATEGORIES as TIME_CATEGORIES
 from .record import mfu_problem
 from .rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
 from .runs import matching, ok_since_failure
@@ -64,6 +65,9 @@ NUMBER_COLUMNS = (
     + [c for c in gains.NUMBERS if "noise" not in c]
     + ["other_load_max", "peak_reserved_gib_min", "predicted_state_gib", "predicted_peak_gib"]
 )
+# where the time goes (--profile, harness.profile): each category's median share over the runs
+TIME_COLUMNS = [f"time_{c}" for c in TIME_CATEGORIES]
+SUMMARY_COLUMNS += TIME_COLUMNS
 _NUMERIC = NUMBER_COLUMNS + ["noise_floor", "mem_noise_floor"]
 TEXT_COLUMNS = ["reason", "title", "status", "device_name", "preset", "torch_version",
                 "mfu_invalid", "prev_step", "verdict", "mem_verdict", "noise_source",
@@ -152,6 +156,7 @@ def _measured(row: dict, oks: list[dict]) -> None:
         val_loss=_median(r.get("val_loss") for r in oks),
         other_load_max=max(loads) if loads else None,
         busy_runs=sum(is_busy(v) for v in loads),
+        **time_breakdown_columns(oks),
     )
     last = oks[-1]
     for key in ("predicted_state", "predicted_peak"):
@@ -221,9 +226,9 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=N
     if single is not None and nproc > 1:
         gains.add_scaling(rows, used, single, nproc)
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    for col in _NUMERIC:
+    for col in _NUMERIC + TIME_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    df = df.round(_DIGITS)
+    df = df.round(_DIGITS | dict.fromkeys(TIME_COLUMNS, 4))
     df["runs"] = df["runs"].astype(int)
     df["busy_runs"] = df["busy_runs"].fillna(0).astype(int)
     df["world_size"] = df["world_size"].astype("Int64")
@@ -322,3 +327,10 @@ def _flag(v) -> bool | None:
 def find_tags(results_dir: Path = RESULTS) -> list[Path]:
     """Every results/<tag>/ folder holding a summary.csv, sorted by name."""
     return sorted(p.parent for p in Path(results_dir).glob(f"*/{SUMMARY}"))
+
+
+def time_breakdown_columns(oks: list[dict]) -> dict:
+    """`time_<category>`: the median share of each category over the runs that have a
+    `time_breakdown` (run with --profile); empty when none has."""
+    shares = [r["time_breakdown"] for r in oks if isinstance(r.get("time_breakdown"), dict)]
+    return {f"time_{c}": _median(s.get(c) for s in shares) for c in TIME_CATEGORIES}

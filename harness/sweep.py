@@ -13,7 +13,9 @@
 - **Up to date.** A step is skipped when runs.jsonl holds K `ok` records for the same sweep
   configuration (preset, device, max_steps, warmup_steps, seed, data, nproc), the same script
   sha256 and this machine's fingerprint (machine.py), none followed by a failure. Failed steps
-  are retried; a failure ends that step's rounds in this sweep.
+  are retried; a failure ends that step's rounds in this sweep. `--profile` and `--trace`
+  (harness.profile) do not change the configuration, but a profiled sweep counts only the
+  latest runs that have a time breakdown, and reruns the others.
 - **Another machine's folder.** A tag folder holding records of another machine (committed
   results, or records from before fingerprints) is never written: the sweep uses
   `<hardware>-<6 hex digits of this machine's fingerprint>-xN` instead and says so.
@@ -202,7 +204,11 @@ def _values(args) -> dict:
 
         check_text_file(args.data)
     data = str(Path(args.data).resolve()) if args.data is not None else None
-    return dict(vars(args), data=data)
+    values = dict(vars(args), data=data)
+    if args.trace is not None:  # every step writes its trace there (harness.profile)
+        outputs.check_dir(args.trace, "--trace")
+        values["trace"] = str(Path(args.trace).resolve())
+    return values
 
 
 def plan(args) -> Plan:

@@ -3,8 +3,10 @@
 On Ampere and newer NVIDIA GPUs, `torch.set_float32_matmul_precision("high")` lets fp32 matmuls
 run on the tensor cores in TF32 (10-bit mantissa inputs, fp32 accumulation): up to 8x the fp32
 FLOP/s of an A100 (NVIDIA A100 whitepaper), at a relative error near 1e-3 per product. Raschka's
-ladder measured 12.5K -> 27.6K tok/s on an A100 for this one line. On a CPU it changes nothing
-here (PyTorch's CPU matmuls stay IEEE fp32 at "high"); the record's notes say so.
+ladder measured 12.5K -> 27.6K tok/s on an A100 for this one line. It changes nothing on a CPU
+(PyTorch's CPU matmuls stay IEEE fp32 at "high"), on an NVIDIA GPU below compute capability 8.0
+(V100, T4: no TF32) or on an AMD GPU other than MI300 with HIPBLASLT_ALLOW_TF32=1; there the
+record says `step_active: false` and why (`harness.tf32_unavailable`).
 
 Run (flags shared by every step; --help lists them):
     python steps/02_tensor_cores_tf32.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
@@ -256,8 +258,9 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    if device.type != "cuda":  # step 02
-        run.note(f"step 02: TF32 is a CUDA tensor-core mode: no effect on {device.type}")
+    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
+    if no_tf32:  # step 02
+        run.inactive("02", no_tf32)
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],

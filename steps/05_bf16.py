@@ -13,10 +13,13 @@ updates to nothing and ended at loss 6.200 against 6.089 in fp32; autocast ended
 Pure bf16 does save memory (no fp32 master weights or optimizer state: 26 -> 14 GB in Raschka's
 A100 run); steps 12-13 recover memory without giving up the fp32 update.
 
-bf16 is used only where it is faster: on CUDA when the GPU has bf16 support, elsewhere when the
-device's measured bf16 matmul rate beats fp32 (`harness.bf16_is_fast`). A CPU without native
-bf16 (no AVX512_BF16/AMX) emulates it: on this project's 2-core Xeon a 1024^3 bf16 matmul runs
-at 47 GFLOP/s against 150 in fp32, so the step keeps fp32 there and notes why.
+bf16 is used only where it is native (`harness.bf16_is_fast`): on CUDA where the GPU has bf16
+tensor cores, compute capability >= 8.0 (Ampere on; AMD: by arch), not where
+torch.cuda.is_bf16_supported() says True, which it does on a V100 or T4 too, where bf16 runs
+emulated, slower than fp32. Elsewhere when the device's measured bf16 matmul rate beats fp32. A
+CPU without native bf16 (no AVX512_BF16/AMX) emulates it: on this project's 2-core Xeon a
+1024^3 bf16 matmul runs at 47 GFLOP/s against 150 in fp32, so the step keeps fp32 there, and
+its record says `step_active: false` and why.
 
 Run (flags shared by every step; --help lists them):
     python steps/05_bf16.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
@@ -269,12 +272,13 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    if device.type != "cuda":  # step 02
-        run.note(f"step 02: TF32 is a CUDA tensor-core mode: no effect on {device.type}")
+    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
+    if no_tf32:  # step 02
+        run.inactive("02", no_tf32)
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
     if not pin_memory:  # step 04
-        run.note(f"step 04: pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -294,7 +298,7 @@ def main():
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     if not use_bf16:  # step 05
-        run.note(f"step 05: bf16 autocast off on this {device.type}: {why}")
+        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

@@ -1,12 +1,16 @@
 """Step 07: FlashAttention through scaled_dot_product_attention.
 
 `F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=...)` replaces scores, mask,
-softmax, dropout and the weighted sum. On CUDA it dispatches to FlashAttention-2 (Dao 2023),
-which never writes the (B, H, T, T) score matrix to memory: O(T) memory instead of O(T^2), and
-far fewer bytes moved. On CPU it uses PyTorch's fused flash-style CPU kernel. The causal mask of
-step 01 is no longer needed. Dropout now draws from the kernel's own random stream, so with
-dropout > 0 the losses differ from step 06 by sampling noise, not by a bug; the `tiny` preset
-has dropout 0, where they agree to rounding.
+softmax, dropout and the weighted sum. On CUDA it dispatches to FlashAttention-2 (Dao 2023) for
+bf16 (the memory-efficient kernel for fp32, e.g. on a V100), which never writes the (B, H, T, T)
+score matrix to memory: O(T) memory instead of O(T^2), and far fewer bytes moved. On CPU it uses
+PyTorch's fused flash-style CPU kernel only without dropout: its checks refuse dropout > 0
+("Both fused kernels do not support non-zero dropout", aten's sdp_utils_cpp.h), so the `cpu`
+preset (dropout 0.1) runs the math path, the same work as step 06. The step asks torch which
+kernel the training call gets (`harness.sdpa_math_only`) and, on the math path, records
+`step_active: false` and why. The causal mask of step 01 is no longer needed. Dropout now draws
+from the kernel's own random stream, so with dropout > 0 the losses differ from step 06 by
+sampling noise, not by a bug; the `tiny` preset has dropout 0, where they agree to rounding.
 
 Run (flags shared by every step; --help lists them):
     python steps/07_flash_attention_sdpa.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
@@ -234,12 +238,13 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    if device.type != "cuda":  # step 02
-        run.note(f"step 02: TF32 is a CUDA tensor-core mode: no effect on {device.type}")
+    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
+    if no_tf32:  # step 02
+        run.inactive("02", no_tf32)
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
     if not pin_memory:  # step 04
-        run.note(f"step 04: pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -259,7 +264,10 @@ def main():
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     if not use_bf16:  # step 05
-        run.note(f"step 05: bf16 autocast off on this {device.type}: {why}")
+        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
+    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
+    if no_fused:  # step 07
+        run.inactive("07", no_fused)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

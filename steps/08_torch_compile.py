@@ -4,7 +4,10 @@
 (Ansel et al. 2024, "PyTorch 2"): element-wise chains (residual adds, dropout, bias, GELU) fuse
 into generated Triton (GPU) or C++/OpenMP (CPU) kernels, and Python overhead per op disappears.
 Compilation happens in the first steps, which the harness's warm-up keeps out of the timed
-window; evaluation and sampling trigger their own (untimed) compiles.
+window; evaluation and sampling trigger their own (untimed) compiles. Where it cannot compile (no
+C++ compiler, no Triton) the run stops with one line naming the fix; under
+TORCH_COMPILE_DISABLE=1 torch.compile returns the model unchanged, and the record says
+`step_active: false`.
 
 Run (flags shared by every step; --help lists them):
     python steps/08_torch_compile.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
@@ -232,12 +235,13 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    if device.type != "cuda":  # step 02
-        run.note(f"step 02: TF32 is a CUDA tensor-core mode: no effect on {device.type}")
+    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
+    if no_tf32:  # step 02
+        run.inactive("02", no_tf32)
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
     if not pin_memory:  # step 04
-        run.note(f"step 04: pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -249,6 +253,8 @@ def main():
 
     model = GPTModel(GPT_CONFIG).to(device)
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
+    if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
+        run.inactive("08", no_compile)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=SETTINGS["learning_rate"],
@@ -258,7 +264,10 @@ def main():
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     if not use_bf16:  # step 05
-        run.note(f"step 05: bf16 autocast off on this {device.type}: {why}")
+        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
+    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
+    if no_fused:  # step 07
+        run.inactive("07", no_fused)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

@@ -3,7 +3,9 @@
 The output layer is a (B*T, C) x (C, V) matmul, the largest in the model. V = 50257 is odd, so
 its tiles do not line up with the GPU's 64/128-wide matmul tiles and the last tile is mostly
 wasted work. 50304 = 786 x 64 is the next multiple of 64 (Karpathy, nanoGPT: "~25% speedup").
-The 47 extra rows are never targets: training pushes their logits down, and sampling skips them.
+The 47 extra rows are never targets: training pushes their logits down, and generation sets
+their logits to -inf (ids >= harness.GPT2_VOCAB), so a sample never picks one; filtering them out
+of the decoded text would only hide such a pick.
 The loss starts from a different random init (larger embedding), so it is compared with a
 tolerance.
 
@@ -190,6 +192,7 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
         idx_cond = idx[:, -context_size:]  # (1, <=T)
         with torch.no_grad():
             logits = model(idx_cond)[:, -1, :]  # (1, V): the last position only
+        logits[:, harness.GPT2_VOCAB :] = -torch.inf  # step 09: a padded id is never picked
         idx_next = torch.argmax(logits, dim=-1, keepdim=True)  # (1, 1)
         idx = torch.cat((idx, idx_next), dim=1)
     return idx
@@ -233,12 +236,13 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    if device.type != "cuda":  # step 02
-        run.note(f"step 02: TF32 is a CUDA tensor-core mode: no effect on {device.type}")
+    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
+    if no_tf32:  # step 02
+        run.inactive("02", no_tf32)
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
     if not pin_memory:  # step 04
-        run.note(f"step 04: pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -250,6 +254,8 @@ def main():
 
     model = GPTModel(GPT_CONFIG).to(device)
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
+    if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
+        run.inactive("08", no_compile)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=SETTINGS["learning_rate"],
@@ -259,7 +265,10 @@ def main():
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     if not use_bf16:  # step 05
-        run.note(f"step 05: bf16 autocast off on this {device.type}: {why}")
+        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
+    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
+    if no_fused:  # step 07
+        run.inactive("07", no_fused)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

@@ -6,15 +6,26 @@ gradients are averaged by all-reduce during backward, bucket by bucket, overlapp
 remaining backward compute. The global batch is batch_size x world_size. Launched by stock
 torchrun, which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the device comes
 from LOCAL_RANK, data sharding and the record from RANK/WORLD_SIZE. The backend is nccl on CUDA
-and gloo on CPU (DDP_BACKEND overrides). Every setting (seeds, TF32, ...) runs on every rank;
-only printing and the record are rank 0's (the harness). A rank that fails ends the job:
-torchrun stops the others, and the process group's timeout bounds any wait on a lost peer.
-Under plain `python` it is a world of one (an in-memory store, no port). tokens/s is global.
+and gloo on CPU (DDP_BACKEND overrides: one of torch.distributed's backends). Every setting
+(TF32, ...) runs on every rank; only printing and the record are rank 0's (the harness). A rank
+that fails ends the job: torchrun stops the others, and the process group's timeout bounds any
+wait on a lost peer. Under plain `python` it is a world of one (an in-memory store, no port): the
+record says `step_active: false`, as there is no one to share the work with. tokens/s is global.
+
+Seeds. Every rank builds the model from the common --seed, so the replicas start equal (DDP
+also broadcasts rank 0's weights when it wraps the model). Then each rank other than 0 reseeds
+with seed + rank: its dropout masks are its own, not the same masks as every other rank's on
+different data; rank 0 goes on with the seed's stream, so a world of one is step 10's run.
+
+Batch. --batch-size is per process; the global batch is batch x processes, and the text must
+hold one: Middlemarch has 417 training windows of 1024 tokens, so 16 processes at the preset's
+32 (512) do not fit, and the two-node command below sets --batch-size 8 (128 per step, 3 steps
+per epoch). A text too short for the world size stops with the largest batch that fits.
 
 Run (flags shared by every step; --help lists them):
     torchrun --nproc_per_node=4 steps/11_ddp.py  # 4 GPUs on one machine
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
-        --rdzv-id=ladder steps/11_ddp.py  # on each of 2 machines; HOST = the first machine
+        --rdzv-id=ladder steps/11_ddp.py --batch-size 8  # on each of 2 machines; HOST: the first
     torchrun --nproc_per_node=2 steps/11_ddp.py --device cpu --preset tiny --max-steps 5
     python steps/11_ddp.py --preset tiny --max-steps 5 --results r.jsonl  # a world of one
 """
@@ -202,6 +213,7 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
         idx_cond = idx[:, -context_size:]  # (1, <=T)
         with torch.no_grad():
             logits = model(idx_cond)[:, -1, :]  # (1, V): the last position only
+        logits[:, harness.GPT2_VOCAB :] = -torch.inf  # step 09: a padded id is never picked
         idx_next = torch.argmax(logits, dim=-1, keepdim=True)  # (1, 1)
         idx = torch.cat((idx, idx_next), dim=1)
     return idx
@@ -221,10 +233,21 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 def ddp_setup(device):  # step 11
     """Join the process group torchrun describes; under plain python, a world of one."""
     backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
+    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+    if backend not in known:
+        raise harness.UserError(
+            f"DDP_BACKEND={backend}: not a torch.distributed backend; use one of "
+            f"{', '.join(known)} (unset: nccl on CUDA, gloo elsewhere)"
+        )
     if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
         raise harness.UserError(
             f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
             f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
+        )
+    if not dist.is_backend_available(backend):
+        raise harness.UserError(
+            f"DDP_BACKEND={backend}: this torch ({torch.__version__}) was built without it; "
+            "use gloo (CPU) or nccl (CUDA)"
         )
     if device.type == "cuda":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -273,13 +296,17 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
+    if dist.get_world_size() == 1:  # step 11
+        run.inactive("11", "a world of one: no other process shares the batch, so this run "
+                     "measures DDP's overhead, not its gain; run it with torchrun")  # fmt: skip
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    if device.type != "cuda":  # step 02
-        run.note(f"step 02: TF32 is a CUDA tensor-core mode: no effect on {device.type}")
+    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
+    if no_tf32:  # step 02
+        run.inactive("02", no_tf32)
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
     if not pin_memory:  # step 04
-        run.note(f"step 04: pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -291,8 +318,14 @@ def main():
 
     model = GPTModel(GPT_CONFIG).to(device)
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
+    if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
+        run.inactive("08", no_compile)
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # step 11: every rank built the same weights from --seed; from here each rank draws its own
+    # dropout masks (rank 0 goes on with one process's stream: a world of one is step 10's run)
+    if dist.get_rank() > 0:  # step 11
+        torch.manual_seed(args.seed + dist.get_rank())
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=SETTINGS["learning_rate"],
@@ -302,7 +335,10 @@ def main():
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     if not use_bf16:  # step 05
-        run.note(f"step 05: bf16 autocast off on this {device.type}: {why}")
+        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
+    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
+    if no_fused:  # step 07
+        run.inactive("07", no_fused)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

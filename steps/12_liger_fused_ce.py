@@ -7,10 +7,14 @@ at batch 32: 3.3 GB in bf16, 6.6 GB in fp32, each). Liger's LigerFusedLinearCros
 and writes the gradient in place, so the full logits never exist. The model now returns its
 final hidden states in training; evaluation and generation still use the logits as before.
 The fused loss stays outside torch.compile: Liger has open issues under compile (a wrong loss
-with ignore_index, failures with bf16 and accum_dtype).
-Where Liger cannot run (no CUDA GPU, no triton, a kernel that fails to launch, e.g. Triton's
-"0 active drivers" on a CPU) the step warns once and uses a chunked PyTorch version that also
-never holds more than one chunk of logits; the record's notes say which path ran.
+with ignore_index, failures with bf16 and accum_dtype). Liger sums the output layer's weight
+gradient over all B*T rows in fp32 (`accum_dtype=torch.float32`, liger-kernel >= 0.6.2): in
+bf16 the running sum of 32K rows' contributions would round small ones away.
+Only where Liger cannot run (no CUDA GPU, liger-kernel not installed, no triton) does the step
+warn once and use a chunked PyTorch version that also never holds more than one chunk of
+logits; its record then says `step_active: false` and why. On a GPU, a CUDA out-of-memory or a
+Triton error inside Liger is the run's result (`oom`, `error`, with the reason), never a silent
+fallback.
 
 Run (flags shared by every step; --help lists them):
     python steps/12_liger_fused_ce.py  # CUDA: the gpt2-124m preset, else the cpu preset
@@ -197,32 +201,39 @@ def chunked_linear_cross_entropy(weight, hidden, targets, chunk_rows=1024):  # s
 
 
 class FusedLinearCrossEntropy:  # step 12
-    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel, else the chunked one."""
+    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel on a CUDA GPU; the
+    chunked one only where Liger cannot run (no CUDA device, not installed, no triton)."""
 
-    def __init__(self, run, dtype):
+    def __init__(self, run, dtype, device):
         self.run, self.dtype, self.liger = run, dtype, None
-        try:
-            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
-            self.liger = LigerFusedLinearCrossEntropyLoss()
-        except Exception as e:  # not installed (macOS, Windows), or no triton
+        if device.type != "cuda":
+            self.fall_back(f"Liger runs Triton GPU kernels: no CUDA device ({device.type})")
+            return
+        try:  # the ops module: liger_kernel.transformers imports transformers where installed
+            from liger_kernel.ops.fused_linear_cross_entropy import (
+                LigerFusedLinearCrossEntropyFunction,
+            )
+        except ImportError as e:  # not installed (macOS, Windows), or no triton
             self.fall_back(f"liger-kernel unavailable: {e.__class__.__name__}: {e}")
+            return
+        self.liger = LigerFusedLinearCrossEntropyFunction
 
     def fall_back(self, why):
-        self.liger = None
         warnings.warn(f"step 12: {why}; using chunked PyTorch linear+cross-entropy", stacklevel=2)
-        self.run.note(f"step 12: chunked PyTorch linear+cross-entropy ran ({why})")
+        self.run.inactive("12", f"chunked PyTorch linear+cross-entropy ran, not Liger's ({why})")
 
     def __call__(self, weight, hidden, targets):
         hidden = hidden.to(self.dtype)  # bf16 when step 05 is on, as autocast would cast it
-        if self.liger is not None:
-            try:
-                loss = self.liger(weight.to(self.dtype), hidden, targets)
-                self.run.note("step 12: Liger fused linear cross-entropy kernel ran")
-                return loss
-            except Exception as e:  # e.g. Triton's "0 active drivers" without a GPU
-                self.fall_back(f"Liger kernel failed: {str(e).splitlines()[0][:120]}")
-        return chunked_linear_cross_entropy(weight, hidden, targets)
+        if self.liger is None:
+            return chunked_linear_cross_entropy(weight, hidden, targets)
+        # No fallback here: a CUDA out-of-memory or a Triton error is the run's result (oom,
+        # error). Arguments (liger-kernel >= 0.6.2): input, weight, target, bias, ce_weight,
+        # ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
+        # accum_dtype: the output layer's weight gradient is summed over all rows in fp32.
+        out = self.liger.apply(hidden, weight.to(self.dtype), targets, None, None, -100, 0.0,
+                               0.0, "mean", None, False, torch.float32)  # fmt: skip
+        self.run.note("step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)")
+        return out[0]
 
 
 def calc_loss_loader(data_loader, model, device, num_batches):
@@ -251,6 +262,7 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
         idx_cond = idx[:, -context_size:]  # (1, <=T)
         with torch.no_grad():
             logits = model(idx_cond)[:, -1, :]  # (1, V): the last position only
+        logits[:, harness.GPT2_VOCAB :] = -torch.inf  # step 09: a padded id is never picked
         idx_next = torch.argmax(logits, dim=-1, keepdim=True)  # (1, 1)
         idx = torch.cat((idx, idx_next), dim=1)
     return idx
@@ -270,10 +282,21 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 def ddp_setup(device):  # step 11
     """Join the process group torchrun describes; under plain python, a world of one."""
     backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
+    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+    if backend not in known:
+        raise harness.UserError(
+            f"DDP_BACKEND={backend}: not a torch.distributed backend; use one of "
+            f"{', '.join(known)} (unset: nccl on CUDA, gloo elsewhere)"
+        )
     if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
         raise harness.UserError(
             f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
             f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
+        )
+    if not dist.is_backend_available(backend):
+        raise harness.UserError(
+            f"DDP_BACKEND={backend}: this torch ({torch.__version__}) was built without it; "
+            "use gloo (CPU) or nccl (CUDA)"
         )
     if device.type == "cuda":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -322,13 +345,17 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
+    if dist.get_world_size() == 1:  # step 11
+        run.inactive("11", "a world of one: no other process shares the batch, so this run "
+                     "measures DDP's overhead, not its gain; run it with torchrun")  # fmt: skip
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    if device.type != "cuda":  # step 02
-        run.note(f"step 02: TF32 is a CUDA tensor-core mode: no effect on {device.type}")
+    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
+    if no_tf32:  # step 02
+        run.inactive("02", no_tf32)
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
     if not pin_memory:  # step 04
-        run.note(f"step 04: pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -341,8 +368,14 @@ def main():
     model = GPTModel(GPT_CONFIG).to(device)
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
+    if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
+        run.inactive("08", no_compile)
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # step 11: every rank built the same weights from --seed; from here each rank draws its own
+    # dropout masks (rank 0 goes on with one process's stream: a world of one is step 10's run)
+    if dist.get_rank() > 0:  # step 11
+        torch.manual_seed(args.seed + dist.get_rank())
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=SETTINGS["learning_rate"],
@@ -352,8 +385,11 @@ def main():
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     if not use_bf16:  # step 05
-        run.note(f"step 05: bf16 autocast off on this {device.type}: {why}")
-    fused_ce = FusedLinearCrossEntropy(run, torch.bfloat16 if use_bf16 else torch.float32)
+        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
+    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
+    if no_fused:  # step 07
+        run.inactive("07", no_fused)
+    fused_ce = FusedLinearCrossEntropy(run, torch.bfloat16 if use_bf16 else torch.float32, device)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

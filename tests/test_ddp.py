@@ -1,4 +1,5 @@
-"""Step 11 under stock torchrun on CPU (gloo): 2 processes, a simulated 2-node job, a failing rank.
+"""Step 11 under stock torchrun on CPU (gloo): 2 processes (equal weights, per-rank dropout
+seeds), a simulated 2-node job, a failing rank.
 
 The runs use TORCH_COMPILE_DISABLE=1 to stay within the suite's time budget (a cold compile costs
 about a minute per process on 2 cores); the slow ladder tests cover DDP with compile.
@@ -25,14 +26,42 @@ def free_port():
         return s.getsockname()[1]
 
 
+def seed_logger(tmp_path):
+    """Step 11 with Run.set_model (called right before the training loop) noting each rank's
+    seed and a checksum of its weights."""
+    wrapper = tmp_path / "seeds.py"
+    wrapper.write_text(
+        "import json, os, runpy, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import torch, harness.run\n"
+        "original = harness.run.Run.set_model\n"
+        "def set_model(self, model, *a, **k):\n"
+        "    total = sum(p.detach().double().sum().item() for p in model.parameters())\n"
+        "    line = dict(rank=int(os.environ.get('RANK', 0)), seed=torch.initial_seed(),\n"
+        "                weights=total)\n"
+        f"    with open({str(tmp_path / 'seeds.jsonl')!r}, 'a') as f:\n"
+        "        f.write(json.dumps(line) + '\\n')\n"
+        "    return original(self, model, *a, **k)\n"
+        "harness.run.Run.set_model = set_model\n"
+        f"sys.argv[0] = {DDP!r}\n"
+        f"runpy.run_path({DDP!r}, run_name='__main__')\n"
+    )
+    return wrapper
+
+
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     # tiny's step-11 batch is 8 per process: 2 processes x 4 = 1 process x 8, the same windows
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     p1 = run_script([sys.executable, DDP, *TINY, "--batch-size", 8, "--results", one], env=EAGER)
     assert p1.returncode == 0, p1.stderr[-2000:]
-    p2 = run_script([*TORCHRUN, "--standalone", "--nproc_per_node=2", DDP, *TINY,
-                     "--batch-size", 4, "--results", two], env=EAGER, timeout=600)  # fmt: skip
+    p2 = run_script([*TORCHRUN, "--standalone", "--nproc_per_node=2", seed_logger(tmp_path),
+                     *TINY, "--batch-size", 4, "--results", two],
+                    env=EAGER, timeout=600)  # fmt: skip
     assert p2.returncode == 0, p2.stderr[-3000:]
+    # the same weights on both ranks (the common seed), then each its own dropout stream
+    seeds = sorted(records(tmp_path / "seeds.jsonl"), key=lambda r: r["rank"])
+    assert [r["seed"] for r in seeds] == [123, 124]
+    assert seeds[0]["weights"] == seeds[1]["weights"]
     (r1,), (r2,) = records(one), records(two)  # rank 0 alone writes the record
     assert r2["status"] == "ok" and r2["world_size"] == 2 and r1["world_size"] == 1
     assert r2["tokens_per_step"] == 2 * 4 * 32 == r1["tokens_per_step"]  # global tokens

@@ -22,7 +22,9 @@ STEP14 = str(ROOT / "steps" / "14_fsdp2.py")
 STEP11 = str(ROOT / "steps" / "11_ddp.py")
 EAGER = {"TORCH_COMPILE_DISABLE": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-LOSS_ATOL = 1e-5  # same fp32 math, same batches; measured: equal bit for bit
+# same fp32 math, same batches; measured: equal bit for bit on torch 2.13, 1.2e-5 apart on 2.7
+# (another reduce-scatter summation order); 1e-4 is tests/loss_parity.json's rule for step 14
+LOSS_ATOL = 1e-4
 
 # Rank 0 notes the bytes of state it holds when the run finishes (the last step's grads are
 # still set): the model and optimizer are caught on their way into the harness and AdamW.

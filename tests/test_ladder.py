@@ -122,6 +122,18 @@ def test_steps_on_cpu_say_why_they_do_nothing(ladder_runs):
     assert any("step 02: TF32" in n and "no effect on cpu" in n for n in notes["02"])
     assert any("step 04: pinned memory" in n and "no effect on cpu" in n for n in notes["04"])
     assert any("step 12:" in n and "ran" in n for n in notes["12"])
+    # step_active: false exactly where the step's own optimization did nothing on this CPU
+    # (tiny has dropout 0, so SDPA's flash kernel runs; 09-13 run eager, but 08 compiles)
+    import torch
+
+    from harness.device import bf16_is_fast
+
+    fast = bf16_is_fast(torch.device("cpu"))[0]
+    expected = {"02", "04", "11", "12", "14"} | (set() if fast else {"05"})
+    recs = {Path(s).name[:2]: ladder_runs[s][1][0] for s in STEPS}
+    inactive = {k for k, r in recs.items() if r["step_active"] is False}
+    assert inactive == expected, {k: recs[k]["inactive_reason"] for k in inactive}
+    assert all((r["inactive_reason"] is None) == r["step_active"] for r in recs.values())
 
 
 def test_consecutive_diffs_match_goldens():

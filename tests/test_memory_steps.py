@@ -56,24 +56,32 @@ def test_chunked_fallback_never_saves_the_full_logits(step12):
 
 
 class _Run:
+    """What FusedLinearCrossEntropy uses of harness.Run (for step 12)."""
+
     def __init__(self):
-        self.notes = []
+        self.notes, self.inactive_reason = [], None
 
     def note(self, text):
         if text not in self.notes:
             self.notes.append(text)
+
+    def inactive(self, step, reason):
+        self.note(f"step {step}: {reason}")
+        if step == "12" and self.inactive_reason is None:
+            self.inactive_reason = reason
 
 
 def test_fused_loss_falls_back_once_with_a_note_on_cpu(step12):
     run = _Run()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fused = step12.FusedLinearCrossEntropy(run, torch.float32)
+        fused = step12.FusedLinearCrossEntropy(run, torch.float32, torch.device("cpu"))
         w, h, t = torch.randn(50, 8), torch.randn(20, 8), torch.randint(0, 50, (20,))
         first, second = fused(w, h, t), fused(w, h, t)
     assert len([w for w in caught if "step 12" in str(w.message)]) == 1  # warned once
     assert fused.liger is None
     assert len(run.notes) == 1 and "chunked PyTorch" in run.notes[0]
+    assert "no CUDA device" in run.inactive_reason  # the record: step_active false, and why
     ref = torch.nn.functional.cross_entropy(h @ w.T, t)
     torch.testing.assert_close(first, ref)
     torch.testing.assert_close(second, ref)

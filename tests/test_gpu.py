@@ -1,0 +1,213 @@
+"""The GPU suite: `pytest -m gpu` on a machine with a CUDA GPU (skipped, not failed, without).
+
+tools/gpu_session.sh runs it in one call, before the bounded sweep. What it checks, on CUDA:
+- every script on `tiny` writes an ok record (steps 08-14 compiled: Triton is the real path);
+- each step's loss against the previous step's, with the CUDA tolerances of
+  tests/loss_parity.json ("cuda": TF32 and bf16 round; atomics make no rerun bit-exact);
+- which steps record `step_active: false`: 11 and 14 (a world of one) and only those the
+  harness says are unavailable on this GPU (TF32, bf16, a fused SDPA kernel);
+- Liger's loss and gradients against plain cross-entropy, and that Liger (not the fallback) ran;
+- the peak memory of steps 12 and 13 below step 10's where activations dominate;
+- DDP with nccl as a world of one, under plain python and under torchrun;
+- the MFU peak table resolves this GPU, and the batch rule leaves the preset to a big one.
+"""
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, VERDICT, records, run_script
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+sys.path.insert(0, str(ROOT / "tools"))
+import ladder  # noqa: E402
+
+from harness import device as dev  # noqa: E402
+from harness.presets import PRESETS  # noqa: E402
+
+STEPS = [p.relative_to(ROOT).as_posix() for p in ladder.ladder()]
+SUMMARIES = list(ladder.SUMMARIES)
+MAX_STEPS, WARMUP = 4, 1  # as the CPU ladder test: its tolerances are for 4 steps
+PARITY = json.loads((ROOT / "tests" / "loss_parity.json").read_text())["cuda"]
+GPU = torch.device("cuda", 0)
+
+
+def run_on_cuda(script, out, *extra, launcher=(sys.executable,), data=VERDICT, env=None):
+    """(CompletedProcess, [records]) of one run of a script on CUDA."""
+    res = out / (Path(script).stem + ".jsonl")
+    res.unlink(missing_ok=True)
+    proc = run_script(
+        [*launcher, str(ROOT / script), "--device", "cuda", "--data", data, "--results", res,
+         *extra],
+        timeout=900, env=env,
+    )  # fmt: skip
+    return proc, records(res) if res.exists() else []
+
+
+def middlemarch() -> Path:
+    """The default text (gpt2-124m needs more windows than the test text has): data/, the
+    offline mirror (SPEED_LADDER_SHARED, as tools/gpu_session.sh sets it) or Gutenberg."""
+    from harness.data import read_text
+
+    return read_text(None)[1]
+
+
+def rel_err(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def cuda_runs(tmp_path_factory):
+    """Every script once on tiny, two at a time (the compiles are CPU-bound)."""
+    out = tmp_path_factory.mktemp("cuda-ladder")
+    tiny = ["--preset", "tiny", "--max-steps", MAX_STEPS, "--warmup-steps", WARMUP]
+
+    def one(script):
+        return script, run_on_cuda(script, out, *tiny)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, STEPS + SUMMARIES))
+
+
+def _ok(proc, recs):
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert len(recs) == 1, recs
+    rec = recs[0]
+    assert rec["status"] == "ok" and rec["device"] == "cuda", rec
+    return rec
+
+
+@pytest.mark.parametrize("script", STEPS + SUMMARIES)
+def test_every_script_writes_an_ok_record_on_cuda(cuda_runs, script):
+    rec = _ok(*cuda_runs[script])
+    assert rec["tokens_per_sec"] > 0 and rec["peak_mem_reserved_bytes"] > 0
+    assert rec["peak_mem_allocated_bytes"] > 0 and rec["cuda_version"]
+    assert rec["mfu"] is None or 0 < rec["mfu"] <= 1
+    assert rec["batch_rule"] is None  # tiny fits every GPU
+    assert rec["timed_steps"] == MAX_STEPS - WARMUP
+
+
+@pytest.mark.parametrize("script", STEPS[1:])
+def test_loss_matches_previous_step_on_cuda(cuda_runs, script):
+    i = STEPS.index(script)
+    prev = _ok(*cuda_runs[STEPS[i - 1]])["losses"]
+    cur = _ok(*cuda_runs[script])["losses"]
+    rule = PARITY["steps"][ladder.step_of(ROOT / script)]
+    worst = max(abs(a - b) for a, b in zip(cur, prev, strict=True))
+    assert worst <= rule["atol"], f"{worst:.2e} > {rule['atol']}: {rule['why']} ({cur} vs {prev})"
+
+
+def test_only_what_this_gpu_lacks_is_recorded_inactive(cuda_runs):
+    bf16 = dev.bf16_is_fast(GPU)[0]
+    expected = {"11", "14"}  # a world of one under plain python
+    if dev.tf32_unavailable(GPU):
+        expected.add("02")
+    if not bf16:
+        expected.add("05")
+    if dev.sdpa_math_only(GPU, PRESETS["tiny"], bf16):
+        expected.add("07")
+    inactive = {}
+    for script in STEPS:
+        rec = _ok(*cuda_runs[script])
+        if not rec["step_active"]:
+            inactive[rec["step"]] = rec["inactive_reason"]
+    assert set(inactive) == expected, inactive
+
+
+def test_liger_not_the_fallback_ran_in_step_12(cuda_runs):
+    pytest.importorskip(
+        "liger_kernel", reason="liger-kernel missing: tools/gpu_session.sh --wheels"
+    )
+    rec = _ok(*cuda_runs["steps/12_liger_fused_ce.py"])
+    assert rec["step_active"] is True, rec["inactive_reason"]
+    assert any("Liger fused linear cross-entropy kernel ran" in n for n in rec["notes"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
+    pytest.importorskip(
+        "liger_kernel", reason="liger-kernel missing: tools/gpu_session.sh --wheels"
+    )
+    from test_memory_steps import _Run, load_step
+
+    step12 = load_step("12_liger_fused_ce")
+    run = _Run()
+    fused = step12.FusedLinearCrossEntropy(run, dtype, GPU)
+    assert fused.liger is not None and run.inactive_reason is None
+
+    torch.manual_seed(0)
+    n, c, v = 2048, 256, 50304  # more rows than one chunk; the padded GPT-2 vocabulary
+    weight = (torch.randn(v, c, device=GPU) * 0.02).requires_grad_()
+    hidden = torch.randn(n, c, device=GPU).requires_grad_()
+    targets = torch.randint(0, 50257, (n,), device=GPU)
+
+    loss = fused(weight, hidden, targets)
+    loss.backward()
+    g_w, g_h = weight.grad.clone(), hidden.grad.clone()
+    weight.grad = hidden.grad = None
+    # the reference: fp32 logits from the same (rounded) inputs, plain cross-entropy
+    ref = torch.nn.functional.cross_entropy(
+        (hidden.to(dtype).float() @ weight.to(dtype).float().T), targets
+    )
+    ref.backward()
+    # Triton's fp32 dot runs in TF32 on Ampere and newer (2^-11 per input); bf16 inputs round
+    # to 2^-8 and the gradients are bf16 matmuls (Liger accumulates the weight's in fp32)
+    tol = 5e-3 if dtype == torch.float32 else 3e-2
+    assert rel_err(loss, ref) < tol, (loss.item(), ref.item())
+    assert rel_err(g_w, weight.grad) < tol
+    assert rel_err(g_h, hidden.grad) < tol
+    assert any("kernel ran" in n for n in run.notes)
+
+
+def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path):
+    """gpt2-124m at batch 16 (4 below 40 GB): step 10 holds the (B*1024, 50304) logits and every
+    block's activations; step 12 drops the logits, step 13 the blocks' insides too."""
+    batch = 16 if dev.gpu_memory(GPU)[0] >= 40e9 else 4
+    peaks = {}
+    for script in ["steps/10_larger_batch.py", "steps/12_liger_fused_ce.py",
+                   "steps/13_gradient_checkpointing.py"]:  # fmt: skip
+        flags = ["--preset", "gpt2-124m", "--batch-size", batch, "--max-steps", 6,
+                 "--warmup-steps", 3]  # fmt: skip
+        rec = _ok(*run_on_cuda(script, tmp_path, *flags, data=middlemarch()))
+        peaks[rec["step"]] = rec["peak_mem_reserved_bytes"]
+    assert peaks["12"] < peaks["10"], peaks
+    assert peaks["13"] < peaks["12"], peaks
+
+
+@pytest.mark.parametrize("launcher", ["python", "torchrun"])
+def test_ddp_with_nccl_as_a_world_of_one(launcher, tmp_path):
+    argv = [sys.executable]
+    if launcher == "torchrun":
+        argv += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+    proc, recs = run_on_cuda("steps/11_ddp.py", tmp_path, "--preset", "tiny", "--max-steps", 4,
+                             "--warmup-steps", 2, launcher=argv,
+                             env={"DDP_BACKEND": "nccl"})  # fmt: skip
+    rec = _ok(proc, recs)
+    assert rec["world_size"] == 1 and rec["step_active"] is False  # nothing to share with
+
+
+def test_the_peak_table_resolves_this_gpu():
+    props = torch.cuda.get_device_properties(GPU)
+    flops, desc = dev.peak_flops(GPU)
+    assert flops is not None, f"{props.name}: {desc}"
+    assert 10e12 < flops < 5000e12, desc
+    fast, why = dev.bf16_is_fast(GPU)
+    assert fast == (props.major >= 8) or torch.version.hip, why
+
+
+def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
+    from harness.presets import fit_batch
+
+    total, bf16 = dev.gpu_memory(GPU)
+    rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], total, bf16)
+    if total >= 40e9:
+        assert rule is None, rule
+    else:
+        assert rule["batch"] < 8 and rule["large_batch"] == 4 * rule["batch"], rule

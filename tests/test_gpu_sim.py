@@ -1,0 +1,253 @@
+"""GPU conditions simulated on a CPU: fake device properties, names, memory sizes and counts.
+
+What a GPU user meets first (the MFU denominator, the bf16 gate, more processes than GPUs, the
+batch that fits, a bad DDP backend, Liger's failures) is decided in Python from what torch
+reports; these tests monkeypatch what torch reports. tests/test_gpu.py runs the real thing.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness import device as dev
+from harness.errors import UserError
+
+GB = 10**9
+
+
+def props(name, major=8, minor=0, sms=None, memory=80 * GB, arch=None):
+    """What torch.cuda.get_device_properties() returns, as far as the harness reads it."""
+    p = SimpleNamespace(name=name, major=major, minor=minor, total_memory=memory)
+    if sms is not None:
+        p.multi_processor_count = sms
+    if arch is not None:
+        p.gcnArchName = arch
+    return p
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """fake_gpu(props, count=1, rocm=False): torch.cuda reports that GPU, `count` times."""
+
+    def install(p, count=1, rocm=False):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: p)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: p.name)
+        monkeypatch.setattr(torch.version, "hip", "6.2" if rocm else None)
+        return torch.device("cuda", 0)
+
+    return install
+
+
+# ---------------------------------------------------------------- MFU's peak
+@pytest.mark.parametrize(
+    "p,tflops,words",
+    [
+        (props("NVIDIA H100 80GB HBM3", 9, 0, 132), 989.5, ["H100 SXM", "dense bf16"]),
+        (props("NVIDIA A10G", 8, 6, 80), 70.0, ["A10G", "derived"]),
+        (props("NVIDIA A100-SXM4-80GB MIG 3g.40gb", 8, 0, 42), 312.0 * 42 / 108,
+         ["MIG slice 3g.40gb of an A100 SXM", "42 of the 108 SMs"]),
+        (props("Tesla T4", 7, 5, 40), 65.0, ["T4", "fp16 peak used"]),
+        (props("AMD Instinct MI300X", 9, 4, 304, arch="gfx942:sramecc+:xnack-"), 1307.4,
+         ["MI300X"]),
+    ],
+)  # fmt: skip
+def test_mfu_peak_comes_from_the_gpu_table(p, tflops, words, fake_gpu):
+    d = fake_gpu(p, rocm=p.name.startswith("AMD"))
+    flops, desc = dev.peak_flops(d)
+    assert flops == pytest.approx(tflops * 1e12)
+    for w in words:
+        assert w in desc, desc
+
+
+def test_an_unknown_gpu_gets_no_mfu_and_says_how_to_add_it(fake_gpu):
+    d = fake_gpu(props("NVIDIA GeForce GTX 1080", 6, 1, 20))
+    flops, desc = dev.peak_flops(d)
+    assert flops is None
+    assert "MFU left empty" in desc and "add a row to GPU_PEAKS in harness/gpus.py" in desc
+
+
+def test_a_mig_slice_without_its_sm_count_gets_no_whole_gpu_peak(fake_gpu):
+    d = fake_gpu(props("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9, 0))
+    flops, desc = dev.peak_flops(d)
+    assert flops is None and "MIG slice" in desc
+
+
+# ---------------------------------------------------------------- the bf16 gate
+@pytest.mark.parametrize(
+    "p,rocm,fast,words",
+    [
+        (props("NVIDIA A100-SXM4-80GB", 8, 0), False, True, ["8.0 >= 8.0"]),
+        (props("NVIDIA GeForce RTX 4090", 8, 9), False, True, ["8.9"]),
+        (props("Tesla V100-SXM2-16GB", 7, 0), False, False, ["7.0 < 8.0", "emulated"]),
+        (props("Tesla T4", 7, 5), False, False, ["7.5 < 8.0", "is_bf16_supported"]),
+        (props("AMD Instinct MI300X", 9, 4, arch="gfx942:sramecc+:xnack-"), True, True,
+         ["gfx942"]),
+        (props("AMD Radeon Pro VII", 9, 0, arch="gfx906"), True, False, ["gfx906"]),
+    ],
+)  # fmt: skip
+def test_bf16_only_where_the_gpu_has_it_natively(p, rocm, fast, words, fake_gpu, monkeypatch):
+    # torch says True on every one of them (V100/T4: emulated): it must not be what decides
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    ok, why = dev.bf16_is_fast(fake_gpu(p, rocm=rocm))
+    assert ok is fast
+    assert p.name in why
+    for w in words:
+        assert w in why, why
+
+
+# ---------------------------------------------------------------- more processes than GPUs
+def test_more_processes_than_gpus_is_one_clear_line_before_any_name_is_asked(fake_gpu, monkeypatch):
+    fake_gpu(props("NVIDIA A10G", 8, 6, 80), count=2)
+
+    def assert_first(d=None):
+        raise AssertionError("get_device_name asserts on a missing device")
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", assert_first)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", assert_first)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(UserError, match=r"4 processes on this node but 2 GPUs visible.*at most 2"):
+        dev.resolve("cuda")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert dev.resolve("cuda") == torch.device("cuda", 1)
+
+
+# ---------------------------------------------------------------- the batch that fits
+# total_memory as torch reports it on these cards (bytes)
+RTX_4090, L4, T4, V100_16 = 25_386_352_640, 23_580_639_232, 15_828_320_256, 16_945_512_448
+A100_40, A100_80 = 42_505_273_344, 85_051_572_224
+
+
+@pytest.mark.parametrize(
+    "memory,bf16,batches",
+    [
+        (RTX_4090, True, (4, 16)),  # 24 GB: step 00 (fp32, batch 8) would need ~26 GB
+        (L4, True, (4, 16)),
+        (V100_16, False, (2, 8)),  # 16 GB, no bf16: fp32 throughout
+        (T4, False, (2, 8)),
+        (A100_40, True, None),  # the preset fits: no rule
+        (A100_80, True, None),
+    ],
+)
+def test_the_batch_rule_picks_a_batch_that_fits_and_keeps_step_10s_4x(memory, bf16, batches):
+    from harness.presets import PRESETS, fit_batch
+
+    rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], memory, bf16)
+    if batches is None:
+        assert rule is None
+        return
+    assert (rule["batch"], rule["large_batch"]) == batches
+    assert rule["large_batch"] == 4 * rule["batch"]
+    assert (rule["preset_batch"], rule["preset_large_batch"]) == (8, 32)
+    assert "cannot hold gpt2-124m at batch 8" in rule["reason"]
+
+
+def test_where_no_batch_fits_the_preset_is_kept_and_said():
+    from harness.presets import PRESETS, fit_batch
+
+    rule = fit_batch("gpt2-xl", PRESETS["gpt2-xl"], RTX_4090, True)  # 26 GB of state alone
+    assert (rule["batch"], rule["large_batch"]) == (1, 4)
+    assert "nor at batch 1" in rule["reason"]
+
+
+def _run_args(**kw):
+    import argparse
+
+    from conftest import VERDICT
+
+    base = dict(device="cuda", preset=None, epochs=None, max_steps=None, warmup_steps=None,
+                batch_size=None, data=str(VERDICT), results=None, seed=123)  # fmt: skip
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("memory,batch", [(RTX_4090, 4), (V100_16, 2), (A100_80, 8)])
+def test_every_step_makes_the_same_choice_prints_it_and_records_it(memory, batch, fake_gpu, capsys):
+    from harness.run import Run
+
+    major = 7 if memory == V100_16 else 8
+    fake_gpu(props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory))
+    runs = [Run(_run_args(), step, __file__) for step in ("00", "05", "10", "13")]
+    assert {r.preset["batch_size"] for r in runs} == {batch}
+    assert {r.preset["large_batch_size"] for r in runs} == {4 * batch}
+    rec = runs[0]._base_record("ok")
+    if batch == 8:
+        assert rec["batch_rule"] is None
+        return
+    assert rec["batch_rule"]["batch"] == batch
+    assert any(n.startswith("batch rule: ") for n in rec["notes"])
+    assert "batch rule: this GPU's" in capsys.readouterr().out
+
+
+def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
+    from harness.run import Run
+
+    fake_gpu(props("NVIDIA GeForce RTX 4090", 8, 9, 128, memory=RTX_4090))
+    run = Run(_run_args(batch_size=8), "00", __file__)
+    assert run.preset["batch_size"] == 8 and run.preset["batch_rule"] is None
+
+
+# ---------------------------------------------------------------- is the step's idea active here?
+@pytest.mark.parametrize(
+    "p,rocm,env,inactive",
+    [
+        (props("NVIDIA A100-SXM4-80GB", 8, 0), False, None, None),
+        (props("Tesla V100-SXM2-16GB", 7, 0), False, None, "7.0 < 8.0 has no TF32"),
+        (props("Tesla T4", 7, 5), False, None, "7.5 < 8.0 has no TF32"),
+        (props("AMD Instinct MI250X", 9, 0, arch="gfx90a:sramecc+:xnack-"), True, None, "MI300"),
+        (props("AMD Instinct MI300X", 9, 4, arch="gfx942:sramecc+:xnack-"), True, None,
+         "HIPBLASLT_ALLOW_TF32=1"),
+        (props("AMD Instinct MI300X", 9, 4, arch="gfx942:sramecc+:xnack-"), True, "1", None),
+    ],
+)  # fmt: skip
+def test_tf32_is_inactive_where_the_gpu_has_none(p, rocm, env, inactive, fake_gpu, monkeypatch):
+    if env is None:
+        monkeypatch.delenv("HIPBLASLT_ALLOW_TF32", raising=False)
+    else:
+        monkeypatch.setenv("HIPBLASLT_ALLOW_TF32", env)
+    why = dev.tf32_unavailable(fake_gpu(p, rocm=rocm))
+    assert why is None if inactive is None else inactive in why, why
+    assert "no effect on cpu" in dev.tf32_unavailable(torch.device("cpu"))
+
+
+def test_sdpa_on_a_cpu_with_dropout_runs_the_math_path():
+    from harness.presets import PRESETS
+
+    cpu = torch.device("cpu")
+    why = dev.sdpa_math_only(cpu, PRESETS["cpu"], bf16=False)  # dropout 0.1
+    assert "math path" in why and "dropout 0.1" in why
+    assert dev.sdpa_math_only(cpu, PRESETS["tiny"], bf16=False) is None  # dropout 0: flash
+
+
+def test_compile_disabled_is_inactive(monkeypatch):
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    assert "TORCH_COMPILE_DISABLE=1" in dev.compile_disabled()
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)
+    assert dev.compile_disabled() is None
+
+
+def test_only_the_running_steps_own_number_sets_step_active(fake_gpu):
+    import argparse
+
+    from conftest import VERDICT
+
+    from harness.run import Run
+
+    args = argparse.Namespace(device="cpu", preset="tiny", epochs=None, max_steps=None,
+                              warmup_steps=None, batch_size=None, data=str(VERDICT),
+                              results=None, seed=123)  # fmt: skip
+    run = Run(args, "05", __file__)
+    run.inactive("02", "TF32 is a CUDA tensor-core mode: no effect on cpu")
+    assert run._base_record("ok")["step_active"] is True  # another step's no-op: a note only
+    run.inactive("05", "bf16 autocast off on this cpu: slower")
+    rec = run._base_record("ok")
+    assert (
+        rec["step_active"] is False
+        and rec["inactive_reason"] == "bf16 autocast off on this cpu: slower"
+    )
+    assert rec["notes"] == ["step 02: TF32 is a CUDA tensor-core mode: no effect on cpu",
+                            "step 05: bf16 autocast off on this cpu: slower"]  # fmt: skip

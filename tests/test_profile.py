@@ -1,0 +1,432 @@
+"""Where the time goes (`--profile`, harness.profile): the categories, backward attribution,
+the device-time path, the Run's schedule (after the window; after the warm-up without
+--max-steps; data running out), the flags, the sweep, the summary and the chart; a real step,
+and (slow) every step, 11 and 14 in 2 processes too.
+
+The real steps run with OMP_NUM_THREADS=1: on a 2-core machine shared with other jobs an op
+parallelized over both cores waits for a time slice whenever the other core is busy, which adds
+milliseconds to random ops and would blur the shares compared here.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, VERDICT, py, records
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList, FunctionEvent
+
+from harness import cli, profile
+from harness import device as dev
+from harness.errors import UserError
+from harness.run import Run
+
+# the tiny preset's model with a small vocabulary: steps of milliseconds
+SMALL = {
+    "vocab_size": 512,
+    "context_length": 32,
+    "emb_dim": 64,
+    "n_heads": 4,
+    "n_layers": 2,
+    "drop_rate": 0.0,
+    "qkv_bias": False,
+}
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def load_step(path: str):
+    spec = importlib.util.spec_from_file_location(f"step_{abs(hash(path))}", ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def assert_adds_up(share: dict) -> None:
+    assert set(share) == set(profile.CATEGORIES)
+    assert all(v >= 0 for v in share.values()), share
+    assert abs(sum(share.values()) - 1) <= 1e-3, share
+
+
+# ---------------------------------------------------------------- the categories
+def test_op_names_give_categories():
+    cat = profile.named_category
+    assert cat("aten::mm") == cat("aten::addmm") == cat("aten::linear") == "matmul"
+    assert cat("aten::matmul") is None  # 4-D q @ k.T is matmul -> bmm: its callee decides
+    assert cat("aten::bmm") == cat("aten::_softmax") == cat("aten::masked_fill_") == "attention"
+    assert cat("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention"
+    assert cat("aten::native_layer_norm") == cat("aten::gelu_backward") == "norm_act"
+    assert cat("aten::_log_softmax") == cat("aten::nll_loss_backward") == "loss"
+    assert cat("Optimizer.step#AdamW.step") == cat("aten::_fused_adamw_") == "optimizer"
+    assert cat("gloo:all_reduce") == cat("FSDP::all_gather (trf_blocks.1)") == "communication"
+    assert cat("torch.distributed.ddp.reducer::copy_bucket_to_grad") == "communication"
+    assert cat("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__") == "data_host"
+    assert cat("speed-ladder/attention: MultiHeadAttention") == "attention"
+    assert cat("speed-ladder/step: 3") is None and cat("aten::mul") is None
+    # torch.compile's kernels are named by what they fuse
+    assert cat("triton_red_fused__log_softmax_nll_loss_0") == "loss"
+    assert cat("triton_per_fused_add_native_layer_norm_3") == "norm_act"
+    assert cat("triton_poi_fused_add_embedding_1") is None
+    assert profile.kernel_category("ncclDevKernel_AllReduce_Sum_f32") == "communication"
+    assert profile.kernel_category("Memcpy HtoD (Pinned -> Device)") == "data_host"
+
+
+def test_a_known_model_adds_up_and_backward_ops_follow_their_forward_op():
+    """Step 00's model (hand-written LayerNorm, GELU and attention), tiny's shape: every
+    category is found, backward ops included, the shares add up to 100%, run.paused() is out."""
+    m = load_step("00_orig.py")
+    torch.manual_seed(0)
+    model = m.GPTModel(SMALL)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
+    hooks = profile.ModuleRanges(model)
+    assert hooks.install() == 2 * 4 + 1  # per block: 2 norms, GELU, attention; the final norm
+    hooks.remove()
+    share, res, by_name, events = _profile_steps(m, model, opt, x, y, steps=2, pause=True)
+    assert not any(mod._forward_hooks for mod in model.modules())  # removed again
+    assert_adds_up(share)
+    assert res["steps"] == 2 and res["basis"].startswith("self CPU time")
+    for c in ("matmul", "attention", "norm_act", "loss", "optimizer", "data_host"):
+        assert share[c] > 0, (c, share)
+    assert share["communication"] == 0
+    names = {c: {n for (cc, n) in by_name if cc == c} for c in profile.CATEGORIES}
+    # backward nodes take their forward op's category: hand-written GELU and LayerNorm, attention
+    assert {"aten::tanh_backward", "autograd::engine::evaluate_function: PowBackward0"} <= names[
+        "norm_act"
+    ]
+    assert "autograd::engine::evaluate_function: VarBackward0" in names["norm_act"]
+    assert "autograd::engine::evaluate_function: BmmBackward0" in names["attention"]
+    assert "aten::_softmax_backward_data" in names["attention"]
+    assert "aten::_log_softmax_backward_data" in names["loss"]
+    assert "aten::mm" in names["matmul"] and "aten::mm" not in names["attention"]
+    assert "aten::tanh" not in names["other"] and "aten::var" not in names["other"]
+    ranges = [e for e in events if e.name.startswith(profile.STEP_RANGE)]
+    paused = [e for e in events if e.name == profile.PAUSED_RANGE]
+    wall = sum(r.time_range.elapsed_us() for r in ranges) - sum(
+        p.time_range.elapsed_us() for p in paused
+    )
+    assert res["wall_s"] == pytest.approx(wall / 1e6, rel=1e-6)
+
+
+def test_sdpa_takes_time_out_of_attention():
+    """Steps 06 and 07's models (hand-written attention vs scaled_dot_product_attention, its CPU
+    flash kernel with dropout 0) where attention is most of the work (context 256, vocabulary
+    512; on the tiny preset the 50257-way output layer and loss are 90% of a step and
+    attention's share is under 1% either way): attention's share falls by more than a quarter
+    (typically to under half; a busy machine adds noise)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see the module docstring
+    try:
+        got = {}
+        for step in ("06_native_layernorm_gelu", "07_flash_attention_sdpa"):
+            m = load_step(f"steps/{step}.py")
+            cfg = dict(SMALL, context_length=256)
+            torch.manual_seed(0)
+            model = m.GPTModel(cfg)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+            x, y = torch.randint(0, 512, (2, 256)), torch.randint(0, 512, (2, 256))
+            got[step[:2]] = _profile_steps(m, model, opt, x, y, steps=4)[0]
+    finally:
+        torch.set_num_threads(threads)
+    for share in got.values():
+        assert_adds_up(share)
+    assert got["07"]["attention"] < 0.75 * got["06"]["attention"], got
+
+
+def _profile_steps(m, model, opt, x, y, steps: int, pause: bool = False):
+    """(shares, breakdown, by_name, events) of `steps` steps profiled as the harness does."""
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    def step():
+        opt.zero_grad()
+        m.calc_loss_batch(x, y, model).backward()
+        opt.step()
+
+    step()
+    hooks = profile.ModuleRanges(model)
+    hooks.install()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for n in range(steps):
+            with record_function(f"{profile.STEP_RANGE}{n}"):
+                step()
+                if pause:
+                    with record_function(profile.PAUSED_RANGE), torch.no_grad():
+                        model(x)  # an evaluation: neither counted nor in the wall time
+    hooks.remove()
+    by_name: dict = {}
+    res = profile.breakdown(prof.events(), steps, use_device=False, by_name=by_name)
+    return profile.shares(res["seconds"]), res, by_name, prof.events()
+
+
+def _ev(eid, name, start, end, thread=1, device=DeviceType.CPU, linked=0, seq=-1, fwd=None):
+    kind = "cpu_op" if device == DeviceType.CPU else "gpu_memcpy" if "Memcpy" in name else "kernel"
+    return FunctionEvent(
+        id=eid, name=name, thread=thread, start_us=start, end_us=end, fwd_thread=fwd,
+        sequence_nr=seq, device_type=device, linked_correlation_id=linked, use_device="cuda",
+        activity_type=kind,
+    )  # fmt: skip
+
+
+def test_device_time_breakdown():
+    """CUDA: kernels counted in their launching op's category (the backward thread's too),
+    overlapping kernels scaled to the busy time, idle GPU time and host copies data and host,
+    a paused evaluation's kernels left out; no GPU needed (the profiler's events, made up)."""
+    gpu = DeviceType.CUDA
+    events = [
+        _ev(1, profile.STEP_RANGE + "0", 0, 1000),
+        _ev(2, "aten::copy_", 10, 20),
+        _ev(3, "speed-ladder/attention: MultiHeadAttention", 30, 90),
+        _ev(4, "aten::matmul", 40, 80, seq=7),  # 4-D: its bmm's category, attention
+        _ev(5, "aten::bmm", 50, 70),
+        _ev(6, "aten::mm", 100, 200),
+        _ev(7, "nccl:all_reduce", 300, 310),
+        _ev(8, profile.PAUSED_RANGE, 800, 900),
+        _ev(9, "aten::mm", 810, 820),
+        # the autograd engine's device thread: the node of forward op 4 (sequence number 7)
+        _ev(10, profile.BACKWARD + "UnsafeViewBackward0", 500, 560, thread=2, seq=7, fwd=1),
+        _ev(11, "aten::mul", 510, 520, thread=2),
+        # the kernels, each linked to the op that launched it
+        _ev(101, "Memcpy HtoD (Pageable -> Device)", 20, 60, device=gpu, linked=2),
+        _ev(102, "ampere_sgemm_128x64_tn", 60, 100, device=gpu, linked=5),
+        _ev(103, "ampere_sgemm_128x64_nn", 150, 450, device=gpu, linked=6),
+        _ev(104, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 300, 500, device=gpu, linked=7),
+        _ev(105, "vectorized_elementwise_kernel", 520, 580, device=gpu, linked=11),
+        _ev(106, "triton_red_fused__log_softmax_0", 600, 700, device=gpu),  # no op: by name
+        _ev(107, "ampere_sgemm_32x32", 820, 880, device=gpu, linked=9),  # paused: not counted
+    ]
+    drawn = _ev(108, profile.STEP_RANGE + "0", 0, 1000, device=gpu)  # a range, not device work
+    drawn.activity_type = "gpu_user_annotation"
+    events.append(drawn)
+    el = EventList(events, use_device="cuda")
+    el._build_tree()
+    res = profile.breakdown(el, 1, use_device=True)
+    assert res["basis"] == "device time" and res["wall_s"] == pytest.approx(900e-6)
+    us = {c: v * 1e6 for c, v in res["seconds"].items()}
+    # kernels: 40 + 40 + 300 + 200 + 60 + 100 = 740 us, busy (their union) 590 us
+    scale = 590 / 740
+    assert us["matmul"] == pytest.approx(300 * scale)
+    assert us["attention"] == pytest.approx((40 + 60) * scale)  # bmm's, and its backward's
+    assert us["communication"] == pytest.approx(200 * scale)
+    assert us["loss"] == pytest.approx(100 * scale)
+    assert us["data_host"] == pytest.approx(40 * scale + (900 - 590))  # the copy, the idle GPU
+    assert sum(us.values()) == pytest.approx(900)
+    assert_adds_up(profile.shares(res["seconds"]))
+
+
+# ---------------------------------------------------------------- the Run's schedule
+def _run(monkeypatch, argv, step="06_native_layernorm_gelu.py"):
+    rates = {"fp32": 5e10, "bf16": 1e9}  # not measured again here (about 30 s on 2 cores)
+    monkeypatch.setattr(dev, "measured_matmul_rates", lambda device: rates)
+    args = cli.parse_args(None, ["--device", "cpu", "--preset", "tiny", *argv])
+    return Run(args, step[:2], str(ROOT / "steps" / step))
+
+
+def _train(run, batches: int, pause_at=None, epoch_mode=False):
+    """A step-06 model trained like a step script does, `batches` batches in one epoch."""
+    m = load_step("steps/06_native_layernorm_gelu.py")
+    torch.manual_seed(0)
+    model = m.GPTModel(SMALL)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
+    run.set_model(model, SMALL, 2)
+    for _ in range(batches):
+        opt.zero_grad()
+        loss = m.calc_loss_batch(x, y, model)
+        loss.backward()
+        opt.step()
+        run.step_done(loss, tokens=x.numel())
+        if run.steps_done == pause_at:
+            with run.paused(), torch.no_grad():
+                model(x)
+        if run.finished:
+            break
+    return run.finish(None, None)
+
+
+def test_after_the_timed_window_profiled_steps_are_not_timed(monkeypatch, tmp_path):
+    run = _run(monkeypatch, ["--max-steps", "4", "--warmup-steps", "1", "--profile", "2"])
+    seen = []
+    real_end = run._end_window
+    monkeypatch.setattr(run, "_end_window", lambda: (seen.append(run.steps_done), real_end()))
+    rec = _train(run, 10, pause_at=5)
+    assert seen == [4]  # the window's peak memory is read before profiling starts
+    assert run.steps_done == 6 and rec["timed_steps"] == 3 and len(rec["losses"]) == 6
+    assert rec["profiled_steps"] == 2 and rec["profiled_ms"] > 0
+    assert rec["peak_mem_reserved_bytes"] == run._window_peak[0]
+    assert_adds_up(rec["time_breakdown"])
+    assert "after the timed window" in " ".join(rec["notes"]) and "trace" not in rec
+
+
+def test_without_max_steps_the_steps_after_warm_up_are_profiled(monkeypatch):
+    """Epoch mode (gpt2-124m's default): the end is not known, so the steps right after the
+    warm-up are profiled and the timed window starts after them."""
+    run = _run(monkeypatch, ["--warmup-steps", "2", "--profile", "2"])
+    run.preset["max_steps"] = None
+    run.profiler = profile.from_args(run.args, run)
+    windows = []
+    real_start = run._start_window
+    start = lambda: (windows.append(run.steps_done), real_start())  # noqa: E731
+    monkeypatch.setattr(run, "_start_window", start)
+    rec = _train(run, 8, pause_at=3)
+    assert windows == [4] and run.steps_done == 8
+    assert rec["timed_steps"] == 4 and rec["profiled_steps"] == 2
+    assert_adds_up(rec["time_breakdown"])
+    assert "after the warm-up, before it" in " ".join(rec["notes"])
+    assert "peak RSS may include memory the profiler freed" in " ".join(rec["notes"])
+
+
+def test_data_running_out_keeps_the_profiled_steps(monkeypatch):
+    run = _run(monkeypatch, ["--max-steps", "3", "--warmup-steps", "1", "--profile", "3"])
+    rec = _train(run, 4)  # one step after the window, then the loop ends
+    assert rec["timed_steps"] == 2 and rec["profiled_steps"] == 1
+    assert_adds_up(rec["time_breakdown"])
+    assert "the data ran out after 1 of 3 profiled steps" in " ".join(rec["notes"])
+
+    run = _run(monkeypatch, ["--max-steps", "5", "--warmup-steps", "1", "--profile"])
+    rec = _train(run, 4)  # the data runs out inside the window: nothing profiled
+    assert rec["time_breakdown"] is None and rec["timed_steps"] == 3
+    assert "before step 6, the first to profile" in " ".join(rec["notes"])
+
+
+def test_a_profiler_that_cannot_start_costs_the_run_nothing(monkeypatch):
+    import torch.profiler
+
+    def broken(**kw):
+        raise RuntimeError("no kineto here")
+
+    monkeypatch.setattr(torch.profiler, "profile", broken)
+    run = _run(monkeypatch, ["--warmup-steps", "2", "--profile"])
+    run.preset["max_steps"] = None  # epoch mode: the window would wait for the profiled steps
+    run.profiler = profile.from_args(run.args, run)
+    rec = _train(run, 5)
+    assert rec["timed_steps"] == 3 and rec["time_breakdown"] is None
+    assert "could not start torch.profiler: RuntimeError: no kineto here" in " ".join(rec["notes"])
+    assert not any(m._forward_hooks for m in run.profiler.model.modules())
+
+
+# ---------------------------------------------------------------- flags
+def test_profile_flags_are_passed_but_do_not_identify_a_run(tmp_path):
+    p = cli.Parser()
+    from harness import sweep
+
+    sweep.add_run_parser(p.add_subparsers(dest="command"))
+    values = vars(p.parse_args(["run", "--profile", "--trace", str(tmp_path)]))
+    assert values["profile"] == profile.PROFILE_STEPS == 3
+    assert "profile" not in cli.run_config(values) and "trace" not in cli.run_config(values)
+    assert cli.child_argv(values)[-4:] == ["--profile", "3", "--trace", str(tmp_path)]
+    assert cli.parse_args(None, ["--profile", "5"]).profile == 5
+    assert cli.parse_args(None, []).profile is None
+    file = tmp_path / "a-file"
+    file.write_text("")
+    with pytest.raises(UserError, match=r"--trace .*a-file: is a file, not a folder"):
+        profile.from_args(cli.parse_args(None, ["--trace", str(file)]), run=None)
+
+
+def test_a_profiled_sweep_reruns_steps_without_a_breakdown_and_charts_it(tmp_path, capsys):
+    """Fixture steps: --profile keeps the configuration (same runs.jsonl config), reruns the
+    steps whose latest runs have no time breakdown, and draws time_breakdown.png, which the
+    README links."""
+    from test_sweep import FIXTURES, runs_of, summary_of, sweep_here
+
+    from harness.readme import results_markdown
+    from harness.time_chart import TIME_CHART
+
+    results = tmp_path / "results"
+    base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
+    base += ["--steps", "00,01"]
+    assert sweep_here(capsys, *base, "--no-plots")[0] == 0
+    tag = results / runs_of(results)[0]["sweep"]["tag"]
+    assert not (tag / TIME_CHART).exists()
+    code, out, err = sweep_here(capsys, *base, "--profile")
+    assert code == 0, out + err
+    recs = runs_of(results)
+    assert len(recs) == 4 and "up to date" not in out
+    assert recs[0]["sweep"]["config"] == recs[2]["sweep"]["config"]
+    assert "--profile" in recs[2]["sweep"]["command"] and recs[2]["time_breakdown"]
+    row = summary_of(results)["01"]
+    assert row["time_attention"] == 0.15 and row["time_matmul"] == 0.5
+    assert (tag / TIME_CHART).read_bytes()[:4] == b"\x89PNG"
+    assert f"[where the time goes]({tag.name}/{TIME_CHART})" in results_markdown([tag], results)
+    code, out, _ = sweep_here(capsys, *base, "--profile", "--no-plots")
+    assert code == 0 and out.count("up to date") == 2
+
+
+def test_time_chart_bars_only_profiled_steps(tmp_path, monkeypatch):
+    """A stacked bar per profiled step, its shares scaled to 100%; the others are labels."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from test_plot import FIXTURE_TAG
+
+    from harness.summary import TIME_COLUMNS
+    from harness.time_chart import plot_time_breakdown
+
+    tag = tmp_path / "cpu-fixture"
+    tag.mkdir()
+    df = pd.read_csv(FIXTURE_TAG / "summary.csv", dtype={"step": str})
+    assert plot_time_breakdown(FIXTURE_TAG) == []  # nothing profiled: no chart
+    ok = df.index[df["status"] == "ok"]
+    for col in TIME_COLUMNS:
+        df[col] = None
+    df.loc[ok[0], TIME_COLUMNS] = [0.5, 0.2, 0.1, 0.1, 0.05, 0.0, 0.04, 0.02]  # adds to 1.01
+    df.to_csv(tag / "summary.csv", index=False)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    (path,) = plot_time_breakdown(tag)
+    assert path.name == "time_breakdown.png" and path.read_bytes()[:4] == b"\x89PNG"
+    ax = figures[0].axes[0]
+    widths = [p.get_width() for p in ax.patches]
+    assert len(widths) == 7 and sum(widths) == pytest.approx(100)  # communication is 0
+    texts = [t.get_text() for t in ax.texts]
+    assert texts.count("not profiled (run with --profile)") == len(ok) - 1
+    assert "50%" in texts and "failed (oom)" in texts
+
+
+# ---------------------------------------------------------------- real steps
+def _profiled(tmp_path, script, *extra, env=None, launcher=()):
+    out = tmp_path / f"{os.path.basename(script)[:2]}{'-x2' if launcher else ''}.jsonl"
+    args = [script, "--device", "cpu", "--preset", "tiny", "--data", VERDICT, "--results", out]
+    args += ["--max-steps", 5, "--profile", *extra]
+    if launcher:
+        from conftest import run_script
+
+        p = run_script([*launcher, ROOT / script, *args[1:]], env={**ONE_THREAD, **(env or {})})
+    else:
+        p = py(*args, env={**ONE_THREAD, **(env or {})})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    (rec,) = records(out)
+    assert rec["status"] == "ok" and rec["profiled_steps"] == 3, rec.get("notes")
+    assert rec["timed_steps"] == 5 - 2 and len(rec["losses"]) == 8
+    assert_adds_up(rec["time_breakdown"])
+    assert rec["time_breakdown"]["optimizer"] > 0 and rec["time_breakdown"]["matmul"] > 0
+    return rec
+
+
+def test_a_real_step_records_its_breakdown_and_trace(tmp_path):
+    """Step 07 on tiny with --profile --trace: 3 profiled steps after the timed window, which
+    keeps its 3 steps; the breakdown adds up; the trace opens as Chrome trace JSON."""
+    rec = _profiled(tmp_path, "steps/07_flash_attention_sdpa.py", "--trace", tmp_path / "tr")
+    assert rec["trace"].startswith(str(tmp_path / "tr" / "07-")) and rec["peak_mem_reserved_bytes"]
+    trace = json.loads(open(rec["trace"]).read())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"speed-ladder/step: 6", "speed-ladder/step: 8"} <= names
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+
+
+@pytest.mark.slow
+def test_every_step_profiles_on_cpu(tmp_path):
+    """Steps 00-14 on tiny with --profile (08 compiled; 09-14 eager to save the compiles), and
+    11 and 14 in 2 processes, where communication shows."""
+    from harness.ladder import discover
+
+    no_compile = {"TORCH_COMPILE_DISABLE": "1"}
+    for s in discover(ROOT):
+        env = no_compile if int(s.num) >= 9 else None
+        _profiled(tmp_path, s.rel, env=env)
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    for script in ("steps/11_ddp.py", "steps/14_fsdp2.py"):
+        rec = _profiled(tmp_path, script, env=no_compile, launcher=torchrun)
+        assert rec["world_size"] == 2 and rec["time_breakdown"]["communication"] > 0

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# One call on a GPU machine, no internet needed: the GPU tests, then the whole bounded sweep on
+# gpt2-124m, everything (results, logs, versions, pip freeze, nvidia-smi) in one folder OUT.
+#
+#   tools/gpu_session.sh OUT [--data FILE] [--bpe DIR] [--wheels DIR] [--no-tests]
+#                            [any `python -m harness run` flag: --steps, --device, --preset, ...]
+#
+#   --data FILE   the training text (default: data/middlemarch.txt, or the offline mirror)
+#   --bpe DIR     GPT-2's BPE files for tiktoken: encoder.json + vocab.bpe, or a tiktoken cache
+#                 folder (the files under their sha1 names); else $TIKTOKEN_CACHE_DIR as set
+#   --wheels DIR  wheels to install offline where a package is missing (liger-kernel for step 12:
+#                 pip install --no-index --no-deps); pip download them where pip works
+#   --no-tests    the sweep only
+#
+# Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
+#   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
+# Exit status: 0 when the tests and every step passed, 1 otherwise (OUT/status.txt says which).
+set -u -o pipefail
+
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || usage
+case "$1" in -h|--help) usage ;; -*) echo "error: OUT first (a folder), then flags" >&2; exit 2 ;; esac
+OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "error: cannot make $1" >&2; exit 2; }
+shift
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+DATA="" BPE="" WHEELS="" TESTS=1 SWEEP=() HAVE_WARMUP=0 HAVE_MAX=0 HAVE_DEVICE=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --data) DATA=$(cd "$(dirname "$2")" && pwd)/$(basename "$2") \
+                    || { echo "error: --data $2: no such folder" >&2; exit 2; }
+                SWEEP+=(--data "$DATA"); shift 2 ;;
+        --bpe) BPE=$(cd "$2" && pwd) || { echo "error: --bpe $2: no such folder" >&2; exit 2; }
+               shift 2 ;;
+        --wheels) WHEELS=$(cd "$2" && pwd) || { echo "error: --wheels $2: no such folder" >&2; exit 2; }
+                  shift 2 ;;
+        --no-tests) TESTS=0; shift ;;
+        --warmup-steps) HAVE_WARMUP=1; SWEEP+=("$1" "$2"); shift 2 ;;
+        --max-steps) HAVE_MAX=1; SWEEP+=("$1" "$2"); shift 2 ;;
+        --device) HAVE_DEVICE=1; SWEEP+=("$1" "$2"); shift 2 ;;
+        -h|--help) usage ;;
+        *) SWEEP+=("$1"); shift ;;
+    esac
+done
+[ $HAVE_DEVICE = 1 ] || SWEEP+=(--device cuda)
+# TODO(lead): the sweep's bounded defaults (trust branch) replace these two flags
+[ $HAVE_WARMUP = 1 ] || SWEEP+=(--warmup-steps 10)
+[ $HAVE_MAX = 1 ] || SWEEP+=(--max-steps 60)
+
+exec > >(tee -a "$OUT/session.log") 2>&1
+echo "== gpu_session $(date -u +%Y-%m-%dT%H:%M:%SZ) in $ROOT -> $OUT"
+cd "$ROOT" || exit 2
+: > "$OUT/status.txt"
+FAILED=0
+status() { echo "$1: $2" | tee -a "$OUT/status.txt"; [ "$2" = ok ] || FAILED=1; }
+
+# ---- offline inputs: a mirror folder the harness and the tests read (harness/files.py mirror())
+MIRROR="$OUT/offline/data"
+STAGED=0
+mkdir -p "$MIRROR"
+if [ -n "$DATA" ]; then
+    [ -f "$DATA" ] || { echo "error: --data $DATA: no such file" >&2; exit 2; }
+    cp "$DATA" "$MIRROR/middlemarch.txt" && STAGED=1  # the GPU tests' default text
+fi
+if [ -n "$BPE" ]; then
+    if [ -f "$BPE/encoder.json" ] && [ -f "$BPE/vocab.bpe" ]; then
+        mkdir -p "$MIRROR/gpt2_bpe" && cp "$BPE/encoder.json" "$BPE/vocab.bpe" "$MIRROR/gpt2_bpe/"
+        STAGED=1
+        export TIKTOKEN_CACHE_DIR="$OUT/offline/tiktoken"
+        "$PY" -c "import sys; from pathlib import Path; sys.path.insert(0, '.');
+from harness.data import stage_bpe; stage_bpe(Path('$BPE'), Path('$TIKTOKEN_CACHE_DIR'))" \
+            || { echo "error: cannot stage the BPE files from $BPE" >&2; exit 2; }
+    else
+        export TIKTOKEN_CACHE_DIR="$BPE"  # already tiktoken's cache folder
+    fi
+fi
+[ $STAGED = 1 ] && export SPEED_LADDER_SHARED="$OUT/offline"  # else: as it was
+echo "TIKTOKEN_CACHE_DIR=${TIKTOKEN_CACHE_DIR:-unset} SPEED_LADDER_SHARED=${SPEED_LADDER_SHARED:-unset}"
+
+# ---- carried wheels, installed offline where the package is missing
+if [ -n "$WHEELS" ]; then
+    if "$PY" -c "import liger_kernel" 2>/dev/null; then
+        echo "liger-kernel present: --wheels $WHEELS not needed"
+    else
+        "$PY" -m pip install --no-index --no-deps "$WHEELS"/*.whl \
+            && status wheels ok || status wheels "failed (pip install --no-index --no-deps $WHEELS/*.whl)"
+    fi
+fi
+
+# ---- what this machine is
+{ command -v nvidia-smi >/dev/null && nvidia-smi || echo "no nvidia-smi"; } > "$OUT/nvidia-smi.txt" 2>&1
+"$PY" -m pip freeze > "$OUT/pip-freeze.txt" 2>&1
+"$PY" - <<'EOF' 2>&1 | tee "$OUT/versions.txt"
+import platform, sys, torch
+print("python", sys.version.split()[0], platform.platform())
+print("torch", torch.__version__, "cuda", torch.version.cuda, "hip", getattr(torch.version, "hip", None))
+print("cudnn", torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
+for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+    p = torch.cuda.get_device_properties(i)
+    print(f"gpu {i}: {p.name}, compute capability {p.major}.{p.minor}, "
+          f"{p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
+try:
+    import importlib.metadata as md
+    print("liger-kernel", md.version("liger-kernel"), "triton", md.version("triton"))
+except Exception as e:
+    print("liger-kernel/triton:", e.__class__.__name__, e)
+EOF
+
+# ---- the GPU tests (skipped, not failed, without CUDA)
+if [ $TESTS = 1 ]; then
+    "$PY" -m pytest -m gpu tests/test_gpu.py -v -rs --junitxml="$OUT/pytest-gpu.xml" 2>&1 \
+        | tee "$OUT/pytest-gpu.log"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 0 ] && status tests ok || status tests "failed (exit $rc, see pytest-gpu.log)"
+fi
+
+# ---- the bounded sweep
+echo "== python -m harness run --results-dir $OUT/results ${SWEEP[*]}"
+"$PY" -m harness run --results-dir "$OUT/results" "${SWEEP[@]}" 2>&1 | tee "$OUT/sweep.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" = 0 ] && status sweep ok || status sweep "failed (exit $rc, see sweep.log)"
+
+echo "== done: $OUT"; cat "$OUT/status.txt"
+exit $FAILED
