@@ -15,8 +15,9 @@ and ends with `harness.main(main)`, which turns bad input into one error line.
 """
 
 from .cli import main, parse_args
-from .device import bf16_is_fast, compile_disabled, sdpa_math_only, tf32_unavailable
+from .device import bf16_is_fast
 from .errors import UserError
+from .inactive import compile_disabled, sdpa_math_only, tf32_unavailable
 from .presets import GPT2_VOCAB
 from .run import Run
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import gpus
+from . import gpus, load
 from .errors import UserError, warn
 from .files import atomic_write_bytes, cache_dir
 
@@ -201,10 +201,23 @@ class PeakWindow:
 
 # ---------------------------------------------------------------- peak FLOP/s
 def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024) -> float:
-    """Best of 5 timed bursts of n^3 matmuls: a busy moment lowers one burst, not the best."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    a @ b
+    """Best of 5 timed bursts of n^3 matmuls: a busy moment lowers one burst, not the best.
+    Where one n^3 matmul takes over 0.25 s (an emulated dtype: bf16 on a CPU without native
+    bf16 runs at about 1 GFLOP/s, 2 s a call at n = 1024), n halves, down to 256, so that
+    measuring a slow dtype takes a few seconds instead of half a minute; such a dtype's rate
+    barely depends on n. (Not predicted from a small probe: under load a 256^3 matmul can run
+    30x below a 1024^3 one, its threads waiting for each other.)
+    """
+    while True:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        synchronize(device)
+        if n <= 256 or time.perf_counter() - t0 <= 0.25:
+            break
+        n //= 2
     best = 0.0
     for _ in range(5):
         synchronize(device)
@@ -276,7 +289,8 @@ def measured_matmul_rates(device: torch.device) -> dict:
     device name, thread count and torch version (CPU/MPS have no datasheet table here).
 
     A cached entry outside the device's plausible range (see PLAUSIBLE_PEAK), or of the wrong
-    type, is measured again; a measurement outside it is returned but not cached.
+    type, is measured again; a measurement outside it, or one taken while other processes kept
+    a CPU busy (load.py's threshold), is returned but not cached.
     """
     key = rates_key(device)
     path = cache_dir() / "matmul_peak.json"
@@ -286,11 +300,19 @@ def measured_matmul_rates(device: torch.device) -> dict:
         if why is None:
             return table[key]
         warn(f"{path}: the cached matmul peak is implausible ({why}); measuring it again")
+    meter = load.Meter()  # other processes' CPU use while measuring (Linux; else unknown)
+    meter.start()
     rates = {
         "fp32": _matmul_rate(device, torch.float32),
         "bf16": _matmul_rate(device, torch.bfloat16),
     }
-    if rates_problem(device, rates) is None:
+    others = meter.stop()["other_load"] if device.type == "cpu" else None
+    if load.is_busy(others):  # a shared core lowers the rate: use it this run, never cache it
+        warn(
+            f"the {device.type} matmul peak was measured while other processes used "
+            f"{others:.2f} CPU cores: not cached, measured again next run"
+        )
+    elif rates_problem(device, rates) is None:
         table[key] = rates
         try:
             atomic_write_bytes(path, json.dumps(table, indent=1).encode())
@@ -348,66 +370,3 @@ def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
         return False, f"measured matmul rates implausible ({rates_problem(device, r)})"
     why = f"measured matmul: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f} GFLOP/s"
     return r["bf16"] > r["fp32"], why
-
-
-# ---------------------------------------------------------------- is a step's idea active here?
-# Each returns why a step's optimization does nothing on this device, or None where it acts; the
-# step passes the reason to run.inactive(), and its record says step_active: false.
-def tf32_unavailable(device: torch.device) -> str | None:
-    """Step 02: TF32 exists on NVIDIA compute capability >= 8.0 (Ampere on) and, on ROCm, on MI300
-    (gfx94x) only with HIPBLASLT_ALLOW_TF32=1 (PyTorch's own ROCm tests set it for TF32)."""
-    if device.type != "cuda":
-        return f"TF32 is a CUDA tensor-core mode: no effect on {device.type}"
-    p = torch.cuda.get_device_properties(device)
-    if is_rocm():
-        arch = (getattr(p, "gcnArchName", "") or "").split(":")[0]
-        if not arch.startswith("gfx94"):
-            where = arch or "arch unknown"
-            return f"{p.name} ({where}): on AMD GPUs TF32 exists on MI300 (gfx94x) only"
-        if os.environ.get("HIPBLASLT_ALLOW_TF32") != "1":
-            return f"{p.name}: ROCm uses TF32 on MI300 only with HIPBLASLT_ALLOW_TF32=1 set"
-        return None
-    if (p.major, p.minor) < (8, 0):
-        return (
-            f"{p.name}: compute capability {p.major}.{p.minor} < 8.0 has no TF32 tensor cores: "
-            "fp32 matmuls stay IEEE fp32"
-        )
-    return None
-
-
-def sdpa_math_only(device: torch.device, cfg: dict, bf16: bool) -> str | None:
-    """Step 07: why scaled_dot_product_attention runs PyTorch's math path here (the same
-    (B, H, T, T) work as hand-written attention), or None where a fused kernel runs. Asked of
-    torch itself (torch._fused_sdp_choice) for the training call's shape, dtype and dropout.
-    On a CPU, a dropout above 0 is the usual cause: the CPU flash kernel's checks refuse it
-    ("Both fused kernels do not support non-zero dropout", aten sdp_utils_cpp.h)."""
-    if device.type not in ("cpu", "cuda"):
-        return None  # MPS has its own attention kernel; torch offers no way to ask
-    try:
-        from torch.nn.attention import SDPBackend
-
-        heads, T = cfg["n_heads"], cfg["context_length"]
-        dtype = torch.bfloat16 if bf16 else torch.float32
-        q = torch.zeros(1, heads, T, cfg["emb_dim"] // heads, device=device, dtype=dtype)
-        q.requires_grad_(True)
-        drop = float(cfg.get("drop_rate") or 0.0)
-        choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
-    except Exception:  # an older or newer torch without this probe: say nothing
-        return None
-    if choice != int(SDPBackend.MATH):
-        return None
-    why = f"dropout {drop:g} > 0 has no fused kernel on {device.type}" if drop > 0 else (
-        f"no fused kernel for {dtype} and head size {cfg['emb_dim'] // heads} here"
-    )  # fmt: skip
-    return f"scaled_dot_product_attention runs the math path ({why}): no flash attention"
-
-
-def compile_disabled() -> str | None:
-    """Step 08: why torch.compile returns the model unchanged here, or None where it compiles.
-    (A torch.compile that cannot compile fails the run with one line naming the fix, which is
-    TORCH_COMPILE_DISABLE=1; a run made that way is this case.)"""
-    import torch._dynamo
-
-    if torch._dynamo.config.disable:
-        return "TORCH_COMPILE_DISABLE=1: torch.compile returns the model unchanged (eager)"
-    return None

@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+MIN_WINDOW_S = 0.5  # a shorter window has no other_load (ticks of 10 ms: too coarse)
 CHECK_S = 1.0  # how long the sweep's check before each run measures (SPEED_LADDER_CHECK_S)
 
 
@@ -140,8 +141,10 @@ def sample() -> Sample:
 
 
 def other_cores(a: Sample, b: Sample, root: int) -> float | None:
-    """Mean cores used by processes outside `root`'s tree between two samples."""
-    if a.busy is None or b.busy is None or b.t <= a.t:
+    """Mean cores used by processes outside `root`'s tree between two samples; None when the
+    window is under MIN_WINDOW_S (CPU time is counted in ticks of 10 ms: over a few ms one tick
+    reads as several cores)."""
+    if a.busy is None or b.busy is None or b.t - a.t < MIN_WINDOW_S:
         return None
     ours = tree(a.procs, root) | tree(b.procs, root)
     mine = lambda s: sum(s.procs[p].own + s.procs[p].reaped for p in ours if p in s.procs)

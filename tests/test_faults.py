@@ -231,6 +231,48 @@ def test_an_implausible_measurement_is_not_cached_and_gives_no_mfu(tmp_path, mon
     assert device.bf16_is_fast(torch.device("cpu"))[0] is False
 
 
+def test_a_peak_measured_on_a_busy_machine_is_used_once_and_not_cached(
+    tmp_path, monkeypatch, capsys
+):
+    """Another process sharing the cores lowers the measured rate; caching it would understate
+    the peak (and overstate MFU) on every later run of this machine."""
+    from harness import load
+
+    monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
+    monkeypatch.setattr(device, "_matmul_rate", lambda d, dtype, n=1024: 3e10)
+    monkeypatch.setattr(load.Meter, "stop", lambda self: {"other_load": 1.4})
+    peak, _ = device.peak_flops(torch.device("cpu"))
+    assert peak == 3e10  # this run uses it
+    assert not (tmp_path / "matmul_peak.json").exists()
+    err = capsys.readouterr().err
+    assert "other processes used 1.40 CPU cores: not cached" in err and "Traceback" not in err
+    monkeypatch.setattr(load.Meter, "stop", lambda self: {"other_load": 0.01})  # quiet now
+    device.peak_flops(torch.device("cpu"))
+    assert json.loads((tmp_path / "matmul_peak.json").read_text())
+
+
+def test_a_slow_dtype_is_measured_on_smaller_matrices(monkeypatch):
+    """bf16 on a CPU without native bf16 runs at ~1 GFLOP/s: a 1024^3 matmul takes 2 s, and 5
+    bursts of 2 of them took half a minute at every first run. Over 0.25 s a call, n halves."""
+    sizes = []
+    real = torch.randn
+
+    def randn(*shape, **kw):
+        sizes.append(shape[0])
+        return real(*shape, **kw)
+
+    real_clock = device.time.perf_counter
+    clock = iter(range(0, 10**6, 1))  # every call of the clock: 1 s later
+    monkeypatch.setattr(device.torch, "randn", randn)
+    monkeypatch.setattr(device.time, "perf_counter", lambda: float(next(clock)))
+    rate = device._matmul_rate(torch.device("cpu"), torch.float32)
+    assert sizes[::2] == [1024, 512, 256] and rate > 0  # halved while slow, to 256 at most
+    sizes.clear()
+    monkeypatch.setattr(device.time, "perf_counter", real_clock)
+    device._matmul_rate(torch.device("cpu"), torch.float32, n=64)
+    assert sizes == [64, 64]  # fast: measured at the size asked
+
+
 # ---------------------------------------------------------------- MFU outside (0, 100%]
 class Args:
     device, preset, max_steps, epochs, warmup_steps, batch_size = "cpu", "tiny", 3, 1, 1, None

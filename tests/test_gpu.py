@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 
 from harness import device as dev  # noqa: E402
+from harness import inactive  # noqa: E402
 from harness.presets import PRESETS  # noqa: E402
 
 STEPS = [p.relative_to(ROOT).as_posix() for p in ladder.ladder()]
@@ -107,18 +108,18 @@ def test_loss_matches_previous_step_on_cuda(cuda_runs, script):
 def test_only_what_this_gpu_lacks_is_recorded_inactive(cuda_runs):
     bf16 = dev.bf16_is_fast(GPU)[0]
     expected = {"11", "14"}  # a world of one under plain python
-    if dev.tf32_unavailable(GPU):
+    if inactive.tf32_unavailable(GPU):
         expected.add("02")
     if not bf16:
         expected.add("05")
-    if dev.sdpa_math_only(GPU, PRESETS["tiny"], bf16):
+    if inactive.sdpa_math_only(GPU, PRESETS["tiny"], bf16):
         expected.add("07")
-    inactive = {}
+    recorded = {}
     for script in STEPS:
         rec = _ok(*cuda_runs[script])
         if not rec["step_active"]:
-            inactive[rec["step"]] = rec["inactive_reason"]
-    assert set(inactive) == expected, inactive
+            recorded[rec["step"]] = rec["inactive_reason"]
+    assert set(recorded) == expected, recorded
 
 
 def test_liger_not_the_fallback_ran_in_step_12(cuda_runs):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from harness import device as dev
+from harness import inactive
 from harness.errors import UserError
 
 GB = 10**9
@@ -207,27 +208,27 @@ def test_tf32_is_inactive_where_the_gpu_has_none(p, rocm, env, inactive, fake_gp
         monkeypatch.delenv("HIPBLASLT_ALLOW_TF32", raising=False)
     else:
         monkeypatch.setenv("HIPBLASLT_ALLOW_TF32", env)
-    why = dev.tf32_unavailable(fake_gpu(p, rocm=rocm))
+    why = inactive.tf32_unavailable(fake_gpu(p, rocm=rocm))
     assert why is None if inactive is None else inactive in why, why
-    assert "no effect on cpu" in dev.tf32_unavailable(torch.device("cpu"))
+    assert "no effect on cpu" in inactive.tf32_unavailable(torch.device("cpu"))
 
 
 def test_sdpa_on_a_cpu_with_dropout_runs_the_math_path():
     from harness.presets import PRESETS
 
     cpu = torch.device("cpu")
-    why = dev.sdpa_math_only(cpu, PRESETS["cpu"], bf16=False)  # dropout 0.1
+    why = inactive.sdpa_math_only(cpu, PRESETS["cpu"], bf16=False)  # dropout 0.1
     assert "math path" in why and "dropout 0.1" in why
-    assert dev.sdpa_math_only(cpu, PRESETS["tiny"], bf16=False) is None  # dropout 0: flash
+    assert inactive.sdpa_math_only(cpu, PRESETS["tiny"], bf16=False) is None  # dropout 0: flash
 
 
 def test_compile_disabled_is_inactive(monkeypatch):
     import torch._dynamo
 
     monkeypatch.setattr(torch._dynamo.config, "disable", True)
-    assert "TORCH_COMPILE_DISABLE=1" in dev.compile_disabled()
+    assert "TORCH_COMPILE_DISABLE=1" in inactive.compile_disabled()
     monkeypatch.setattr(torch._dynamo.config, "disable", False)
-    assert dev.compile_disabled() is None
+    assert inactive.compile_disabled() is None
 
 
 def test_only_the_running_steps_own_number_sets_step_active(fake_gpu):

@@ -44,6 +44,8 @@ def test_other_cores_leaves_out_the_runs_own_process_tree():
     assert load.top_others(a, b, 10) == [("other", 1.0)]
     assert load.other_cores(a, b, 20) == pytest.approx(2.0)  # everyone else is other to 20
     assert load.other_cores(_sample(0, None, {}), b, 10) is None
+    # a window of 5 ms: one 10-ms tick would read as 2 cores; too short to tell
+    assert load.other_cores(a, _sample(0.005, 1, {10: (1, "run", 0, 0)}), 10) is None
 
 
 def test_threshold_and_notes():

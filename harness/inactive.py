@@ -1,0 +1,71 @@
+"""Is a step's idea active here? Each function returns why a step's optimization does nothing on
+this device, or None where it acts; the step passes the reason to `run.inactive()`, and its
+record says `step_active: false` (the summary, README table and charts then show the step as
+inactive here, never as a gain or a loss). bf16 (step 05) is `device.bf16_is_fast`, which the
+memory model needs too."""
+
+import os
+
+import torch
+
+from .device import is_rocm
+
+
+def tf32_unavailable(device: torch.device) -> str | None:
+    """Step 02: TF32 exists on NVIDIA compute capability >= 8.0 (Ampere on) and, on ROCm, on MI300
+    (gfx94x) only with HIPBLASLT_ALLOW_TF32=1 (PyTorch's own ROCm tests set it for TF32)."""
+    if device.type != "cuda":
+        return f"TF32 is a CUDA tensor-core mode: no effect on {device.type}"
+    p = torch.cuda.get_device_properties(device)
+    if is_rocm():
+        arch = (getattr(p, "gcnArchName", "") or "").split(":")[0]
+        if not arch.startswith("gfx94"):
+            where = arch or "arch unknown"
+            return f"{p.name} ({where}): on AMD GPUs TF32 exists on MI300 (gfx94x) only"
+        if os.environ.get("HIPBLASLT_ALLOW_TF32") != "1":
+            return f"{p.name}: ROCm uses TF32 on MI300 only with HIPBLASLT_ALLOW_TF32=1 set"
+        return None
+    if (p.major, p.minor) < (8, 0):
+        return (
+            f"{p.name}: compute capability {p.major}.{p.minor} < 8.0 has no TF32 tensor cores: "
+            "fp32 matmuls stay IEEE fp32"
+        )
+    return None
+
+
+def sdpa_math_only(device: torch.device, cfg: dict, bf16: bool) -> str | None:
+    """Step 07: why scaled_dot_product_attention runs PyTorch's math path here (the same
+    (B, H, T, T) work as hand-written attention), or None where a fused kernel runs. Asked of
+    torch itself (torch._fused_sdp_choice) for the training call's shape, dtype and dropout.
+    On a CPU, a dropout above 0 is the usual cause: the CPU flash kernel's checks refuse it
+    ("Both fused kernels do not support non-zero dropout", aten sdp_utils_cpp.h)."""
+    if device.type not in ("cpu", "cuda"):
+        return None  # MPS has its own attention kernel; torch offers no way to ask
+    try:
+        from torch.nn.attention import SDPBackend
+
+        heads, T = cfg["n_heads"], cfg["context_length"]
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        q = torch.zeros(1, heads, T, cfg["emb_dim"] // heads, device=device, dtype=dtype)
+        q.requires_grad_(True)
+        drop = float(cfg.get("drop_rate") or 0.0)
+        choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
+    except Exception:  # an older or newer torch without this probe: say nothing
+        return None
+    if choice != int(SDPBackend.MATH):
+        return None
+    why = f"dropout {drop:g} > 0 has no fused kernel on {device.type}" if drop > 0 else (
+        f"no fused kernel for {dtype} and head size {cfg['emb_dim'] // heads} here"
+    )  # fmt: skip
+    return f"scaled_dot_product_attention runs the math path ({why}): no flash attention"
+
+
+def compile_disabled() -> str | None:
+    """Step 08: why torch.compile returns the model unchanged here, or None where it compiles.
+    (A torch.compile that cannot compile fails the run with one line naming the fix, which is
+    TORCH_COMPILE_DISABLE=1; a run made that way is this case.)"""
+    import torch._dynamo
+
+    if torch._dynamo.config.disable:
+        return "TORCH_COMPILE_DISABLE=1: torch.compile returns the model unchanged (eager)"
+    return None
