@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine, no internet needed: the GPU tests, then the whole bounded sweep on
-# gpt2-124m, everything (results, logs, versions, pip freeze, nvidia-smi) in one folder OUT.
+# gpt2-124m (10 warm-up + 50 timed steps a step, presets.SWEEP_LENGTH), profiled (--profile:
+# where each step's time goes, after its timed window), everything (results, logs, versions, pip freeze, nvidia-smi) in one folder OUT.
 #
 #   tools/gpu_session.sh OUT [--data FILE] [--bpe DIR] [--wheels DIR] [--no-tests]
 #                            [any `python -m harness run` flag: --steps, --device, --preset, ...]
@@ -11,20 +12,21 @@
 #   --wheels DIR  wheels to install offline where a package is missing (liger-kernel for step 12:
 #                 pip install --no-index --no-deps); pip download them where pip works
 #   --no-tests    the sweep only
+#   --no-profile  no time breakdown (the sweep runs with --profile otherwise)
 #
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
 # Exit status: 0 when the tests and every step passed, 1 otherwise (OUT/status.txt says which).
 set -u -o pipefail
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage ;; -*) echo "error: OUT first (a folder), then flags" >&2; exit 2 ;; esac
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "error: cannot make $1" >&2; exit 2; }
 shift
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
-DATA="" BPE="" WHEELS="" TESTS=1 SWEEP=() HAVE_WARMUP=0 HAVE_MAX=0 HAVE_DEVICE=0
+DATA="" BPE="" WHEELS="" TESTS=1 PROFILE=1 SWEEP=() HAVE_DEVICE=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --data) DATA=$(cd "$(dirname "$2")" && pwd)/$(basename "$2") \
@@ -35,17 +37,14 @@ while [ $# -gt 0 ]; do
         --wheels) WHEELS=$(cd "$2" && pwd) || { echo "error: --wheels $2: no such folder" >&2; exit 2; }
                   shift 2 ;;
         --no-tests) TESTS=0; shift ;;
-        --warmup-steps) HAVE_WARMUP=1; SWEEP+=("$1" "$2"); shift 2 ;;
-        --max-steps) HAVE_MAX=1; SWEEP+=("$1" "$2"); shift 2 ;;
+        --no-profile) PROFILE=0; shift ;;
         --device) HAVE_DEVICE=1; SWEEP+=("$1" "$2"); shift 2 ;;
         -h|--help) usage ;;
         *) SWEEP+=("$1"); shift ;;
     esac
 done
 [ $HAVE_DEVICE = 1 ] || SWEEP+=(--device cuda)
-# TODO(lead): the sweep's bounded defaults (trust branch) replace these two flags
-[ $HAVE_WARMUP = 1 ] || SWEEP+=(--warmup-steps 10)
-[ $HAVE_MAX = 1 ] || SWEEP+=(--max-steps 60)
+[ $PROFILE = 1 ] && SWEEP+=(--profile)
 
 exec > >(tee -a "$OUT/session.log") 2>&1
 echo "== gpu_session $(date -u +%Y-%m-%dT%H:%M:%SZ) in $ROOT -> $OUT"
