@@ -22,6 +22,11 @@ hold one: Middlemarch has 417 training windows of 1024 tokens, so 16 processes a
 32 (512) do not fit, and the two-node command below sets --batch-size 8 (128 per step, 3 steps
 per epoch). A text too short for the world size stops with the largest batch that fits.
 
+Costs: every process holds a whole copy of the model, its gradients and AdamW's two moments (16
+B per parameter before activations: 2 GB on gpt2-124m, 24 GB on gpt2-xl); one all-reduce of
+every gradient per step (about 2 x 4 B per parameter through each GPU's link, overlapped with
+backward bucket by bucket); and a launcher (torchrun) and a process group to set up.
+
 Run (flags shared by every step; --help lists them):
     torchrun --nproc_per_node=4 steps/11_ddp.py  # 4 GPUs on one machine
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \

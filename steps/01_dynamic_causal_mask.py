@@ -6,6 +6,9 @@ on the batch's device, when it is needed: less memory held (12 x 1024^2 x 4 B = 
 gpt2-124m), no per-forward conversion of the full-size mask, and the model no longer caps the
 sequence length at construction. Same numbers as step 00 (Raschka, ch05/10, step 01).
 
+Costs: one `torch.triu` of (T, T) booleans per attention layer per forward (12 small kernels a
+step on gpt2-124m) instead of a slice of a stored buffer: negligible next to the matmuls.
+
 Run (flags shared by every step; --help lists them):
     python steps/01_dynamic_causal_mask.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
     python steps/01_dynamic_causal_mask.py --device cpu  # CPU: about 30 s of timed steps

@@ -8,6 +8,11 @@ ladder measured 12.5K -> 27.6K tok/s on an A100 for this one line. It changes no
 (V100, T4: no TF32) or on an AMD GPU other than MI300 with HIPBLASLT_ALLOW_TF32=1; there the
 record says `step_active: false` and why (`harness.tf32_unavailable`).
 
+Costs: precision. TF32 rounds the matmul inputs to a 10-bit mantissa (a relative error near 1e-3
+per product, fp32 accumulation), so losses leave fp32's in the third or fourth digit
+(tests/loss_parity.json's tolerance). Where there are no TF32 tensor cores (CPUs, GPUs before
+Ampere) it does nothing, and the record says so.
+
 Run (flags shared by every step; --help lists them):
     python steps/02_tensor_cores_tf32.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
     python steps/02_tensor_cores_tf32.py --device cpu  # CPU: about 30 s of timed steps

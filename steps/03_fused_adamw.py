@@ -6,6 +6,9 @@ instead of a foreach chain of several element-wise kernels (PyTorch docs, torch.
 CUDA tensors. The update is the same math; rounding may differ in the last bits, so the loss
 is compared with a tolerance (tests/loss_parity.json).
 
+Costs: none measurable: the same optimizer state (two moments per parameter, 8 B) and the same
+math; only the last bits of the update may round differently from the foreach path.
+
 Run (flags shared by every step; --help lists them):
     python steps/03_fused_adamw.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
     python steps/03_fused_adamw.py --device cpu  # CPU: about 30 s of timed steps

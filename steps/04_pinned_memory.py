@@ -16,6 +16,11 @@ tok/s (+0.01%, noise). The step shows that this model's input transfer is not a 
 cannot show the overlap itself, which pays where inputs are large (images, long contexts at
 large batch) and the loop does not synchronize every step (DataLoader workers prefetching).
 
+Costs: pinned (page-locked) host memory cannot be swapped out, so a large pinned pool takes RAM
+from the rest of the machine; the batches here are small (B x T int64 token ids: 256 KiB at 32 x
+1024). With num_workers=0 the copy only overlaps the GPU work already queued, and on a CPU there
+is nothing to copy (the step is inactive there).
+
 Run (flags shared by every step; --help lists them):
     python steps/04_pinned_memory.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
     python steps/04_pinned_memory.py --device cpu  # CPU: about 30 s of timed steps

@@ -21,6 +21,11 @@ CPU without native bf16 (no AVX512_BF16/AMX) emulates it: on this project's 2-co
 1024^3 bf16 matmul runs at 47 GFLOP/s against 150 in fp32, so the step keeps fp32 there, and
 its record says `step_active: false` and why.
 
+Costs: precision. bf16 keeps fp32's exponent range but only 8 bits of mantissa, so losses leave
+fp32's at about 1e-2 (tests/loss_parity.json); autocast keeps fp32 weights, and the reductions
+its op lists name. Where bf16 is not native (V100, T4, CPUs without AVX512_BF16 or AMX) it is
+slower than fp32: the step then stays in fp32 and its record says why.
+
 Run (flags shared by every step; --help lists them):
     python steps/05_bf16.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
     python steps/05_bf16.py --device cpu  # CPU: about 30 s of timed steps

@@ -12,6 +12,10 @@ kernel the training call gets (`harness.sdpa_math_only`) and, on the math path, 
 from the kernel's own random stream, so with dropout > 0 the losses differ from step 06 by
 sampling noise, not by a bug; the `tiny` preset has dropout 0, where they agree to rounding.
 
+Costs: none in the math (the same softmax attention, up to rounding). The fused kernels have
+conditions (dtype, head size, GPU generation; on a CPU, no dropout): where none applies PyTorch
+runs its math path, the same work as step 06, and the record says the step is inactive.
+
 Run (flags shared by every step; --help lists them):
     python steps/07_flash_attention_sdpa.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
     python steps/07_flash_attention_sdpa.py --device cpu  # CPU: about 30 s of timed steps

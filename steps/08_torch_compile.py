@@ -9,6 +9,11 @@ C++ compiler, no Triton) the run stops with one line naming the fix; under
 TORCH_COMPILE_DISABLE=1 torch.compile returns the model unchanged, and the record says
 `step_active: false`.
 
+Costs: compile time in the first steps (tens of seconds on gpt2-124m, more with
+mode="max-autotune"; left out of the timing by the warm-up), a C++ compiler (and Triton on a
+GPU) on the machine, a recompile when shapes change, and tracebacks that point into generated
+code.
+
 Run (flags shared by every step; --help lists them):
     python steps/08_torch_compile.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
     python steps/08_torch_compile.py --device cpu  # CPU: about 30 s of timed steps

@@ -9,6 +9,12 @@ of the decoded text would only hide such a pick.
 The loss starts from a different random init (larger embedding), so it is compared with a
 tolerance.
 
+Costs: 47 more rows in the token embedding and the output layer (50304 - 50257: 2 x 47 x 768 =
+72K parameters on gpt2-124m, 0.06%). Their 47 classes take part in the softmax (no token uses
+them, so training pushes their logits down; sampling masks them), and the larger table draws
+another random init, so the loss leaves step 08's within the stated tolerance
+(tests/loss_parity.json).
+
 Run (flags shared by every step; --help lists them):
     python steps/09_vocab_padding.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
     python steps/09_vocab_padding.py --device cpu  # CPU: about 30 s of timed steps

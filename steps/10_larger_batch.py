@@ -8,6 +8,11 @@ a GPU too small for the preset (24 GB: 4 -> 16), the batch rule lowers both batc
 The learning rate is kept, as in Raschka's step 10; the loss after N steps differs because each
 step sees different data, so it is compared with a wider tolerance.
 
+Costs: memory. Activations grow about linearly with the batch, so a batch that fits one GPU may
+not fit a smaller one (the harness lowers it by presets.fit_batch's rule and records
+`batch_rule`); and at the same learning rate fewer, larger optimizer steps per epoch change the
+training curve (compared with a tolerance).
+
 Run (flags shared by every step; --help lists them):
     python steps/10_larger_batch.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
     python steps/10_larger_batch.py --device cpu  # CPU: about 30 s of timed steps

@@ -16,6 +16,11 @@ logits; its record then says `step_active: false` and why. On a GPU, a CUDA out-
 Triton error inside Liger is the run's result (`oom`, `error`, with the reason), never a silent
 fallback.
 
+Costs: a dependency (liger-kernel, with Triton: Linux and a CUDA GPU), and the output layer's
+gradient is computed inside the loss's forward, chunk by chunk, so forward gets slower as
+backward gets faster. The chunked fallback recomputes each chunk's logits in backward: the same
+memory saving, paid for in time.
+
 Run (flags shared by every step; --help lists them):
     python steps/12_liger_fused_ce.py  # CUDA: the gpt2-124m preset, else the cpu preset
     python steps/12_liger_fused_ce.py --device cpu  # CPU: about 30 s of timed steps

@@ -11,6 +11,10 @@ The trade, measured by tools/checkpoint_trade.py on a config where activations d
 context 256, batch 16, 256-token vocabulary; 2-core CPU, eager): a training step's peak memory
 growth fell from 672 MB to 252 MB (-62%) and its time rose from 1258 to 1647 ms (+31%).
 
+Costs: time. Backward runs every block's forward again, about a third more compute per step
+(forward is about a third of forward plus backward), for activation memory that falls from about
+a dozen (B, T, C) tensors per block to one.
+
 Run (flags shared by every step; --help lists them):
     python steps/13_gradient_checkpointing.py  # CUDA: the gpt2-124m preset, else the cpu preset
     python steps/13_gradient_checkpointing.py --device cpu  # CPU: about 30 s of timed steps
