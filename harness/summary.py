@@ -22,7 +22,7 @@ from .errors import UserError
 from .files import RESULTS, atomic_write_bytes
 from .ladder import Step
 from .load import is_busy
-from .profile import CATEGORIES as TIME_CATEGORIES
+from .op_categories import CATEGORIES as TIME_CATEGORIES
 from .record import mfu_problem
 from .rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
 from .runs import matching, ok_since_failure

@@ -1,7 +1,7 @@
-"""Where the time goes (`--profile`, harness.profile): the categories, backward attribution,
-the device-time path, the Run's schedule (after the window; after the warm-up without
---max-steps; data running out), the flags, the sweep, the summary and the chart; a real step,
-and (slow) every step, 11 and 14 in 2 processes too.
+"""Where the time goes (`--profile`: harness.profile, op_categories, breakdown): the
+categories, backward attribution, the device-time path, the Run's schedule (after the window;
+after the warm-up without --max-steps; data running out), the flags, the sweep, the summary and
+the chart; a real step, and (slow) every step, 11 and 14 in 2 processes too.
 
 The real steps run with OMP_NUM_THREADS=1: on a 2-core machine shared with other jobs an op
 parallelized over both cores waits for a time slice whenever the other core is busy, which adds
@@ -19,7 +19,7 @@ from conftest import ROOT, VERDICT, py, records
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
-from harness import cli, profile
+from harness import breakdown, cli, op_categories, profile
 from harness import device as dev
 from harness.errors import UserError
 from harness.run import Run
@@ -45,14 +45,14 @@ def load_step(path: str):
 
 
 def assert_adds_up(share: dict) -> None:
-    assert set(share) == set(profile.CATEGORIES)
+    assert set(share) == set(op_categories.CATEGORIES)
     assert all(v >= 0 for v in share.values()), share
     assert abs(sum(share.values()) - 1) <= 1e-3, share
 
 
 # ---------------------------------------------------------------- the categories
 def test_op_names_give_categories():
-    cat = profile.named_category
+    cat = op_categories.named_category
     assert cat("aten::mm") == cat("aten::addmm") == cat("aten::linear") == "matmul"
     assert cat("aten::matmul") is None  # 4-D q @ k.T is matmul -> bmm: its callee decides
     assert cat("aten::bmm") == cat("aten::_softmax") == cat("aten::masked_fill_") == "attention"
@@ -69,8 +69,8 @@ def test_op_names_give_categories():
     assert cat("triton_red_fused__log_softmax_nll_loss_0") == "loss"
     assert cat("triton_per_fused_add_native_layer_norm_3") == "norm_act"
     assert cat("triton_poi_fused_add_embedding_1") is None
-    assert profile.kernel_category("ncclDevKernel_AllReduce_Sum_f32") == "communication"
-    assert profile.kernel_category("Memcpy HtoD (Pinned -> Device)") == "data_host"
+    assert op_categories.kernel_category("ncclDevKernel_AllReduce_Sum_f32") == "communication"
+    assert op_categories.kernel_category("Memcpy HtoD (Pinned -> Device)") == "data_host"
 
 
 def test_a_known_model_adds_up_and_backward_ops_follow_their_forward_op():
@@ -81,7 +81,7 @@ def test_a_known_model_adds_up_and_backward_ops_follow_their_forward_op():
     model = m.GPTModel(SMALL)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
-    hooks = profile.ModuleRanges(model)
+    hooks = op_categories.ModuleRanges(model)
     assert hooks.install() == 2 * 4 + 1  # per block: 2 norms, GELU, attention; the final norm
     hooks.remove()
     share, res, by_name, events = _profile_steps(m, model, opt, x, y, steps=2, pause=True)
@@ -91,7 +91,7 @@ def test_a_known_model_adds_up_and_backward_ops_follow_their_forward_op():
     for c in ("matmul", "attention", "norm_act", "loss", "optimizer", "data_host"):
         assert share[c] > 0, (c, share)
     assert share["communication"] == 0
-    names = {c: {n for (cc, n) in by_name if cc == c} for c in profile.CATEGORIES}
+    names = {c: {n for (cc, n) in by_name if cc == c} for c in op_categories.CATEGORIES}
     # backward nodes take their forward op's category: hand-written GELU and LayerNorm, attention
     assert {"aten::tanh_backward", "autograd::engine::evaluate_function: PowBackward0"} <= names[
         "norm_act"
@@ -102,8 +102,8 @@ def test_a_known_model_adds_up_and_backward_ops_follow_their_forward_op():
     assert "aten::_log_softmax_backward_data" in names["loss"]
     assert "aten::mm" in names["matmul"] and "aten::mm" not in names["attention"]
     assert "aten::tanh" not in names["other"] and "aten::var" not in names["other"]
-    ranges = [e for e in events if e.name.startswith(profile.STEP_RANGE)]
-    paused = [e for e in events if e.name == profile.PAUSED_RANGE]
+    ranges = [e for e in events if e.name.startswith(breakdown.STEP_RANGE)]
+    paused = [e for e in events if e.name == breakdown.PAUSED_RANGE]
     wall = sum(r.time_range.elapsed_us() for r in ranges) - sum(
         p.time_range.elapsed_us() for p in paused
     )
@@ -147,19 +147,19 @@ def _profile_steps(m, model, opt, x, y, steps: int, pause: bool = False):
         opt.step()
 
     step()
-    hooks = profile.ModuleRanges(model)
+    hooks = op_categories.ModuleRanges(model)
     hooks.install()
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         for n in range(steps):
-            with record_function(f"{profile.STEP_RANGE}{n}"):
+            with record_function(f"{breakdown.STEP_RANGE}{n}"):
                 step()
                 if pause:
-                    with record_function(profile.PAUSED_RANGE), torch.no_grad():
+                    with record_function(breakdown.PAUSED_RANGE), torch.no_grad():
                         model(x)  # an evaluation: neither counted nor in the wall time
     hooks.remove()
     by_name: dict = {}
-    res = profile.breakdown(prof.events(), steps, use_device=False, by_name=by_name)
-    return profile.shares(res["seconds"]), res, by_name, prof.events()
+    res = breakdown.breakdown(prof.events(), steps, use_device=False, by_name=by_name)
+    return breakdown.shares(res["seconds"]), res, by_name, prof.events()
 
 
 def _ev(eid, name, start, end, thread=1, device=DeviceType.CPU, linked=0, seq=-1, fwd=None):
@@ -177,17 +177,17 @@ def test_device_time_breakdown():
     a paused evaluation's kernels left out; no GPU needed (the profiler's events, made up)."""
     gpu = DeviceType.CUDA
     events = [
-        _ev(1, profile.STEP_RANGE + "0", 0, 1000),
+        _ev(1, breakdown.STEP_RANGE + "0", 0, 1000),
         _ev(2, "aten::copy_", 10, 20),
         _ev(3, "speed-ladder/attention: MultiHeadAttention", 30, 90),
         _ev(4, "aten::matmul", 40, 80, seq=7),  # 4-D: its bmm's category, attention
         _ev(5, "aten::bmm", 50, 70),
         _ev(6, "aten::mm", 100, 200),
         _ev(7, "nccl:all_reduce", 300, 310),
-        _ev(8, profile.PAUSED_RANGE, 800, 900),
+        _ev(8, breakdown.PAUSED_RANGE, 800, 900),
         _ev(9, "aten::mm", 810, 820),
         # the autograd engine's device thread: the node of forward op 4 (sequence number 7)
-        _ev(10, profile.BACKWARD + "UnsafeViewBackward0", 500, 560, thread=2, seq=7, fwd=1),
+        _ev(10, breakdown.BACKWARD + "UnsafeViewBackward0", 500, 560, thread=2, seq=7, fwd=1),
         _ev(11, "aten::mul", 510, 520, thread=2),
         # the kernels, each linked to the op that launched it
         _ev(101, "Memcpy HtoD (Pageable -> Device)", 20, 60, device=gpu, linked=2),
@@ -198,12 +198,12 @@ def test_device_time_breakdown():
         _ev(106, "triton_red_fused__log_softmax_0", 600, 700, device=gpu),  # no op: by name
         _ev(107, "ampere_sgemm_32x32", 820, 880, device=gpu, linked=9),  # paused: not counted
     ]
-    drawn = _ev(108, profile.STEP_RANGE + "0", 0, 1000, device=gpu)  # a range, not device work
+    drawn = _ev(108, breakdown.STEP_RANGE + "0", 0, 1000, device=gpu)  # a range, not device work
     drawn.activity_type = "gpu_user_annotation"
     events.append(drawn)
     el = EventList(events, use_device="cuda")
     el._build_tree()
-    res = profile.breakdown(el, 1, use_device=True)
+    res = breakdown.breakdown(el, 1, use_device=True)
     assert res["basis"] == "device time" and res["wall_s"] == pytest.approx(900e-6)
     us = {c: v * 1e6 for c, v in res["seconds"].items()}
     # kernels: 40 + 40 + 300 + 200 + 60 + 100 = 740 us, busy (their union) 590 us
@@ -214,7 +214,7 @@ def test_device_time_breakdown():
     assert us["loss"] == pytest.approx(100 * scale)
     assert us["data_host"] == pytest.approx(40 * scale + (900 - 590))  # the copy, the idle GPU
     assert sum(us.values()) == pytest.approx(900)
-    assert_adds_up(profile.shares(res["seconds"]))
+    assert_adds_up(breakdown.shares(res["seconds"]))
 
 
 # ---------------------------------------------------------------- the Run's schedule
