@@ -192,7 +192,7 @@ def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
 
 # ---------------------------------------------------------------- is the step's idea active here?
 @pytest.mark.parametrize(
-    "p,rocm,env,inactive",
+    "p,rocm,env,expected",
     [
         (props("NVIDIA A100-SXM4-80GB", 8, 0), False, None, None),
         (props("Tesla V100-SXM2-16GB", 7, 0), False, None, "7.0 < 8.0 has no TF32"),
@@ -203,13 +203,13 @@ def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
         (props("AMD Instinct MI300X", 9, 4, arch="gfx942:sramecc+:xnack-"), True, "1", None),
     ],
 )  # fmt: skip
-def test_tf32_is_inactive_where_the_gpu_has_none(p, rocm, env, inactive, fake_gpu, monkeypatch):
+def test_tf32_is_inactive_where_the_gpu_has_none(p, rocm, env, expected, fake_gpu, monkeypatch):
     if env is None:
         monkeypatch.delenv("HIPBLASLT_ALLOW_TF32", raising=False)
     else:
         monkeypatch.setenv("HIPBLASLT_ALLOW_TF32", env)
     why = inactive.tf32_unavailable(fake_gpu(p, rocm=rocm))
-    assert why is None if inactive is None else inactive in why, why
+    assert why is None if expected is None else expected in why, why
     assert "no effect on cpu" in inactive.tf32_unavailable(torch.device("cpu"))
 
 
