@@ -13,6 +13,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from . import load
+
 KILL_GRACE_S = 10.0  # SIGTERM first (torchrun then stops its workers), SIGKILL after this
 EXITED_GRACE_S = 5.0  # a stray grandchild may hold the pipes open after the child exits
 
@@ -41,27 +43,7 @@ def _child_setup(parent_pid: int):
 
 def _descendants(pid: int) -> list[int]:
     """All processes below `pid` (Linux /proc), torchrun's workers in their own sessions too."""
-    children = collections.defaultdict(list)
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for e in entries:
-        if not e.isdigit():
-            continue
-        try:
-            with open(f"/proc/{e}/stat", encoding="utf-8", errors="replace") as f:
-                stat = f.read()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children[ppid].append(int(e))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
+    return sorted(load.tree(load.processes(), pid) - {pid})
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import gpus, load
+from . import gpus, load, machine
 from .errors import UserError, warn
 from .files import atomic_write_bytes, cache_dir
 
@@ -63,13 +63,7 @@ def name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     if device.type == "mps":
         return f"Apple MPS ({platform.machine()})"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return machine.cpu_model()
 
 
 # ---------------------------------------------------------------- peak memory
