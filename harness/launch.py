@@ -101,9 +101,11 @@ def _outcome(step: Step, rec: dict | None, res, meta: dict, started_at: str, tim
     return rec
 
 
-def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: float) -> dict:
+def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: float,
+             keep_timeout: bool = True) -> dict | None:  # fmt: skip
     """One run of one step: temp results file -> record (the step's, or a synthesized one) ->
-    appended to runs.jsonl -> temp file deleted."""
+    appended to runs.jsonl -> temp file deleted. With `keep_timeout` False (the sweep's
+    --budget, not the step, set the timeout) a run that times out is not recorded: None."""
     tmp = tmp_path(tag_dir, step, meta["run_id"])
     cmd = step_command(step, flags, meta["config"]["nproc"], tmp)
     meta = dict(meta, command=cmd)
@@ -115,6 +117,9 @@ def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: f
         if not step_records(tmp):
             tmp.unlink(missing_ok=True)
         raise
+    if res.timed_out and not keep_timeout:
+        tmp.unlink(missing_ok=True)
+        return None
     recs = step_records(tmp)
     rec = _outcome(step, dict(recs[0]) if recs else None, res, meta, started_at, timeout)
     rec["sweep"] = dict(meta, exit_code=res.exit_code, duration_s=res.duration_s)

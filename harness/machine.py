@@ -9,6 +9,14 @@ summarizes only records whose fingerprint is this machine's: a committed record 
 machine (or one written before records had fingerprints) is never "up to date" here and never
 mixes into this machine's summary.
 
+**A pool of interchangeable machines** (one cloud instance type where every job gets a fresh
+instance, a lease of one GPU kind whose every call starts a new machine): set
+`SPEED_LADDER_HOST_ID=NAME` (letters, digits, '.', '_', '-') on each, and the fingerprint's host
+id is `pool:NAME` instead of the machine's own, so a sweep resumes across them in one tag. It is
+a claim you make, so it is kept in sight: each sweep record keeps the real host's id in
+`sweep.host`, the summary lists the hosts a row's runs came from (`hosts`), and the README says
+when a tag's numbers pool more than one machine.
+
 The tag names the hardware and the processes of the distributed steps: `nvidia-h200-x1`,
 `nvidia-h200-x8`, `cpu-intel-xeon-2-50ghz-2c-x1` (CPU model, cores). Every tag ends in `-xN`.
 """
@@ -58,7 +66,33 @@ def cpu_slug(model: str) -> str:
     return slug(_NOISE.sub(" ", model))[:48].strip("-") or "cpu"
 
 
+HOST_ENV = "SPEED_LADDER_HOST_ID"
+_POOL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def pool_name() -> str | None:
+    """$SPEED_LADDER_HOST_ID, checked, or None when unset or empty."""
+    name = os.environ.get(HOST_ENV, "").strip()
+    if not name:
+        return None
+    if not _POOL.fullmatch(name):
+        from .errors import UserError
+
+        raise UserError(
+            f"{HOST_ENV}={name!r}: use 1-64 letters, digits, '.', '_' and '-' (a name for "
+            "machines you pool as one)"
+        )
+    return name
+
+
 def host_id() -> str:
+    """The fingerprint's host id: `pool:NAME` under $SPEED_LADDER_HOST_ID, else this host's own
+    (real_host_id)."""
+    name = pool_name()
+    return f"pool:{name}" if name else real_host_id()
+
+
+def real_host_id() -> str:
     """12 hex digits identifying this host: a hash of /etc/machine-id, else of the host name."""
     raw = None
     for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):

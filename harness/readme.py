@@ -25,6 +25,7 @@ from .rows import (
     mfu_flag,
     number,
     percent_text,
+    pooled_text,
     speedup_text,
     text,
 )
@@ -157,6 +158,9 @@ def _tag_section(tag_dir: Path, base: Path) -> list[str]:
         lines += ["Busy, so unreliable: other processes were using the CPU while these were "
                   "measured (`other_load` in their records): " + "; ".join(busy) + ".",
                   ""]  # fmt: skip
+    pooled = pooled_text(rows)
+    if pooled:
+        lines += [pooled, ""]
     flags = [(r["step"], mfu_flag(r)) for r in rows if mfu_flag(r)]
     if flags:
         lines += [

@@ -7,7 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from . import load, preflight
+from . import load, machine, preflight
 from .ladder import Step
 from .launch import run_once
 from .profile import profiled_runs
@@ -99,7 +99,7 @@ def _before_run(p, job: Job, wait_s: float | None) -> None:
             print(f"      warning: {warning}", flush=True)
 
 
-def _run_job(p, job: Job, rnd: int, timeout: float) -> dict:
+def _run_job(p, job: Job, rnd: int, timeout: float, keep_timeout: bool = True) -> dict | None:
     ps = p.passes[job.pass_index]
     meta = {
         "run_id": uuid.uuid4().hex,
@@ -108,10 +108,11 @@ def _run_job(p, job: Job, rnd: int, timeout: float) -> dict:
         "config": ps.configs[job.step.num],
         "script_sha256": ps.shas[job.step.num],
         "machine": p.machine,
+        "host": machine.real_host_id(),  # the real one, also where machine.py pools hosts
     }
     if job.control:
         meta["control"] = True
-    return run_once(job.step, p.flags, meta, ps.tag_dir, timeout)
+    return run_once(job.step, p.flags, meta, ps.tag_dir, timeout, keep_timeout)
 
 
 def _report(rec: dict) -> None:
@@ -127,21 +128,49 @@ def _report(rec: dict) -> None:
         print(f"      -> FAILED ({rec['status']}): {rec.get('reason')}", flush=True)
 
 
-def run_rounds(p, force: bool, timeout: float, wait_s: float | None) -> None:
-    """Round after round, every job that has fewer ok runs than the round's number."""
+def _fits(p, job: Job, prog: Progress, deadline: float | None) -> float | None:
+    """The seconds a run may take under --budget (None: no budget), or 0.0 when its expected
+    duration does not fit in what is left."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    return left if left > 0 and prog.estimate[job] <= left else 0.0
+
+
+def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
+               deadline: float | None = None) -> list[str]:  # fmt: skip
+    """Round after round, every job that has fewer ok runs than the round's number. With a
+    `deadline` (--budget) a run starts only when its expected duration fits before it, and one
+    still running at it is stopped and not recorded; returns the runs left undone (labels)."""
     prog = _start(p, force)
+    if deadline is not None and prog.left(p.repeats):
+        print(f"budget: {preflight.fmt_duration(max(0.0, deadline - time.monotonic()))} left; "
+              "the sweep stops before a run whose expected duration does not fit, and stops a "
+              "run still going at the end without recording it", flush=True)  # fmt: skip
     for rnd in range(1, p.repeats + 1):
         jobs = [j for j in p.jobs if prog.done[j] < rnd and j not in prog.failed]
         for i, job in enumerate(jobs, 1):
             if job in prog.failed:
                 continue
+            allowed = _fits(p, job, prog, deadline)
+            if allowed == 0.0:
+                return _out_of_budget(p, prog, job, deadline)
             head = f"round {rnd}/{p.repeats} " if p.repeats > 1 else ""
             elapsed = preflight.fmt_duration(time.monotonic() - prog.t0)
             eta = preflight.fmt_duration(prog.eta(p.repeats))
             print(f"{head}[{i}/{len(jobs)}] {_label(p, job)} ... elapsed {elapsed}, "
                   f"ETA {eta}", flush=True)  # fmt: skip
             _before_run(p, job, wait_s)
-            rec = _run_job(p, job, prog.done[job] + 1, timeout)
+            allowed = _fits(p, job, prog, deadline)  # the load check took some of it
+            if allowed == 0.0:
+                return _out_of_budget(p, prog, job, deadline)
+            limit = timeout if allowed is None else min(timeout, allowed)
+            rec = _run_job(p, job, prog.done[job] + 1, limit, keep_timeout=limit == timeout)
+            if rec is None:  # stopped at the budget's end: not a result of the step
+                print(f"      -> stopped: the budget ran out after "
+                      f"{preflight.fmt_duration(allowed)} (not recorded)", flush=True)  # fmt: skip
+                prog.estimate[job] = max(prog.estimate[job], allowed)
+                return _out_of_budget(p, prog, None, deadline)
             prog.estimate[job] = rec["sweep"]["duration_s"]
             _report(rec)
             if rec["status"] == "ok":
@@ -149,3 +178,18 @@ def run_rounds(p, force: bool, timeout: float, wait_s: float | None) -> None:
             else:  # no point repeating a failure in this sweep
                 prog.failed.add(job)
             p.summarize()
+    return []
+
+
+def _out_of_budget(p, prog: Progress, job: Job | None, deadline: float) -> list[str]:
+    """The runs left when --budget ends the sweep, said in one line; returns their labels."""
+    left = [
+        _label(p, j) + (f" x{p.repeats - prog.done[j]}" if p.repeats - prog.done[j] > 1 else "")
+        for j in prog.left(p.repeats)
+    ]
+    if job is not None:
+        rest = preflight.fmt_duration(max(0.0, deadline - time.monotonic()))
+        need = preflight.fmt_duration(prog.estimate[job])
+        print(f"budget: {rest} left, {_label(p, job)} is expected to take {need}: stopping "
+              "here", flush=True)  # fmt: skip
+    return left

@@ -39,6 +39,22 @@ def describe(df) -> str:
     return ", ".join(b for b in bits if b)
 
 
+def pooled_text(rows: list[dict]) -> str | None:
+    """A line saying the tag's ok rows come from more than one machine (their `hosts`, pooled
+    by SPEED_LADDER_HOST_ID: machine.py), or None."""
+    hosts = set()
+    for r in rows:
+        if r.get("status") == "ok" and isinstance(r.get("hosts"), str):
+            hosts.update(h for h in r["hosts"].split(",") if h)
+    if len(hosts) < 2:
+        return None
+    return (
+        f"Pooled: these runs come from {len(hosts)} machines of this kind "
+        "(SPEED_LADDER_HOST_ID; each row's `hosts` in summary.csv), so a step's gain over the "
+        "previous one also holds any difference between the machines."
+    )
+
+
 def mfu_flag(row: dict) -> str | None:
     """Why a summary row's MFU is not to be shown as a number, or None: its `mfu_invalid`, or
     an `mfu` outside (0, 1] (a summary written before MFU was checked)."""

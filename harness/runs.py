@@ -120,7 +120,7 @@ def record_problem(r) -> str | None:
         if not isinstance(sweep, dict):
             return f'"sweep" is {_kind(sweep)}, not an object'
         for k, want in (("run_id", str), ("config", dict), ("script_sha256", str),
-                        ("machine", dict), ("round", int)):  # fmt: skip
+                        ("machine", dict), ("round", int), ("host", str)):  # fmt: skip
             if sweep.get(k) is not None and not isinstance(sweep.get(k), want):
                 return f'"sweep.{k}" is {_kind(sweep.get(k))}'
     return None

@@ -58,6 +58,7 @@ SUMMARY_COLUMNS = [
     "peak_per_rank_gib",
     "predicted_state_gib",
     "predicted_peak_gib",
+    "hosts",  # the real hosts the row's runs came from (machine.py: a pooled tag has several)
 ]
 # the measured numbers: empty for a step that has no ok result
 NUMBER_COLUMNS = (
@@ -71,7 +72,7 @@ SUMMARY_COLUMNS += TIME_COLUMNS
 _NUMERIC = NUMBER_COLUMNS + ["noise_floor", "mem_noise_floor"]
 TEXT_COLUMNS = ["reason", "title", "status", "device_name", "preset", "torch_version",
                 "mfu_invalid", "prev_step", "verdict", "mem_verdict", "noise_source",
-                "inactive_reason", "peak_per_rank_gib"]  # fmt: skip
+                "inactive_reason", "peak_per_rank_gib", "hosts"]  # fmt: skip
 _DIGITS = {
     "tokens_per_sec_median": 1,
     "tokens_per_sec_min": 1,
@@ -134,6 +135,13 @@ def _activity(row: dict, runs: list[dict]) -> None:
     row["inactive_reason"] = off.get("inactive_reason") if off else None
 
 
+def hosts_text(runs: list[dict]) -> str | None:
+    """'3fa2c1a9b0c2,77e0...': the real hosts (`sweep.host`) of the runs, sorted; None if none
+    says (a step run by hand, a record from before pooling)."""
+    hosts = {(r.get("sweep") or {}).get("host") for r in runs}
+    return ",".join(sorted(h for h in hosts if isinstance(h, str) and h)) or None
+
+
 def _measured(row: dict, oks: list[dict]) -> None:
     """The row of a step whose last runs were ok: medians (min, max for tok/s) over them."""
     tps = [r["tokens_per_sec"] for r in oks if r.get("tokens_per_sec") is not None]
@@ -156,6 +164,7 @@ def _measured(row: dict, oks: list[dict]) -> None:
         val_loss=_median(r.get("val_loss") for r in oks),
         other_load_max=max(loads) if loads else None,
         busy_runs=sum(is_busy(v) for v in loads),
+        hosts=hosts_text(oks),
         **time_breakdown_columns(oks),
     )
     last = oks[-1]

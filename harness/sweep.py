@@ -19,6 +19,10 @@
 - **Another machine's folder.** A tag folder holding records of another machine (committed
   results, or records from before fingerprints) is never written: the sweep uses
   `<hardware>-<6 hex digits of this machine's fingerprint>-xN` instead and says so.
+- **A budget** (`--budget SECONDS`, for a machine lent by the hour or a batch job's limit): a
+  run starts only when its expected duration (preflight.py) fits in what is left, a run still
+  going when it ends is stopped and not recorded, and the sweep exits 3 naming the runs left;
+  the same command resumes with them.
 - **Before each run** it checks that other processes leave the machine quiet (load.py; with
   --wait-quiet it waits, bounded), and prints the memory model's prediction for the run; before
   the first, the expected duration (preflight.py).
@@ -31,6 +35,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +49,11 @@ from .launch import Lock  # noqa: F401  (tests take a folder's lock)
 from .machine import slug  # noqa: F401
 from .record import file_sha256
 from .rounds import Job, run_rounds
+from .rows import pooled_text
 from .runs import RUNS, foreign, load_runs, recover
 from .summary import SUMMARY, collect, format_table, summarize, write_summary
+
+BUDGET_EXIT = 3  # --budget ended the sweep with runs left, none failed: rerun to resume
 
 
 # ---------------------------------------------------------------- hardware
@@ -261,6 +269,8 @@ def _draw_charts(tag_dir: Path) -> None:
 
 
 def sweep(args) -> int:
+    budget = getattr(args, "budget", None)
+    deadline = time.monotonic() + budget if budget else None
     p = plan(args)
     with ExitStack() as stack:
         for ps in p.passes:
@@ -270,7 +280,7 @@ def sweep(args) -> int:
             if copied:
                 print(f"recovered {copied} finished record(s) left by an interrupted sweep")
         p.summarize()
-        run_rounds(p, args.force, args.timeout, args.wait_quiet)
+        left = run_rounds(p, args.force, args.timeout, args.wait_quiet, deadline)
         dfs = p.summarize()
     failed = []
     for ps in p.passes:
@@ -278,20 +288,26 @@ def sweep(args) -> int:
         print()
         print(f"summary ({ps.tag_dir / SUMMARY}):")
         print(format_table(df), flush=True)
+        pooled = pooled_text(df.to_dict("records"))
+        if pooled:
+            print(pooled, flush=True)
         if not args.no_plots:
             _draw_charts(ps.tag_dir)
         chosen = {s.num for s in ps.steps}
         failed += [
             f"step {r['step']} ({r['status']}{', ' + ps.tag if len(p.passes) > 1 else ''})"
             for r in df.to_dict("records")
-            if r["step"] in chosen and r["status"] != "ok"
+            if r["step"] in chosen and r["status"] not in ("ok", "not run")  # not run: --budget
         ]
     if not args.no_plots:
         print("python plot_results.py redraws the comparison of all tags and the README table")
+    if left:
+        print(f"not run, --budget {budget:g} s ran out: {', '.join(left)}; the same command "
+              "resumes with them", file=sys.stderr)  # fmt: skip
     if failed:
         print("failed: " + ", ".join(failed), file=sys.stderr)
         return 1
-    return 0
+    return BUDGET_EXIT if left else 0
 
 
 # the command line lives in sweep_cli.py

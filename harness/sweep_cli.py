@@ -37,7 +37,8 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
         "runs 10 warm-up and 50 timed steps (presets.SWEEP_LENGTH; --warmup-steps and "
         "--max-steps override), not its full epochs. A rerun skips steps that "
         "already have --repeats ok runs for the same settings, script and machine; failed steps "
-        "are retried. Exit status 1 if a step failed, 2 on bad input.",
+        "are retried. Exit status 1 if a step failed, 2 on bad input, 3 when --budget ran out "
+        "with runs left.",
     )
     p.add_argument(
         "--steps", metavar="SPEC", help="steps to run: 05-08, 00,07,10 or a mix (default: all)"
@@ -79,6 +80,15 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"per run; a step past it is killed and recorded as timeout "
         f"(default: {DEFAULT_TIMEOUT})",
+    )
+    p.add_argument(
+        "--budget",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="wall-clock limit for the whole sweep (a machine lent by the hour, a batch job's "
+        "limit): a run starts only when its expected duration fits in what is left, one still "
+        "going at the end is stopped and not recorded, and the sweep exits 3 naming the runs "
+        "left; the same command resumes with them (default: no limit)",
     )
     p.add_argument(
         "--nproc",

@@ -1,0 +1,154 @@
+"""A sweep on a machine lent for a while (a cloud GPU by the hour, a batch job's time limit, a
+lease of short calls that each start a fresh machine): `--budget` ends it in time without losing
+or inventing a result, and SPEED_LADDER_HOST_ID pools interchangeable machines into one tag,
+in sight (each record's real host, the summary's `hosts`, a README line).
+
+Fixture ladders (tests/fixtures/ladder_ok) train nothing and take milliseconds.
+"""
+
+import time
+
+import pytest
+from test_sweep import FIXTURES, TAG, runs_of, summary_of, sweep_here
+
+from harness import machine, preflight, sweep
+from harness.errors import UserError
+from harness.readme import results_markdown
+from harness.rows import pooled_text
+
+BASE = ["--ladder-dir", FIXTURES / "ladder_ok", "--device", "cpu", "--no-plots"]
+
+
+def _estimates(monkeypatch, seconds: dict[str, float]) -> None:
+    """Each step's expected duration, as the sweep's preflight would have it."""
+    monkeypatch.setattr(
+        preflight, "run_seconds", lambda step, earlier, dev: (seconds[step.num], True)
+    )
+
+
+# ---------------------------------------------------------------- --budget
+def test_the_budget_stops_before_a_run_that_does_not_fit_and_the_rerun_resumes(
+    tmp_path, capsys, monkeypatch
+):
+    results = tmp_path / "results"
+    args = [*BASE, "--results-dir", results, "--steps", "00,01,03"]
+    _estimates(monkeypatch, {"00": 0.5, "01": 500.0, "03": 0.5})
+    code, out, err = sweep_here(capsys, *args, "--budget", 60)
+    assert code == sweep.BUDGET_EXIT == 3, out[-2000:] + err[-2000:]
+    assert [r["step"] for r in runs_of(results)] == ["00"]  # 03 would fit, but order is kept
+    assert "budget: 1m00s left" in out or "budget: 59s left" in out
+    assert "step 01 a fixture that succeeds is expected to take 8m20s: stopping here" in out
+    assert "not run, --budget 60 s ran out: step 01 a fixture that succeeds, step 03 " in err
+    assert "failed" not in err
+    assert summary_of(results)["01"]["status"] == "not run"  # never a failure
+
+    code, out, err = sweep_here(capsys, *args)  # the same command, no budget: resumes
+    assert code == 0, out[-2000:] + err[-2000:]
+    assert out.count("up to date") == 1
+    assert [r["step"] for r in runs_of(results)] == ["00", "01", "03"]
+
+
+def test_a_run_still_going_when_the_budget_ends_is_stopped_and_not_recorded(
+    tmp_path, capsys, monkeypatch
+):
+    results = tmp_path / "results"
+    monkeypatch.setenv("SWEEP_FIXTURE_SLEEP", "60")
+    _estimates(monkeypatch, {"00": 0.1})
+    t0 = time.monotonic()
+    code, out, err = sweep_here(capsys, *BASE, "--results-dir", results, "--steps", "00",
+                                "--budget", 2)  # fmt: skip
+    took = time.monotonic() - t0
+    assert code == 3, out[-2000:] + err[-2000:]
+    assert took < 20, took  # 2 s, then SIGTERM (the fixture dies at once)
+    assert "-> stopped: the budget ran out after" in out and "(not recorded)" in out
+    assert runs_of(results) == []  # no made-up "timeout" for a step that was only cut short
+    assert not list((results / TAG).glob("*.tmp"))  # nothing left to "recover" either
+    assert summary_of(results)["00"]["status"] == "not run"
+
+
+def test_a_step_over_its_own_timeout_inside_the_budget_is_still_a_timeout(
+    tmp_path, capsys, monkeypatch
+):
+    results = tmp_path / "results"
+    monkeypatch.setenv("SWEEP_FIXTURE_SLEEP", "60")
+    _estimates(monkeypatch, {"00": 0.1})
+    code, out, err = sweep_here(capsys, *BASE, "--results-dir", results, "--steps", "00",
+                                "--budget", 600, "--timeout", 1)  # fmt: skip
+    assert code == 1, out[-2000:] + err[-2000:]
+    assert [r["status"] for r in runs_of(results)] == ["timeout"]
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "soon"])
+def test_a_bad_budget_is_one_line_and_exit_2(tmp_path, capsys, bad):
+    code, out, err = sweep_here(capsys, *BASE, "--results-dir", tmp_path, "--budget", bad)
+    assert code == 2 and "--budget" in err and "Traceback" not in err
+    assert not (tmp_path / TAG).exists()
+
+
+# ---------------------------------------------------------------- pooled hosts
+def test_without_a_pool_the_host_id_is_the_machines_own(monkeypatch):
+    monkeypatch.delenv(machine.HOST_ENV, raising=False)
+    assert machine.host_id() == machine.real_host_id()
+    assert len(machine.real_host_id()) == 12
+
+
+def test_a_pool_name_replaces_the_host_in_the_fingerprint_only(monkeypatch):
+    monkeypatch.setenv(machine.HOST_ENV, "h200-lease")
+    monkeypatch.setattr(machine, "real_host_id", lambda: "aaaaaaaaaaaa")
+    one = machine.fingerprint("cuda", "NVIDIA H200", 1)
+    monkeypatch.setattr(machine, "real_host_id", lambda: "bbbbbbbbbbbb")
+    assert machine.fingerprint("cuda", "NVIDIA H200", 1) == one
+    assert one["host_id"] == "pool:h200-lease"
+    # the pool never makes another GPU, count or torch "the same machine"
+    assert machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1) != one
+    assert machine.fingerprint("cuda", "NVIDIA H200", 8) != one
+
+
+@pytest.mark.parametrize("bad", ["a b", "../x", "-lead", "x" * 65])
+def test_a_bad_pool_name_is_a_user_error(monkeypatch, bad):
+    monkeypatch.setenv(machine.HOST_ENV, bad)
+    with pytest.raises(UserError, match="SPEED_LADDER_HOST_ID"):
+        machine.host_id()
+
+
+def test_a_bad_pool_name_stops_the_sweep_with_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(machine.HOST_ENV, "two words")
+    code, out, err = sweep_here(capsys, *BASE, "--results-dir", tmp_path)
+    assert code == 2 and "SPEED_LADDER_HOST_ID='two words'" in err and "Traceback" not in err
+
+
+def test_a_pooled_sweep_resumes_on_a_fresh_machine_and_says_it_pooled(
+    tmp_path, capsys, monkeypatch
+):
+    results = tmp_path / "results"
+    args = [*BASE, "--results-dir", results]
+    monkeypatch.setenv(machine.HOST_ENV, "lease")
+    monkeypatch.setattr(machine, "real_host_id", lambda: "aaaaaaaaaaaa")
+    assert sweep_here(capsys, *args, "--steps", "00")[0] == 0
+    # the next call starts on another machine of the same kind: 00 is kept, 01 and 03 run
+    monkeypatch.setattr(machine, "real_host_id", lambda: "bbbbbbbbbbbb")
+    code, out, err = sweep_here(capsys, *args, "--steps", "00,01,03")
+    assert code == 0, out[-2000:] + err[-2000:]
+    assert out.count("up to date") == 1
+    recs = runs_of(results)  # one tag folder, each record with its real host
+    assert [(r["step"], r["sweep"]["host"]) for r in recs] == [
+        ("00", "aaaaaaaaaaaa"), ("01", "bbbbbbbbbbbb"), ("03", "bbbbbbbbbbbb")]  # fmt: skip
+    assert {r["sweep"]["machine"]["host_id"] for r in recs} == {"pool:lease"}
+    rows = summary_of(results)
+    assert rows["00"]["hosts"] == "aaaaaaaaaaaa" and rows["03"]["hosts"] == "bbbbbbbbbbbb"
+    assert "Pooled: these runs come from 2 machines of this kind" in out
+    assert "Pooled: these runs come from 2 machines" in results_markdown([results / TAG], tmp_path)
+
+    # without the pool, the same records are another machine's: never mixed in
+    monkeypatch.delenv(machine.HOST_ENV)
+    code, out, _ = sweep_here(capsys, *args, "--steps", "00")
+    assert code == 0 and "holds another machine's records" in out
+    assert len(runs_of(results)) == 3
+
+
+def test_one_host_is_not_called_pooled():
+    rows = [{"status": "ok", "hosts": "aaaaaaaaaaaa"}, {"status": "ok", "hosts": "aaaaaaaaaaaa"},
+            {"status": "not run", "hosts": None}]  # fmt: skip
+    assert pooled_text(rows) is None
+    rows.append({"status": "ok", "hosts": "aaaaaaaaaaaa,bbbbbbbbbbbb"})
+    assert pooled_text(rows).startswith("Pooled: these runs come from 2 machines")
