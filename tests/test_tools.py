@@ -33,18 +33,23 @@ def test_tool_runs(tool):
 
 def test_gpu_session_runs_its_phases_into_one_folder_on_a_cpu(tmp_path):
     """tools/gpu_session.sh in its CPU smoke mode: offline inputs staged, versions, the GPU tests
-    (all skipped without CUDA), a one-step sweep; everything lands in OUT."""
+    (all skipped without CUDA), a one-step sweep; everything lands in OUT, and in one archive
+    (--pack) that a second call, on a "fresh machine" of the same pool, resumes (--resume)."""
+    import json
     import shutil
+    import tarfile
 
     from conftest import BPE
 
     if not BPE.is_dir() or not shutil.which("bash"):
         pytest.skip("needs bash and the offline BPE mirror")
-    out = tmp_path / "session"
-    proc = run_script(["bash", ROOT / "tools" / "gpu_session.sh", out, "--device", "cpu",
-                       "--preset", "tiny", "--steps", "00", "--max-steps", 3, "--warmup-steps", 1,
-                       "--data", VERDICT, "--bpe", BPE, "--no-plots"],
-                      timeout=300, env={"PYTHON": sys.executable})  # fmt: skip
+    out, back = tmp_path / "session", tmp_path / "back"
+    env = {"PYTHON": sys.executable, "SPEED_LADDER_HOST_ID": "smoke-pool"}
+    common = ["--device", "cpu", "--preset", "tiny", "--max-steps", 3, "--warmup-steps", 1,
+              "--data", VERDICT, "--bpe", BPE, "--no-plots"]  # fmt: skip
+    gpu_session = ["bash", ROOT / "tools" / "gpu_session.sh"]
+    proc = run_script([*gpu_session, out, *common, "--steps", "00", "--budget", 280,
+                       "--pack", back / "one.tgz"], timeout=300, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     for name in ["session.log", "status.txt", "versions.txt", "pip-freeze.txt", "nvidia-smi.txt",
                  "pytest-gpu.log", "pytest-gpu.xml", "sweep.log"]:  # fmt: skip
@@ -52,6 +57,49 @@ def test_gpu_session_runs_its_phases_into_one_folder_on_a_cpu(tmp_path):
     assert (out / "status.txt").read_text().splitlines() == ["tests: ok", "sweep: ok"]
     assert "skipped" in (out / "pytest-gpu.log").read_text()  # no CUDA here: skipped, not failed
     (runs,) = list((out / "results").glob("*/runs.jsonl"))
-    rec = __import__("json").loads(runs.read_text().splitlines()[-1])
+    rec = json.loads(runs.read_text().splitlines()[-1])
     assert rec["status"] == "ok" and rec["step"] == "00" and rec["preset"] == "tiny"
+    assert rec["sweep"]["machine"]["host_id"] == "pool:smoke-pool"
     assert (out / "offline" / "tiktoken").is_dir()  # the BPE files staged for tiktoken
+    assert "budget: " in (out / "sweep.log").read_text()  # what is left of the call's 280 s
+
+    with tarfile.open(back / "one.tgz") as tar:  # one file holds the session, inputs left out
+        names = tar.getnames()
+        tar.extractall(back / "one", filter="data")
+    assert f"./results/{runs.parent.name}/runs.jsonl" in names and "./status.txt" in names
+    assert not [n for n in names if n.startswith("./offline")]
+
+    # the next call: results carried back in, nothing left to run for step 00
+    proc = run_script([*gpu_session, tmp_path / "two", *common, "--steps", "00", "--no-tests",
+                       "--resume", back / "one" / "results", "--pack", back / "two.tgz"],
+                      timeout=300, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "up to date" in proc.stdout
+    with tarfile.open(back / "two.tgz") as tar:
+        kept = tar.extractfile(f"./results/{runs.parent.name}/runs.jsonl").read()
+    assert kept == runs.read_bytes()
+
+    # a budget too short for the sweep: said, exit 3 (runs left), still packed
+    proc = run_script([*gpu_session, tmp_path / "three", *common, "--steps", "01", "--no-tests",
+                       "--budget", 70, "--pack", back / "three.tgz"],
+                      timeout=300, env=env)  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "sweep: not started (under a minute of --budget left" in proc.stdout
+    assert (back / "three.tgz").is_file()
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [(["--budget", "soon"], "--budget soon: a whole number of seconds"),
+     (["--budget", "0"], "--budget 0: a whole number of seconds"),
+     (["--resume", "/nonexistent/results"], "--resume /nonexistent/results: no such folder")],
+)  # fmt: skip
+def test_gpu_session_bad_flags_are_one_line_and_exit_2(tmp_path, flags, says):
+    import shutil
+
+    if not shutil.which("bash"):
+        pytest.skip("needs bash")
+    proc = run_script(["bash", ROOT / "tools" / "gpu_session.sh", tmp_path / "s", *flags],
+                      timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

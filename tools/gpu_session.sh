@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One call on a GPU machine, no internet needed: the GPU tests, then the whole bounded sweep on
 # gpt2-124m (10 warm-up + 50 timed steps a step, presets.SWEEP_LENGTH), profiled (--profile:
-# where each step's time goes, after its timed window), everything (results, logs, versions, pip freeze, nvidia-smi) in one folder OUT.
+# where each step's time goes, after its timed window), everything (results, logs, versions,
+# pip freeze, nvidia-smi) in one folder OUT.
 #
-#   tools/gpu_session.sh OUT [--data FILE] [--bpe DIR] [--wheels DIR] [--no-tests]
+#   tools/gpu_session.sh OUT [--data FILE] [--bpe DIR] [--wheels DIR] [--no-tests] [--no-sweep]
+#                            [--budget SECONDS] [--resume DIR] [--pack FILE]
 #                            [any `python -m harness run` flag: --steps, --device, --preset, ...]
 #
 #   --data FILE   the training text (default: data/middlemarch.txt, or the offline mirror)
@@ -12,21 +14,36 @@
 #   --wheels DIR  wheels to install offline where a package is missing (liger-kernel for step 12:
 #                 pip install --no-index --no-deps); pip download them where pip works
 #   --no-tests    the sweep only
+#   --no-sweep    the tests only
 #   --no-profile  no time breakdown (the sweep runs with --profile otherwise)
+#   --budget S    the whole call ends within S seconds (a machine lent by the hour, a call with a
+#                 time limit): the tests get what is left less a margin, the sweep then runs
+#                 with --budget (runs that do not fit are left for the next call), then --pack
+#   --resume DIR  results of an earlier session (its OUT/results, e.g. unpacked from its --pack),
+#                 copied into OUT/results first: the sweep resumes them. Where every call is a
+#                 fresh machine of one kind, set SPEED_LADDER_HOST_ID=NAME (harness/machine.py)
+#   --pack FILE   everything in OUT (less the staged inputs) in one .tar.gz at the end, also
+#                 when the budget ran out; for a machine that hands back only a few files
 #
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
-# Exit status: 0 when the tests and every step passed, 1 otherwise (OUT/status.txt says which).
+# Exit status: 0 when the tests and every step passed, 3 when --budget left runs for the next
+# call and nothing failed, 1 otherwise (OUT/status.txt says which).
 set -u -o pipefail
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage ;; -*) echo "error: OUT first (a folder), then flags" >&2; exit 2 ;; esac
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "error: cannot make $1" >&2; exit 2; }
 shift
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
-DATA="" BPE="" WHEELS="" TESTS=1 PROFILE=1 SWEEP=() HAVE_DEVICE=0
+DATA="" BPE="" WHEELS="" TESTS=1 RUN_SWEEP=1 PROFILE=1 SWEEP=() HAVE_DEVICE=0
+BUDGET="" RESUME="" PACK=""
+T0=$(date +%s)
+MARGIN=30  # seconds kept for the summary, the charts and the pack after the sweep's budget
+num() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -gt 0 ] \
+    || { echo "error: $1 $2: a whole number of seconds above 0" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --data) DATA=$(cd "$(dirname "$2")" && pwd)/$(basename "$2") \
@@ -37,6 +54,14 @@ while [ $# -gt 0 ]; do
         --wheels) WHEELS=$(cd "$2" && pwd) || { echo "error: --wheels $2: no such folder" >&2; exit 2; }
                   shift 2 ;;
         --no-tests) TESTS=0; shift ;;
+        --no-sweep) RUN_SWEEP=0; shift ;;
+        --budget) num --budget "${2-}"; BUDGET=$2; shift 2 ;;
+        --resume) RESUME=$(cd "${2-}" 2>/dev/null && pwd) \
+                      || { echo "error: --resume ${2-}: no such folder" >&2; exit 2; }
+                  shift 2 ;;
+        --pack) [ -n "${2-}" ] && mkdir -p "$(dirname "$2")" \
+                    || { echo "error: --pack ${2-}: cannot make its folder" >&2; exit 2; }
+                PACK=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
         --no-profile) PROFILE=0; shift ;;
         --device) HAVE_DEVICE=1; SWEEP+=("$1" "$2"); shift 2 ;;
         -h|--help) usage ;;
@@ -45,6 +70,16 @@ while [ $# -gt 0 ]; do
 done
 [ $HAVE_DEVICE = 1 ] || SWEEP+=(--device cuda)
 [ $PROFILE = 1 ] && SWEEP+=(--profile)
+left() { echo $(( T0 + BUDGET - $(date +%s) - MARGIN )); }  # seconds left for a phase
+
+pack() {  # one archive of OUT, the staged inputs left out
+    [ -n "$PACK" ] || return 0
+    tar -czf "$PACK.tmp" -C "$OUT" --exclude=./offline --exclude="$(basename "$PACK").tmp" . \
+        && mv "$PACK.tmp" "$PACK" \
+        && echo "packed: $PACK ($(du -h "$PACK" | cut -f1))" \
+        || echo "error: cannot pack $OUT into $PACK" >&2
+}
+trap 'echo "stopped by a signal"; status session stopped; pack; exit 1' TERM INT
 
 exec > >(tee -a "$OUT/session.log") 2>&1
 echo "== gpu_session $(date -u +%Y-%m-%dT%H:%M:%SZ) in $ROOT -> $OUT"
@@ -105,19 +140,53 @@ except Exception as e:
     print("liger-kernel/triton:", e.__class__.__name__, e)
 EOF
 
-# ---- the GPU tests (skipped, not failed, without CUDA)
+# ---- results of an earlier session, to resume
+if [ -n "$RESUME" ]; then
+    mkdir -p "$OUT/results" && cp -R "$RESUME"/. "$OUT/results"/ \
+        && echo "resuming: $(ls "$OUT/results" | tr '\n' ' ')from $RESUME" \
+        || { echo "error: cannot copy --resume $RESUME into $OUT/results" >&2; exit 2; }
+fi
+
+# ---- the GPU tests (skipped, not failed, without CUDA); under --budget, stopped (SIGINT: pytest
+# still writes its report) when the budget is spent
 if [ $TESTS = 1 ]; then
-    "$PY" -m pytest -m gpu tests/test_gpu.py -v -rs --junitxml="$OUT/pytest-gpu.xml" 2>&1 \
-        | tee "$OUT/pytest-gpu.log"
+    LIMIT=()
+    [ -n "$BUDGET" ] && LIMIT=(timeout --signal=INT --kill-after=20 "$(left)")
+    if [ -n "$BUDGET" ] && [ "$(left)" -lt 30 ]; then
+        status tests "not started: under 30 s of --budget left"
+    else
+    ${LIMIT[@]+"${LIMIT[@]}"} "$PY" -m pytest -m gpu tests/test_gpu.py -v -rs \
+        --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
     rc=${PIPESTATUS[0]}
-    [ "$rc" = 0 ] && status tests ok || status tests "failed (exit $rc, see pytest-gpu.log)"
+    case $rc in
+        0) status tests ok ;;
+        124|137) status tests "stopped at the budget (see pytest-gpu.log)" ;;
+        *) status tests "failed (exit $rc, see pytest-gpu.log)" ;;
+    esac
+    fi
 fi
 
 # ---- the bounded sweep
-echo "== python -m harness run --results-dir $OUT/results ${SWEEP[*]}"
-"$PY" -m harness run --results-dir "$OUT/results" "${SWEEP[@]}" 2>&1 | tee "$OUT/sweep.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" = 0 ] && status sweep ok || status sweep "failed (exit $rc, see sweep.log)"
+PARTIAL=0
+if [ $RUN_SWEEP = 1 ] && [ -n "$BUDGET" ] && [ "$(left)" -lt 60 ]; then
+    echo "sweep: not started (under a minute of --budget left; the same command with --resume" \
+         "runs it)" | tee -a "$OUT/status.txt"; PARTIAL=1
+elif [ $RUN_SWEEP = 1 ]; then
+    [ -n "$BUDGET" ] && SWEEP+=(--budget "$(left)")
+    echo "== python -m harness run --results-dir $OUT/results ${SWEEP[*]}"
+    "$PY" -m harness run --results-dir "$OUT/results" "${SWEEP[@]}" 2>&1 | tee -a "$OUT/sweep.log"
+    rc=${PIPESTATUS[0]}
+    case $rc in
+        0) status sweep ok ;;
+        3) echo "sweep: partial (--budget ran out; the same command with --resume goes on)" \
+               >> "$OUT/status.txt"; PARTIAL=1 ;;
+        *) status sweep "failed (exit $rc, see sweep.log)" ;;
+    esac
+fi
 
-echo "== done: $OUT"; cat "$OUT/status.txt"
-exit $FAILED
+echo "== done: $OUT ($(( $(date +%s) - T0 )) s)"; cat "$OUT/status.txt"
+trap - TERM INT
+pack
+[ $FAILED = 1 ] && exit 1
+[ $PARTIAL = 1 ] && exit 3
+exit 0
