@@ -6,11 +6,14 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import load, machine, preflight
+from .child import KILL_GRACE_S
 from .ladder import Step
 from .launch import run_once
 from .profile import profiled_runs
+from .record import append_jsonl, read_jsonl
 from .runs import done_runs, matching
 
 
@@ -60,6 +63,9 @@ def _start(p, force: bool) -> Progress:
                     and (r.get("sweep") or {}).get("config") == cfg
                     and (r.get("sweep") or {}).get("machine") == p.machine]  # fmt: skip
         estimate[job] = preflight.run_seconds(job.step, earlier or same_cfg, p.device_type)
+        cut = cut_seconds(ps.tag_dir, job, cfg, sha, p.machine)
+        if cut > estimate[job][0]:  # a run cut at an earlier --budget's end needs more than that
+            estimate[job] = (cut, True)
     prog = Progress(done, {j: s for j, (s, _) in estimate.items()})
     todo = [estimate[j] for j in prog.left(p.repeats) for _ in range(p.repeats - done[j])]
     tags = ", ".join(str(ps.tag_dir) for ps in p.passes)
@@ -128,49 +134,83 @@ def _report(rec: dict) -> None:
         print(f"      -> FAILED ({rec['status']}): {rec.get('reason')}", flush=True)
 
 
-def _fits(p, job: Job, prog: Progress, deadline: float | None) -> float | None:
+# ---------------------------------------------------------------- --budget
+CUTS = "cuts.jsonl"  # runs stopped at a --budget's end: not results, only how long they lasted
+
+
+def _cut_key(job: Job, config: dict, sha: str, machine: dict) -> dict:
+    return {"step": job.step.num, "control": job.control, "config": config,
+            "script_sha256": sha, "machine": machine}  # fmt: skip
+
+
+def note_cut(tag_dir, job: Job, config: dict, sha: str, machine: dict, seconds: float) -> None:
+    """Remember that a run of `job` was stopped unfinished after `seconds` (the next sweep's
+    estimate for it is at least that, so a step that cannot fit is not started again and again)."""
+    append_jsonl(
+        Path(tag_dir) / CUTS, dict(_cut_key(job, config, sha, machine), cut_after_s=seconds)
+    )
+
+
+def cut_seconds(tag_dir, job: Job, config: dict, sha: str, machine: dict) -> float:
+    """The longest a run of `job` (this configuration, script, machine) lasted before a budget
+    stopped it, or 0."""
+    key = _cut_key(job, config, sha, machine)
+    cuts = [c.get("cut_after_s") for c in read_jsonl(Path(tag_dir) / CUTS)
+            if isinstance(c, dict) and all(c.get(k) == v for k, v in key.items())]  # fmt: skip
+    return max((float(c) for c in cuts if isinstance(c, (int, float))), default=0.0)
+
+
+def _fits(job: Job, prog: Progress, deadline: float | None) -> float | None:
     """The seconds a run may take under --budget (None: no budget), or 0.0 when its expected
-    duration does not fit in what is left."""
+    duration does not fit in what is left. The child's kill grace is kept in hand."""
     if deadline is None:
         return None
-    left = deadline - time.monotonic()
+    left = deadline - time.monotonic() - KILL_GRACE_S
     return left if left > 0 and prog.estimate[job] <= left else 0.0
 
 
 def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
-               deadline: float | None = None) -> list[str]:  # fmt: skip
+               deadline: float | None = None) -> list[Job]:  # fmt: skip
     """Round after round, every job that has fewer ok runs than the round's number. With a
-    `deadline` (--budget) a run starts only when its expected duration fits before it, and one
-    still running at it is stopped and not recorded; returns the runs left undone (labels)."""
+    `deadline` (--budget) a run starts only when its expected duration fits before it (one that
+    does not is passed over, and a later one that fits still runs), and one still going at it is
+    stopped and not recorded (cuts.jsonl keeps how long it lasted); returns the jobs left."""
     prog = _start(p, force)
     if deadline is not None and prog.left(p.repeats):
-        print(f"budget: {preflight.fmt_duration(max(0.0, deadline - time.monotonic()))} left; "
-              "the sweep stops before a run whose expected duration does not fit, and stops a "
-              "run still going at the end without recording it", flush=True)  # fmt: skip
+        print(f"budget: {_left_text(deadline)} left; a run starts only when its expected "
+              "duration fits, and one still going at the end is stopped, not recorded",
+              flush=True)  # fmt: skip
+    passed_over: set[Job] = set()
     for rnd in range(1, p.repeats + 1):
         jobs = [j for j in p.jobs if prog.done[j] < rnd and j not in prog.failed]
         for i, job in enumerate(jobs, 1):
-            if job in prog.failed:
+            if job in prog.failed or job in passed_over:
                 continue
-            allowed = _fits(p, job, prog, deadline)
-            if allowed == 0.0:
-                return _out_of_budget(p, prog, job, deadline)
+            if _fits(job, prog, deadline) == 0.0:
+                _pass_over(p, prog, job, deadline, passed_over)
+                continue
             head = f"round {rnd}/{p.repeats} " if p.repeats > 1 else ""
             elapsed = preflight.fmt_duration(time.monotonic() - prog.t0)
             eta = preflight.fmt_duration(prog.eta(p.repeats))
             print(f"{head}[{i}/{len(jobs)}] {_label(p, job)} ... elapsed {elapsed}, "
                   f"ETA {eta}", flush=True)  # fmt: skip
             _before_run(p, job, wait_s)
-            allowed = _fits(p, job, prog, deadline)  # the load check took some of it
+            allowed = _fits(job, prog, deadline)  # the load check took some of it
             if allowed == 0.0:
-                return _out_of_budget(p, prog, job, deadline)
+                _pass_over(p, prog, job, deadline, passed_over)
+                continue
             limit = timeout if allowed is None else min(timeout, allowed)
             rec = _run_job(p, job, prog.done[job] + 1, limit, keep_timeout=limit == timeout)
             if rec is None:  # stopped at the budget's end: not a result of the step
-                print(f"      -> stopped: the budget ran out after "
-                      f"{preflight.fmt_duration(allowed)} (not recorded)", flush=True)  # fmt: skip
+                ps = p.passes[job.pass_index]
+                note_cut(ps.tag_dir, job, ps.configs[job.step.num], ps.shas[job.step.num],
+                         p.machine, allowed)  # fmt: skip
+                took = preflight.fmt_duration(allowed)
+                print(f"      -> stopped unfinished after {took}: the budget ran out (not "
+                      f"recorded; noted in {CUTS})", flush=True)  # fmt: skip
                 prog.estimate[job] = max(prog.estimate[job], allowed)
-                return _out_of_budget(p, prog, None, deadline)
+                passed_over.add(job)
+                continue
             prog.estimate[job] = rec["sweep"]["duration_s"]
             _report(rec)
             if rec["status"] == "ok":
@@ -178,18 +218,21 @@ def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
             else:  # no point repeating a failure in this sweep
                 prog.failed.add(job)
             p.summarize()
-    return []
+    return [j for j in prog.left(p.repeats) if j in passed_over]
 
 
-def _out_of_budget(p, prog: Progress, job: Job | None, deadline: float) -> list[str]:
-    """The runs left when --budget ends the sweep, said in one line; returns their labels."""
-    left = [
-        _label(p, j) + (f" x{p.repeats - prog.done[j]}" if p.repeats - prog.done[j] > 1 else "")
-        for j in prog.left(p.repeats)
-    ]
-    if job is not None:
-        rest = preflight.fmt_duration(max(0.0, deadline - time.monotonic()))
-        need = preflight.fmt_duration(prog.estimate[job])
-        print(f"budget: {rest} left, {_label(p, job)} is expected to take {need}: stopping "
-              "here", flush=True)  # fmt: skip
-    return left
+def labels(p, jobs: list[Job]) -> list[str]:
+    """'step 08 torch.compile x2' for each job: what is left of it in this sweep's rounds."""
+    return [_label(p, j) for j in jobs]
+
+
+def _left_text(deadline: float) -> str:
+    return preflight.fmt_duration(max(0.0, deadline - time.monotonic()))
+
+
+def _pass_over(p, prog: Progress, job: Job, deadline: float, passed_over: set) -> None:
+    """Say that `job` does not fit in what is left of the budget, and leave it for later."""
+    passed_over.add(job)
+    need = preflight.fmt_duration(prog.estimate[job])
+    print(f"budget: {_left_text(deadline)} left, {_label(p, job)} is expected to take {need}: "
+          "left for the next sweep", flush=True)  # fmt: skip

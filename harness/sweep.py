@@ -20,9 +20,11 @@
   results, or records from before fingerprints) is never written: the sweep uses
   `<hardware>-<6 hex digits of this machine's fingerprint>-xN` instead and says so.
 - **A budget** (`--budget SECONDS`, for a machine lent by the hour or a batch job's limit): a
-  run starts only when its expected duration (preflight.py) fits in what is left, a run still
-  going when it ends is stopped and not recorded, and the sweep exits 3 naming the runs left;
-  the same command resumes with them.
+  run starts only when its expected duration (preflight.py) fits in what is left (one that does
+  not is passed over; a later one that fits still runs), a run still going when it ends is
+  stopped and not recorded (`cuts.jsonl` keeps how long it lasted, so the next sweep does not
+  start it again in less), and the sweep exits 3 naming the runs left; the same command resumes
+  with them. The runs end within the budget; the summary and charts follow.
 - **Before each run** it checks that other processes leave the machine quiet (load.py; with
   --wait-quiet it waits, bounded), and prints the memory model's prediction for the run; before
   the first, the expected duration (preflight.py).
@@ -48,7 +50,7 @@ from .ladder import Step, discover, expected_steps, parse_steps, processes_suffi
 from .launch import Lock  # noqa: F401  (tests take a folder's lock)
 from .machine import slug  # noqa: F401
 from .record import file_sha256
-from .rounds import Job, run_rounds
+from .rounds import Job, labels, run_rounds
 from .rows import pooled_text
 from .runs import RUNS, foreign, load_runs, recover
 from .summary import SUMMARY, collect, format_table, summarize, write_summary
@@ -282,6 +284,7 @@ def sweep(args) -> int:
         p.summarize()
         left = run_rounds(p, args.force, args.timeout, args.wait_quiet, deadline)
         dfs = p.summarize()
+    unfinished = {(p.passes[j.pass_index].tag, j.step.num) for j in left}  # --budget ran out
     failed = []
     for ps in p.passes:
         df = dfs[ps.tag]
@@ -297,13 +300,15 @@ def sweep(args) -> int:
         failed += [
             f"step {r['step']} ({r['status']}{', ' + ps.tag if len(p.passes) > 1 else ''})"
             for r in df.to_dict("records")
-            if r["step"] in chosen and r["status"] not in ("ok", "not run")  # not run: --budget
+            if r["step"] in chosen
+            and r["status"] != "ok"
+            and not (r["status"] == "not run" and (ps.tag, r["step"]) in unfinished)
         ]
     if not args.no_plots:
         print("python plot_results.py redraws the comparison of all tags and the README table")
     if left:
-        print(f"not run, --budget {budget:g} s ran out: {', '.join(left)}; the same command "
-              "resumes with them", file=sys.stderr)  # fmt: skip
+        print(f"not run, --budget {budget:g} s ran out: {', '.join(labels(p, left))}; the same "
+              "command resumes with them", file=sys.stderr)  # fmt: skip
     if failed:
         print("failed: " + ", ".join(failed), file=sys.stderr)
         return 1

@@ -14,7 +14,9 @@ from test_sweep import FIXTURES, TAG, runs_of, summary_of, sweep_here
 from harness import machine, preflight, sweep
 from harness.errors import UserError
 from harness.readme import results_markdown
+from harness.record import read_jsonl
 from harness.rows import pooled_text
+from harness.runs import TMP_GLOB
 
 BASE = ["--ladder-dir", FIXTURES / "ladder_ok", "--device", "cpu", "--no-plots"]
 
@@ -27,7 +29,7 @@ def _estimates(monkeypatch, seconds: dict[str, float]) -> None:
 
 
 # ---------------------------------------------------------------- --budget
-def test_the_budget_stops_before_a_run_that_does_not_fit_and_the_rerun_resumes(
+def test_a_run_that_does_not_fit_is_left_for_the_next_sweep_and_the_rerun_resumes(
     tmp_path, capsys, monkeypatch
 ):
     results = tmp_path / "results"
@@ -35,17 +37,18 @@ def test_the_budget_stops_before_a_run_that_does_not_fit_and_the_rerun_resumes(
     _estimates(monkeypatch, {"00": 0.5, "01": 500.0, "03": 0.5})
     code, out, err = sweep_here(capsys, *args, "--budget", 60)
     assert code == sweep.BUDGET_EXIT == 3, out[-2000:] + err[-2000:]
-    assert [r["step"] for r in runs_of(results)] == ["00"]  # 03 would fit, but order is kept
+    # 01 does not fit in 60 s and is passed over; 03 after it still fits and runs
+    assert [r["step"] for r in runs_of(results)] == ["00", "03"]
     assert "budget: 1m00s left" in out or "budget: 59s left" in out
-    assert "step 01 a fixture that succeeds is expected to take 8m20s: stopping here" in out
-    assert "not run, --budget 60 s ran out: step 01 a fixture that succeeds, step 03 " in err
+    assert "step 01 a fixture that succeeds is expected to take 8m20s: left for the next" in out
+    assert "not run, --budget 60 s ran out: step 01 a fixture that succeeds; the same " in err
     assert "failed" not in err
     assert summary_of(results)["01"]["status"] == "not run"  # never a failure
 
     code, out, err = sweep_here(capsys, *args)  # the same command, no budget: resumes
     assert code == 0, out[-2000:] + err[-2000:]
-    assert out.count("up to date") == 1
-    assert [r["step"] for r in runs_of(results)] == ["00", "01", "03"]
+    assert out.count("up to date") == 2
+    assert [r["step"] for r in runs_of(results)] == ["00", "03", "01"]
 
 
 def test_a_run_still_going_when_the_budget_ends_is_stopped_and_not_recorded(
@@ -54,16 +57,24 @@ def test_a_run_still_going_when_the_budget_ends_is_stopped_and_not_recorded(
     results = tmp_path / "results"
     monkeypatch.setenv("SWEEP_FIXTURE_SLEEP", "60")
     _estimates(monkeypatch, {"00": 0.1})
+    args = [*BASE, "--results-dir", results, "--steps", "00"]
     t0 = time.monotonic()
-    code, out, err = sweep_here(capsys, *BASE, "--results-dir", results, "--steps", "00",
-                                "--budget", 2)  # fmt: skip
+    code, out, err = sweep_here(capsys, *args, "--budget", 13)  # 10 s of it: the kill's grace
     took = time.monotonic() - t0
     assert code == 3, out[-2000:] + err[-2000:]
-    assert took < 20, took  # 2 s, then SIGTERM (the fixture dies at once)
-    assert "-> stopped: the budget ran out after" in out and "(not recorded)" in out
+    assert took < 13, took
+    assert "-> stopped unfinished after" in out and "(not recorded; noted in cuts.jsonl)" in out
     assert runs_of(results) == []  # no made-up "timeout" for a step that was only cut short
-    assert not list((results / TAG).glob("*.tmp"))  # nothing left to "recover" either
+    assert not list((results / TAG).glob(TMP_GLOB))  # nothing left to "recover" either
     assert summary_of(results)["00"]["status"] == "not run"
+    (cut,) = read_jsonl(results / TAG / "cuts.jsonl")
+    assert cut["step"] == "00" and 0 < cut["cut_after_s"] <= 3
+
+    # the next sweep knows the run needs more than that: with no more time, it is not started
+    # again (and cut again), it is passed over
+    code, out, err = sweep_here(capsys, *args, "--budget", 10 + cut["cut_after_s"] * 0.5)
+    assert code == 3 and "is expected to take" in out and "stopped unfinished" not in out
+    assert runs_of(results) == []
 
 
 def test_a_step_over_its_own_timeout_inside_the_budget_is_still_a_timeout(

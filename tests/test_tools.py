@@ -79,13 +79,54 @@ def test_gpu_session_runs_its_phases_into_one_folder_on_a_cpu(tmp_path):
         kept = tar.extractfile(f"./results/{runs.parent.name}/runs.jsonl").read()
     assert kept == runs.read_bytes()
 
-    # a budget too short for the sweep: said, exit 3 (runs left), still packed
-    proc = run_script([*gpu_session, tmp_path / "three", *common, "--steps", "01", "--no-tests",
-                       "--budget", 70, "--pack", back / "three.tgz"],
-                      timeout=300, env=env)  # fmt: skip
-    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "sweep: not started (under a minute of --budget left" in proc.stdout
-    assert (back / "three.tgz").is_file()
+    # budgets too short: the sweep not started, or its one step left for the next call; both
+    # said, exit 3 (runs left, nothing failed), still packed
+    for steps, budget, says in [("01", 70, "sweep: not started (under a minute of --budget left"),
+                                ("08", 130, "sweep: partial (--budget ran out")]:  # fmt: skip
+        proc = run_script([*gpu_session, tmp_path / steps, *common, "--steps", steps,
+                           "--no-tests", "--budget", budget, "--pack", back / f"{steps}.tgz"],
+                          timeout=300, env=env)  # fmt: skip
+        assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert says in proc.stdout and (back / f"{steps}.tgz").is_file()
+
+
+def test_gpu_session_stopped_by_a_signal_still_packs_what_it_finished(tmp_path):
+    """The lease ends (SIGTERM to the whole process group, the log's tee included) while the
+    sweep runs: the archive is still written, with the finished runs, and says it was stopped."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import tarfile
+    import time
+
+    from conftest import BPE
+
+    if not BPE.is_dir() or not shutil.which("bash"):
+        pytest.skip("needs bash and the offline BPE mirror")
+    out, pack = tmp_path / "session", tmp_path / "back" / "s.tgz"
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "tools" / "gpu_session.sh"), str(out), "--device", "cpu", "--preset",
+         "tiny", "--steps", "00-03", "--max-steps", "3", "--warmup-steps", "1", "--data",
+         str(VERDICT), "--bpe", str(BPE), "--no-plots", "--no-tests", "--pack", str(pack)],
+        env=dict(os.environ, PYTHON=sys.executable), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob("results/*/runs.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the first step's record is in
+        assert proc.poll() is None, "the session ended before it could be stopped"
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    with tarfile.open(pack) as tar:
+        status = tar.extractfile("./status.txt").read().decode()
+        (runs,) = [n for n in tar.getnames() if n.endswith("/runs.jsonl")]
+        assert b'"step": "00"' in tar.extractfile(runs).read()
+    assert "session: stopped by a signal" in status
 
 
 @pytest.mark.parametrize(

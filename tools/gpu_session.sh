@@ -17,21 +17,25 @@
 #   --no-sweep    the tests only
 #   --no-profile  no time breakdown (the sweep runs with --profile otherwise)
 #   --budget S    the whole call ends within S seconds (a machine lent by the hour, a call with a
-#                 time limit): the tests get what is left less a margin, the sweep then runs
-#                 with --budget (runs that do not fit are left for the next call), then --pack
+#                 time limit): the tests get what is left less 45 s, the sweep then runs with
+#                 --budget (runs that do not fit are left for the next call), then --pack
 #   --resume DIR  results of an earlier session (its OUT/results, e.g. unpacked from its --pack),
 #                 copied into OUT/results first: the sweep resumes them. Where every call is a
 #                 fresh machine of one kind, set SPEED_LADDER_HOST_ID=NAME (harness/machine.py)
 #   --pack FILE   everything in OUT (less the staged inputs) in one .tar.gz at the end, also
-#                 when the budget ran out; for a machine that hands back only a few files
+#                 when the budget ran out or a signal stopped the call; for a machine that
+#                 hands back only a few files
 #
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
 # Exit status: 0 when the tests and every step passed, 3 when --budget left runs for the next
 # call and nothing failed, 1 otherwise (OUT/status.txt says which).
 set -u -o pipefail
+# a write to a closed pipe (the log's tee, gone with a signal to the whole group) is an error
+# to go on from, not a silent death: the TERM trap below must still pack
+trap '' PIPE
 
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage ;; -*) echo "error: OUT first (a folder), then flags" >&2; exit 2 ;; esac
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "error: cannot make $1" >&2; exit 2; }
@@ -41,7 +45,7 @@ PY=${PYTHON:-python3}
 DATA="" BPE="" WHEELS="" TESTS=1 RUN_SWEEP=1 PROFILE=1 SWEEP=() HAVE_DEVICE=0
 BUDGET="" RESUME="" PACK=""
 T0=$(date +%s)
-MARGIN=30  # seconds kept for the summary, the charts and the pack after the sweep's budget
+MARGIN=45  # seconds kept for a run's kill, the summary, the charts and the pack after a phase
 num() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -gt 0 ] \
     || { echo "error: $1 $2: a whole number of seconds above 0" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
@@ -55,7 +59,7 @@ while [ $# -gt 0 ]; do
                   shift 2 ;;
         --no-tests) TESTS=0; shift ;;
         --no-sweep) RUN_SWEEP=0; shift ;;
-        --budget) num --budget "${2-}"; BUDGET=$2; shift 2 ;;
+        --budget) num --budget "${2-}"; BUDGET=$((10#$2)); shift 2 ;;
         --resume) RESUME=$(cd "${2-}" 2>/dev/null && pwd) \
                       || { echo "error: --resume ${2-}: no such folder" >&2; exit 2; }
                   shift 2 ;;
@@ -74,12 +78,13 @@ left() { echo $(( T0 + BUDGET - $(date +%s) - MARGIN )); }  # seconds left for a
 
 pack() {  # one archive of OUT, the staged inputs left out
     [ -n "$PACK" ] || return 0
-    tar -czf "$PACK.tmp" -C "$OUT" --exclude=./offline --exclude="$(basename "$PACK").tmp" . \
-        && mv "$PACK.tmp" "$PACK" \
+    local rc=0  # 1: a log changed while it was read (tee's last lines): the archive is whole
+    tar -czf "$PACK.tmp" --warning=no-file-changed -C "$OUT" --exclude=./offline \
+        --exclude="$(basename "$PACK").tmp" . || rc=$?
+    [ $rc -le 1 ] && mv "$PACK.tmp" "$PACK" \
         && echo "packed: $PACK ($(du -h "$PACK" | cut -f1))" \
         || echo "error: cannot pack $OUT into $PACK" >&2
 }
-trap 'echo "stopped by a signal"; status session stopped; pack; exit 1' TERM INT
 
 exec > >(tee -a "$OUT/session.log") 2>&1
 echo "== gpu_session $(date -u +%Y-%m-%dT%H:%M:%SZ) in $ROOT -> $OUT"
@@ -87,6 +92,12 @@ cd "$ROOT" || exit 2
 : > "$OUT/status.txt"
 FAILED=0
 status() { echo "$1: $2" | tee -a "$OUT/status.txt"; [ "$2" = ok ] || FAILED=1; }
+partial() { echo "$1: $2" | tee -a "$OUT/status.txt"; PARTIAL=1; }  # --budget: left for later
+PARTIAL=0
+# stopped from outside (a lease's end, Ctrl-C): the tee behind stdout may be gone with us, so
+# the log is written directly; pack what there is
+trap 'exec >>"$OUT/session.log" 2>&1; echo "session: stopped by a signal" >>"$OUT/status.txt"
+      pack; exit 1' TERM INT
 
 # ---- offline inputs: a mirror folder the harness and the tests read (harness/files.py mirror())
 MIRROR="$OUT/offline/data"
@@ -153,24 +164,24 @@ if [ $TESTS = 1 ]; then
     LIMIT=()
     [ -n "$BUDGET" ] && LIMIT=(timeout --signal=INT --kill-after=20 "$(left)")
     if [ -n "$BUDGET" ] && [ "$(left)" -lt 30 ]; then
-        status tests "not started: under 30 s of --budget left"
+        partial tests "not started (under 30 s of --budget left)"
     else
     ${LIMIT[@]+"${LIMIT[@]}"} "$PY" -m pytest -m gpu tests/test_gpu.py -v -rs \
         --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
     rc=${PIPESTATUS[0]}
     case $rc in
         0) status tests ok ;;
-        124|137) status tests "stopped at the budget (see pytest-gpu.log)" ;;
+        124|137) if [ -n "$BUDGET" ]; then
+                     partial tests "stopped at the --budget's end (see pytest-gpu.log)"
+                 else status tests "failed (exit $rc, see pytest-gpu.log)"; fi ;;
         *) status tests "failed (exit $rc, see pytest-gpu.log)" ;;
     esac
     fi
 fi
 
 # ---- the bounded sweep
-PARTIAL=0
 if [ $RUN_SWEEP = 1 ] && [ -n "$BUDGET" ] && [ "$(left)" -lt 60 ]; then
-    echo "sweep: not started (under a minute of --budget left; the same command with --resume" \
-         "runs it)" | tee -a "$OUT/status.txt"; PARTIAL=1
+    partial sweep "not started (under a minute of --budget left; the same command with --resume runs it)"
 elif [ $RUN_SWEEP = 1 ]; then
     [ -n "$BUDGET" ] && SWEEP+=(--budget "$(left)")
     echo "== python -m harness run --results-dir $OUT/results ${SWEEP[*]}"
@@ -178,8 +189,7 @@ elif [ $RUN_SWEEP = 1 ]; then
     rc=${PIPESTATUS[0]}
     case $rc in
         0) status sweep ok ;;
-        3) echo "sweep: partial (--budget ran out; the same command with --resume goes on)" \
-               >> "$OUT/status.txt"; PARTIAL=1 ;;
+        3) partial sweep "partial (--budget ran out; the same command with --resume goes on)" ;;
         *) status sweep "failed (exit $rc, see sweep.log)" ;;
     esac
 fi
