@@ -31,13 +31,15 @@ class Progress:
     done: dict[Job, int]
     estimate: dict[Job, float]
     failed: set = field(default_factory=set)
+    passed_over: set = field(default_factory=set)  # --budget: left for the next sweep
     t0: float = field(default_factory=time.monotonic)
 
     def left(self, repeats: int) -> list[Job]:
         return [j for j, n in self.done.items() if n < repeats and j not in self.failed]
 
     def eta(self, repeats: int) -> float:
-        return sum(self.estimate[j] * (repeats - self.done[j]) for j in self.left(repeats))
+        return sum(self.estimate[j] * (repeats - self.done[j]) for j in self.left(repeats)
+                   if j not in self.passed_over)  # fmt: skip
 
 
 def _label(p, job: Job) -> str:
@@ -64,8 +66,8 @@ def _start(p, force: bool) -> Progress:
                     and (r.get("sweep") or {}).get("machine") == p.machine]  # fmt: skip
         estimate[job] = preflight.run_seconds(job.step, earlier or same_cfg, p.device_type)
         cut = cut_seconds(ps.tag_dir, job, cfg, sha, p.machine)
-        if cut > estimate[job][0]:  # a run cut at an earlier --budget's end needs more than that
-            estimate[job] = (cut, True)
+        if cut and not estimate[job][1]:  # no ok run yet, one cut at a --budget's end: it needs
+            estimate[job] = (max(estimate[job][0], cut * CUT_FACTOR), True)  # more than that
     prog = Progress(done, {j: s for j, (s, _) in estimate.items()})
     todo = [estimate[j] for j in prog.left(p.repeats) for _ in range(p.repeats - done[j])]
     tags = ", ".join(str(ps.tag_dir) for ps in p.passes)
@@ -136,6 +138,7 @@ def _report(rec: dict) -> None:
 
 # ---------------------------------------------------------------- --budget
 CUTS = "cuts.jsonl"  # runs stopped at a --budget's end: not results, only how long they lasted
+CUT_FACTOR = 1.5  # a cut run needed more than it had: expect half as much again
 
 
 def _cut_key(job: Job, config: dict, sha: str, machine: dict) -> dict:
@@ -180,7 +183,7 @@ def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
         print(f"budget: {_left_text(deadline)} left; a run starts only when its expected "
               "duration fits, and one still going at the end is stopped, not recorded",
               flush=True)  # fmt: skip
-    passed_over: set[Job] = set()
+    passed_over = prog.passed_over
     for rnd in range(1, p.repeats + 1):
         jobs = [j for j in p.jobs if prog.done[j] < rnd and j not in prog.failed]
         for i, job in enumerate(jobs, 1):

@@ -284,7 +284,9 @@ def sweep(args) -> int:
         p.summarize()
         left = run_rounds(p, args.force, args.timeout, args.wait_quiet, deadline)
         dfs = p.summarize()
-    unfinished = {(p.passes[j.pass_index].tag, j.step.num) for j in left}  # --budget ran out
+    # steps the --budget left undone are "not run", not failed; one whose last record (from an
+    # earlier sweep) is a failure is still reported failed
+    unfinished = {(p.passes[j.pass_index].tag, j.step.num) for j in left}
     failed = []
     for ps in p.passes:
         df = dfs[ps.tag]

@@ -21,10 +21,11 @@ from harness.runs import TMP_GLOB
 BASE = ["--ladder-dir", FIXTURES / "ladder_ok", "--device", "cpu", "--no-plots"]
 
 
-def _estimates(monkeypatch, seconds: dict[str, float]) -> None:
-    """Each step's expected duration, as the sweep's preflight would have it."""
+def _estimates(monkeypatch, seconds: dict[str, float], measured: bool = True) -> None:
+    """Each step's expected duration, as the sweep's preflight would have it (`measured`: from
+    earlier ok runs, else the rough model)."""
     monkeypatch.setattr(
-        preflight, "run_seconds", lambda step, earlier, dev: (seconds[step.num], True)
+        preflight, "run_seconds", lambda step, earlier, dev: (seconds[step.num], measured)
     )
 
 
@@ -56,7 +57,7 @@ def test_a_run_still_going_when_the_budget_ends_is_stopped_and_not_recorded(
 ):
     results = tmp_path / "results"
     monkeypatch.setenv("SWEEP_FIXTURE_SLEEP", "60")
-    _estimates(monkeypatch, {"00": 0.1})
+    _estimates(monkeypatch, {"00": 0.1}, measured=False)  # no ok run yet: the rough model
     args = [*BASE, "--results-dir", results, "--steps", "00"]
     t0 = time.monotonic()
     code, out, err = sweep_here(capsys, *args, "--budget", 13)  # 10 s of it: the kill's grace
@@ -70,11 +71,16 @@ def test_a_run_still_going_when_the_budget_ends_is_stopped_and_not_recorded(
     (cut,) = read_jsonl(results / TAG / "cuts.jsonl")
     assert cut["step"] == "00" and 0 < cut["cut_after_s"] <= 3
 
-    # the next sweep knows the run needs more than that: with no more time, it is not started
-    # again (and cut again), it is passed over
-    code, out, err = sweep_here(capsys, *args, "--budget", 10 + cut["cut_after_s"] * 0.5)
+    # the next sweep knows the run needs more than that (half as much again): given about the
+    # same time, it is not started again (and cut again), it is passed over
+    code, out, err = sweep_here(capsys, *args, "--budget", 10 + cut["cut_after_s"] * 1.2)
     assert code == 3 and "is expected to take" in out and "stopped unfinished" not in out
     assert runs_of(results) == []
+    # given more, it runs
+    monkeypatch.setenv("SWEEP_FIXTURE_SLEEP", "0")
+    code, out, err = sweep_here(capsys, *args, "--budget", 10 + cut["cut_after_s"] * 1.5 + 5)
+    assert code == 0, out[-2000:] + err[-2000:]
+    assert [r["status"] for r in runs_of(results)] == ["ok"]
 
 
 def test_a_step_over_its_own_timeout_inside_the_budget_is_still_a_timeout(

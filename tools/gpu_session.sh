@@ -17,7 +17,7 @@
 #   --no-sweep    the tests only
 #   --no-profile  no time breakdown (the sweep runs with --profile otherwise)
 #   --budget S    the whole call ends within S seconds (a machine lent by the hour, a call with a
-#                 time limit): the tests get what is left less 45 s, the sweep then runs with
+#                 time limit): the tests get what is left less 65 s, the sweep then runs with
 #                 --budget (runs that do not fit are left for the next call), then --pack
 #   --resume DIR  results of an earlier session (its OUT/results, e.g. unpacked from its --pack),
 #                 copied into OUT/results first: the sweep resumes them. Where every call is a
@@ -29,13 +29,14 @@
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
 # Exit status: 0 when the tests and every step passed, 3 when --budget left runs for the next
-# call and nothing failed, 1 otherwise (OUT/status.txt says which).
+# call and nothing failed, 2 on bad flags, 1 otherwise, a signal included (OUT/status.txt
+# says which).
 set -u -o pipefail
 # a write to a closed pipe (the log's tee, gone with a signal to the whole group) is an error
 # to go on from, not a silent death: the TERM trap below must still pack
 trap '' PIPE
 
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage ;; -*) echo "error: OUT first (a folder), then flags" >&2; exit 2 ;; esac
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "error: cannot make $1" >&2; exit 2; }
@@ -162,9 +163,11 @@ fi
 # still writes its report) when the budget is spent
 if [ $TESTS = 1 ]; then
     LIMIT=()
-    [ -n "$BUDGET" ] && LIMIT=(timeout --signal=INT --kill-after=20 "$(left)")
-    if [ -n "$BUDGET" ] && [ "$(left)" -lt 30 ]; then
-        partial tests "not started (under 30 s of --budget left)"
+    # --foreground: pytest stays in this group, so a signal to the group reaches it at once;
+    # INT, then KILL 20 s later, all inside the budget
+    [ -n "$BUDGET" ] && LIMIT=(timeout --foreground --signal=INT --kill-after=20 $(( $(left) - 20 )))
+    if [ -n "$BUDGET" ] && [ "$(left)" -lt 50 ]; then
+        partial tests "not started (under 50 s of --budget left)"
     else
     ${LIMIT[@]+"${LIMIT[@]}"} "$PY" -m pytest -m gpu tests/test_gpu.py -v -rs \
         --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
