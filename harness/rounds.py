@@ -141,23 +141,22 @@ CUTS = "cuts.jsonl"  # runs stopped at a --budget's end: not results, only how l
 CUT_FACTOR = 1.5  # a cut run needed more than it had: expect half as much again
 
 
-def _cut_key(job: Job, config: dict, sha: str, machine: dict) -> dict:
+def _cut_key(job: Job, config: dict, sha: str, fp: dict) -> dict:
     return {"step": job.step.num, "control": job.control, "config": config,
-            "script_sha256": sha, "machine": machine}  # fmt: skip
+            "script_sha256": sha, "machine": fp}  # fmt: skip
 
 
-def note_cut(tag_dir, job: Job, config: dict, sha: str, machine: dict, seconds: float) -> None:
-    """Remember that a run of `job` was stopped unfinished after `seconds` (the next sweep's
-    estimate for it is at least that, so a step that cannot fit is not started again and again)."""
-    append_jsonl(
-        Path(tag_dir) / CUTS, dict(_cut_key(job, config, sha, machine), cut_after_s=seconds)
-    )
+def note_cut(tag_dir, job: Job, config: dict, sha: str, fp: dict, seconds: float) -> None:
+    """Remember that a run of `job` was stopped unfinished after `seconds`: until the step has an
+    ok run, the next sweep expects CUT_FACTOR times that, so a step that cannot fit is not
+    started (and cut) again and again."""
+    append_jsonl(Path(tag_dir) / CUTS, dict(_cut_key(job, config, sha, fp), cut_after_s=seconds))
 
 
-def cut_seconds(tag_dir, job: Job, config: dict, sha: str, machine: dict) -> float:
-    """The longest a run of `job` (this configuration, script, machine) lasted before a budget
-    stopped it, or 0."""
-    key = _cut_key(job, config, sha, machine)
+def cut_seconds(tag_dir, job: Job, config: dict, sha: str, fp: dict) -> float:
+    """The longest a run of `job` (this configuration, script, machine fingerprint `fp`) lasted
+    before a budget stopped it, or 0."""
+    key = _cut_key(job, config, sha, fp)
     cuts = [c.get("cut_after_s") for c in read_jsonl(Path(tag_dir) / CUTS)
             if isinstance(c, dict) and all(c.get(k) == v for k, v in key.items())]  # fmt: skip
     return max((float(c) for c in cuts if isinstance(c, (int, float))), default=0.0)
@@ -225,7 +224,7 @@ def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
 
 
 def labels(p, jobs: list[Job]) -> list[str]:
-    """'step 08 torch.compile x2' for each job: what is left of it in this sweep's rounds."""
+    """'step 08 torch.compile' (with ' on N processes' for a distributed step) for each job."""
     return [_label(p, j) for j in jobs]
 
 
