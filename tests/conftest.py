@@ -1,5 +1,6 @@
 """Shared test set-up: offline tokenizer cache, a private cache dir, helpers to run scripts."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +19,25 @@ BPE = mirror() / "gpt2_bpe"
 VERDICT = mirror() / "the-verdict.txt"
 if not VERDICT.is_file():
     VERDICT = ROOT / "data" / "cache" / "test-text.txt"
+
+
+def load_script(rel: str):
+    """A ladder script (ROOT / rel: `00_orig.py`, `steps/12_liger_fused_ce.py`) imported as a
+    module (its main() not run), under a name of its own."""
+    spec = importlib.util.spec_from_file_location(f"step_{abs(hash(rel))}", ROOT / rel)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_step(name: str):
+    """steps/<name>.py imported as a module: load_step("12_liger_fused_ce")."""
+    return load_script(f"steps/{name}.py")
+
+
+@pytest.fixture(scope="module")
+def step12():
+    return load_step("12_liger_fused_ce")
 
 
 @pytest.fixture(scope="session", autouse=True)

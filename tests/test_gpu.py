@@ -136,7 +136,8 @@ def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
     pytest.importorskip(
         "liger_kernel", reason="liger-kernel missing: tools/gpu_session.sh --wheels"
     )
-    from test_memory_steps import _Run, load_step
+    from conftest import load_step
+    from test_memory_steps import _Run
 
     step12 = load_step("12_liger_fused_ce")
     run = _Run()

@@ -14,7 +14,7 @@ from harness.presets import PRESETS
 
 @functools.cache
 def ladder_step():
-    from test_memory_steps import load_step
+    from conftest import load_step
 
     return load_step("13_gradient_checkpointing")  # the same GPTModel as steps 09-14
 

@@ -1,25 +1,11 @@
 """Steps 12 and 13 on CPU: the chunked fallback of the fused loss, and checkpointing's memory."""
 
-import importlib.util
 import json
 import sys
 import warnings
 
-import pytest
 import torch
 from conftest import ROOT, run_script
-
-
-def load_step(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "steps" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.fixture(scope="module")
-def step12():
-    return load_step("12_liger_fused_ce")
 
 
 def test_chunked_fallback_matches_plain_cross_entropy(step12):

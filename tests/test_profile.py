@@ -8,40 +8,26 @@ parallelized over both cores waits for a time slice whenever the other core is b
 milliseconds to random ops and would blur the shares compared here.
 """
 
-import importlib.util
 import json
 import os
 import sys
 
 import pytest
 import torch
-from conftest import ROOT, VERDICT, py, records
+from conftest import ROOT, VERDICT, load_script, py, records
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from harness import breakdown, cli, op_categories, profile
 from harness import device as dev
 from harness.errors import UserError
+from harness.presets import PRESETS
 from harness.run import Run
 
 # the tiny preset's model with a small vocabulary: steps of milliseconds
-SMALL = {
-    "vocab_size": 512,
-    "context_length": 32,
-    "emb_dim": 64,
-    "n_heads": 4,
-    "n_layers": 2,
-    "drop_rate": 0.0,
-    "qkv_bias": False,
-}
+MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
+SMALL = {"vocab_size": 512, **{k: PRESETS["tiny"][k] for k in MODEL_KEYS}}
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-
-
-def load_step(path: str):
-    spec = importlib.util.spec_from_file_location(f"step_{abs(hash(path))}", ROOT / path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def assert_adds_up(share: dict) -> None:
@@ -76,7 +62,7 @@ def test_op_names_give_categories():
 def test_a_known_model_adds_up_and_backward_ops_follow_their_forward_op():
     """Step 00's model (hand-written LayerNorm, GELU and attention), tiny's shape: every
     category is found, backward ops included, the shares add up to 100%, run.paused() is out."""
-    m = load_step("00_orig.py")
+    m = load_script("00_orig.py")
     torch.manual_seed(0)
     model = m.GPTModel(SMALL)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -121,7 +107,7 @@ def test_sdpa_takes_time_out_of_attention():
     try:
         got = {}
         for step in ("06_native_layernorm_gelu", "07_flash_attention_sdpa"):
-            m = load_step(f"steps/{step}.py")
+            m = load_script(f"steps/{step}.py")
             cfg = dict(SMALL, context_length=256)
             torch.manual_seed(0)
             model = m.GPTModel(cfg)
@@ -227,7 +213,7 @@ def _run(monkeypatch, argv, step="06_native_layernorm_gelu.py"):
 
 def _train(run, batches: int, pause_at=None, epoch_mode=False):
     """A step-06 model trained like a step script does, `batches` batches in one epoch."""
-    m = load_step("steps/06_native_layernorm_gelu.py")
+    m = load_script("steps/06_native_layernorm_gelu.py")
     torch.manual_seed(0)
     model = m.GPTModel(SMALL)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)

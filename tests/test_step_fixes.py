@@ -5,7 +5,6 @@ where it cannot run; a CUDA out-of-memory or a Triton error inside it is the run
 Step 11: a bad DDP_BACKEND is one line. Step 09: generation never picks a padded id.
 """
 
-import importlib.util
 import inspect
 import sys
 import types
@@ -13,25 +12,13 @@ import warnings
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import load_step
 from test_memory_steps import _Run
 
 import harness
 from harness import cli
 
 LIGER_OPS = "liger_kernel.ops.fused_linear_cross_entropy"
-
-
-def load_step(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "steps" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.fixture(scope="module")
-def step12():
-    return load_step("12_liger_fused_ce")
 
 
 def fake_liger(monkeypatch, apply):
