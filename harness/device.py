@@ -349,18 +349,46 @@ def gpu_memory(device: torch.device) -> tuple[int, bool] | None:
     return props.total_memory, gpus.bf16_for(props, is_rocm())[0]
 
 
+BF16_ENV = "SPEED_LADDER_BF16"  # 1/on or 0/off: step 05's rule forced, e.g. by the tests
+BF16_USED: dict[str, bool] = {}  # device type -> what bf16_is_fast answered (parity.regime)
+
+
+def bf16_forced() -> bool | None:
+    """$SPEED_LADDER_BF16 as True/False, or None when unset (or `auto`)."""
+    raw = os.environ.get(BF16_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise UserError(f"{BF16_ENV}={raw!r}: use 1 (bf16 on), 0 (off) or auto")
+
+
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
-    """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step).
+    """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step), unless
+    $SPEED_LADDER_BF16 forces the answer: the CPU tests run both numeric regimes on any CPU
+    (emulated bf16 is slow, but `tiny` is small). The answer is kept in BF16_USED, so that the
+    record says which regime the run computed in (harness.parity).
 
     CUDA: compute capability >= 8.0 (Ampere on), where bf16 runs on tensor cores; not
     torch.cuda.is_bf16_supported(), which says True on a V100 or T4 too, where bf16 is emulated
     (slower than fp32). ROCm: by the AMD arch (harness.gpus.has_native_bf16).
     """
-    if device.type == "cuda":
+    forced = bf16_forced()
+    if forced is not None:
+        ok, why = forced, f"forced {'on' if forced else 'off'} by {BF16_ENV}"
+    elif device.type == "cuda":
         ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
-        return ok, f"{name(device)}: {why}"
-    r = measured_matmul_rates(device)
-    if rates_problem(device, r) is not None:
-        return False, f"measured matmul rates implausible ({rates_problem(device, r)})"
-    why = f"measured matmul: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f} GFLOP/s"
-    return r["bf16"] > r["fp32"], why
+        why = f"{name(device)}: {why}"
+    else:
+        r = measured_matmul_rates(device)
+        problem = rates_problem(device, r)
+        if problem is not None:
+            ok, why = False, f"measured matmul rates implausible ({problem})"
+        else:
+            ok = r["bf16"] > r["fp32"]
+            why = f"measured matmul: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f}"
+            why += " GFLOP/s"
+    BF16_USED[device.type] = ok
+    return ok, why

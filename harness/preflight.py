@@ -99,22 +99,6 @@ def estimate_line(estimates: list[tuple[float, bool]], device_type: str) -> str:
 
 
 # ---------------------------------------------------------------- memory
-def ram_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import os
-
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def predict(step: Step, preset: str, world: int, device_type: str):
     """The memory model's prediction for one run, or None for a preset it does not know."""
     cfg = PRESETS.get(preset)

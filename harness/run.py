@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from . import device as dev
-from . import load, machine, profile
+from . import load, machine, parity, profile
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError, os_error_why
@@ -311,6 +311,7 @@ class Run:
             "machine": machine.of_device(self.device),
             "step_active": self.inactive_reason is None,
             "inactive_reason": self.inactive_reason,
+            "regime": parity.regime(self.device),  # fp32, tf32, bf16 (+ -compiled): parity.py
             "batch_rule": self.preset["batch_rule"],
             "config": {
                 "preset": self.preset_name,

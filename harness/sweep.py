@@ -69,14 +69,16 @@ def resolve_device(name: str) -> str:
 _CUDA_INFO = None
 
 
-def cuda_info() -> tuple[int, str, int | None]:
-    """(visible GPUs, name of GPU 0, its total memory in bytes), asked in a short child process:
-    the sweep itself never initializes CUDA, so it holds no GPU memory while the steps run."""
+def cuda_info() -> tuple[int, str, int | None, list[dict]]:
+    """(visible GPUs, name of GPU 0, its total memory in bytes, every visible GPU's properties
+    for the fingerprint), asked in a short child process: the sweep itself never initializes
+    CUDA, so it holds no GPU memory while the steps run."""
     global _CUDA_INFO
     if _CUDA_INFO is None:
         code = (
-            "import json, torch; p = torch.cuda.get_device_properties(0); "
-            "print(json.dumps([torch.cuda.device_count(), p.name, p.total_memory]))"
+            f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); "
+            "from harness.machine import cuda_props; p = cuda_props(); "
+            "print(json.dumps([len(p), p[0]['name'], p[0]['total_memory'], p]))"
         )
         out = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
@@ -84,9 +86,10 @@ def cuda_info() -> tuple[int, str, int | None]:
         if out.returncode != 0:
             last = (out.stderr.strip().splitlines() or ["no output"])[-1]
             raise UserError(f"cannot query the CUDA GPUs: {last}")
-        count, name, total = json.loads(out.stdout.strip().splitlines()[-1])
-        _CUDA_INFO = (int(count), str(name), int(total))
-    return _CUDA_INFO[0], _CUDA_INFO[1], (_CUDA_INFO[2] if len(_CUDA_INFO) > 2 else None)
+        count, name, total, props = json.loads(out.stdout.strip().splitlines()[-1])
+        _CUDA_INFO = (int(count), str(name), int(total), props)
+    info = tuple(_CUDA_INFO) + (None,) * (4 - len(_CUDA_INFO))  # tests set the first three
+    return info[0], info[1], info[2], info[3] or []
 
 
 def default_nproc(device_type: str) -> int:
@@ -104,14 +107,14 @@ def hardware_tag(device_type: str, nproc: int) -> str:
 
 def this_machine(device_type: str) -> dict:
     if device_type == "cuda":
-        count, name, _ = cuda_info()
-        return machine.fingerprint("cuda", name, count)
+        count, name, _, props = cuda_info()
+        return machine.fingerprint("cuda", name, count, props)
     return machine.fingerprint(device_type)
 
 
 def capacity(device_type: str) -> int | None:
     """Memory one device offers: the GPU's total (CUDA), else the machine's RAM."""
-    return cuda_info()[2] if device_type == "cuda" else preflight.ram_bytes()
+    return cuda_info()[2] if device_type == "cuda" else machine.ram_bytes()
 
 
 # ---------------------------------------------------------------- the plan

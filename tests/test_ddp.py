@@ -13,6 +13,8 @@ import time
 import pytest
 from conftest import ROOT, VERDICT, records, run_script
 
+from harness import parity
+
 DDP = str(ROOT / "steps" / "11_ddp.py")
 EAGER = {"TORCH_COMPILE_DISABLE": "1"}
 TINY = ["--preset", "tiny", "--device", "cpu", "--max-steps", 4, "--warmup-steps", 1,
@@ -68,8 +70,11 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     assert r2["tokens_per_sec"] == pytest.approx(
         r2["tokens_per_step"] / r2["step_time_ms"] * 1e3, rel=1e-3
     )
+    # mean of rank means == the global mean, up to the order of the sums: the regime's tolerance
+    # (bf16 where this CPU has it natively: step 05's rule)
+    atol = parity.regime_atol(r1["regime"], r2["regime"])
     worst = max(abs(a - b) for a, b in zip(r1["losses"], r2["losses"], strict=True))
-    assert worst < 1e-4, (r1["losses"], r2["losses"])  # mean of rank means == the global mean
+    assert worst <= atol, (r1["regime"], r1["losses"], r2["losses"])
     assert len(r2["peak_mem_reserved_per_rank"]) == 2
     assert r2["peak_mem_reserved_bytes"] == max(r2["peak_mem_reserved_per_rank"])
 

@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT, VERDICT, records, run_script
 
 from harness import memory_model as mm
+from harness import parity
 from harness.presets import PRESETS
 
 STEP13 = str(ROOT / "steps" / "13_gradient_checkpointing.py")
@@ -22,9 +23,9 @@ STEP14 = str(ROOT / "steps" / "14_fsdp2.py")
 STEP11 = str(ROOT / "steps" / "11_ddp.py")
 EAGER = {"TORCH_COMPILE_DISABLE": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-# same fp32 math, same batches; measured: equal bit for bit on torch 2.13, 1.2e-5 apart on 2.7
-# (another reduce-scatter summation order); 1e-4 is tests/loss_parity.json's rule for step 14
-LOSS_ATOL = 1e-4
+# same math, same batches; measured in fp32: equal bit for bit on torch 2.13, 1.2e-5 apart on 2.7
+# (another reduce-scatter summation order); the tolerance is the runs' regime's
+# (tests/loss_parity.json: 1e-4 in fp32, more where this CPU runs step 05's bf16)
 
 # Rank 0 notes the bytes of state it holds when the run finishes (the last step's grads are
 # still set): the model and optimizer are caught on their way into the harness and AdamW.
@@ -76,7 +77,7 @@ def test_two_processes_match_step13_and_hold_half_the_state(tmp_path):
     assert r14["status"] == "ok" and r14["world_size"] == 2 and r14["step"] == "14"
     assert r14["tokens_per_step"] == 2 * 4 * 32 == r13["tokens_per_step"]  # same global batch
     worst = max(abs(a - b) for a, b in zip(r13["losses"], r14["losses"], strict=True))
-    assert worst <= LOSS_ATOL, (r13["losses"], r14["losses"])
+    assert worst <= parity.regime_atol(r13["regime"], r14["regime"]), (r13["losses"], r14["losses"])
     assert r14["flops_per_token"] == r13["flops_per_token"]  # DTensor numel is the global one
     assert len(r14["peak_mem_reserved_per_rank"]) == 2
 

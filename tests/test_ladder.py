@@ -1,10 +1,17 @@
 """Every ladder script trains on `tiny`, writes a valid record, and keeps the previous step's loss.
 
 All steps run once per session (two at a time, for 2 cores) with the same seed and steps; the
-loss-parity rules live in tests/loss_parity.json. A cold torch.compile costs about a minute per
-script on 2 cores, so the fast suite compiles step 08 only and runs 09-13 with
-TORCH_COMPILE_DISABLE=1 (their own change, eager); the `slow` tests run 08-13 compiled. The
-summary files are byte-identical to steps 10/11, so they are checked by identity and --help.
+loss-parity rules live in tests/loss_parity.json (harness/parity.py applies them). A cold
+torch.compile costs about a minute per script on 2 cores, so the fast suite compiles step 08
+only and runs 09-14 with TORCH_COMPILE_DISABLE=1 (their own change, eager); the `slow` tests run
+08-14 compiled. The summary files are byte-identical to steps 10/11, so they are checked by
+identity and --help.
+
+Both numeric regimes on any CPU: step 05's bf16 rule decides by the CPU (native bf16 or not),
+so a machine without it would never see what one with it computes. The ladder runs with
+SPEED_LADDER_BF16=0 (fp32 throughout, on every CPU) and steps 05-14 again with
+SPEED_LADDER_BF16=1 (bf16 autocast from 05 on: native or emulated, `tiny` is small), each step
+compared with the previous under its regime's tolerance.
 """
 
 import ast
@@ -19,17 +26,20 @@ from conftest import ROOT, VERDICT, records, run_script
 sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 
+from harness import parity  # noqa: E402
 from harness.record import FIELDS  # noqa: E402
 
 STEPS = [p.relative_to(ROOT).as_posix() for p in ladder.ladder()]
 SUMMARIES = list(ladder.SUMMARIES)
 SCRIPTS = STEPS + SUMMARIES
 COMPILED = [s for s in STEPS if ladder.step_of(ROOT / s) >= "08"]
+BF16 = [s for s in STEPS if ladder.step_of(ROOT / s) >= "05"]
 MAX_STEPS, WARMUP = 4, 1
 PARITY = json.loads((ROOT / "tests" / "loss_parity.json").read_text())
+REGIME = {"fp32": {"SPEED_LADDER_BF16": "0"}, "bf16": {"SPEED_LADDER_BF16": "1"}}
 
 
-def run_ladder(out, scripts, eager=()):
+def run_ladder(out, scripts, eager=(), env=None):
     """{script: (CompletedProcess, [records])} for one tiny run of each script."""
 
     def one(script):
@@ -39,7 +49,7 @@ def run_ladder(out, scripts, eager=()):
              "--max-steps", MAX_STEPS, "--warmup-steps", WARMUP, "--data", VERDICT,
              "--results", res],
             timeout=900,
-            env={"TORCH_COMPILE_DISABLE": "1"} if script in eager else None,
+            env={**(env or {}), **({"TORCH_COMPILE_DISABLE": "1"} if script in eager else {})},
         )  # fmt: skip
         return script, (proc, records(res) if res.exists() else [])
 
@@ -51,27 +61,42 @@ def run_ladder(out, scripts, eager=()):
 
 @pytest.fixture(scope="session")
 def ladder_runs(tmp_path_factory):
-    return run_ladder(tmp_path_factory.mktemp("ladder"), STEPS, eager=COMPILED[1:])
+    """Every step in fp32 (bf16 forced off: the same on every CPU)."""
+    out = tmp_path_factory.mktemp("ladder")
+    return run_ladder(out, STEPS, eager=COMPILED[1:], env=REGIME["fp32"])
+
+
+@pytest.fixture(scope="session")
+def bf16_runs(tmp_path_factory, ladder_runs):
+    """Steps 05-14 with bf16 autocast forced on (08 compiled); 00-04 are the fp32 runs."""
+    runs = dict(ladder_runs)
+    out = tmp_path_factory.mktemp("bf16")
+    runs.update(run_ladder(out, BF16, eager=COMPILED[1:], env=REGIME["bf16"]))
+    return runs
 
 
 @pytest.fixture(scope="session")
 def compiled_runs(tmp_path_factory, ladder_runs):
-    """Steps 08-13 compiled (slow); earlier steps reuse the fast runs."""
+    """Steps 08-14 compiled in fp32 (slow); earlier steps reuse the fast runs."""
     runs = dict(ladder_runs)
-    runs.update(run_ladder(tmp_path_factory.mktemp("compiled"), COMPILED))
+    runs.update(run_ladder(tmp_path_factory.mktemp("compiled"), COMPILED, env=REGIME["fp32"]))
+    return runs
+
+
+@pytest.fixture(scope="session")
+def compiled_bf16_runs(tmp_path_factory, bf16_runs):
+    """Steps 08-14 compiled with bf16 autocast (slow)."""
+    runs = dict(bf16_runs)
+    out = tmp_path_factory.mktemp("compiled-bf16")
+    runs.update(run_ladder(out, COMPILED, env=REGIME["bf16"]))
     return runs
 
 
 def check_parity(runs, script):
     i = STEPS.index(script)
-    rule = PARITY["steps"][ladder.step_of(ROOT / script)]
-    prev = runs[STEPS[i - 1]][1][0]["losses"]
-    cur = runs[script][1][0]["losses"]
-    if rule["rule"] == "exact":
-        assert cur == prev, f"{rule['why']}: {cur} != {prev}"
-    else:
-        worst = max(abs(a - b) for a, b in zip(cur, prev, strict=True))
-        assert worst <= rule["atol"], f"{worst:.2e} > {rule['atol']}: {rule['why']}"
+    prev, cur = runs[STEPS[i - 1]][1][0], runs[script][1][0]
+    ok, how = parity.check(ladder.step_of(ROOT / script), prev, cur)
+    assert ok, f"{script} ({prev['regime']} -> {cur['regime']}): {how}"
 
 
 @pytest.mark.parametrize("script", STEPS)
@@ -107,10 +132,47 @@ def test_loss_matches_previous_step(ladder_runs, script):
     check_parity(ladder_runs, script)
 
 
+@pytest.mark.parametrize("script", BF16)
+def test_bf16_loss_matches_previous_step(bf16_runs, script):
+    check_parity(bf16_runs, script)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", COMPILED[1:])
 def test_compiled_loss_matches_previous_step(compiled_runs, script):
     check_parity(compiled_runs, script)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", COMPILED[1:])
+def test_compiled_bf16_loss_matches_previous_step(compiled_bf16_runs, script):
+    check_parity(compiled_bf16_runs, script)
+
+
+def test_records_say_their_regime(ladder_runs, bf16_runs):
+    """Each record names the numbers it computed with, and so the tolerance it is held to."""
+
+    def regimes(runs):
+        return {ladder.step_of(ROOT / s): runs[s][1][0]["regime"] for s in STEPS}
+
+    fp32, bf16 = regimes(ladder_runs), regimes(bf16_runs)
+    assert fp32["00"] == "fp32" and fp32["07"] == "fp32" and fp32["08"] == "fp32-compiled"
+    assert fp32["09"] == "fp32"  # TORCH_COMPILE_DISABLE=1: eager, and the record says so
+    assert bf16["04"] == "fp32" and bf16["05"] == bf16["14"] == "bf16"
+    assert bf16["08"] == "bf16-compiled"
+    note = [n for n in bf16_runs[BF16[0]][1][0]["notes"] if "step 05" in n]
+    assert not note and bf16_runs[BF16[0]][1][0]["step_active"]  # forced on: active
+    assert any("forced off by SPEED_LADDER_BF16" in n for n in ladder_runs[BF16[0]][1][0]["notes"])
+
+
+def test_a_bf16_step_off_by_more_than_its_regime_allows_fails(bf16_runs):
+    """The tolerance follows the regime: a bf16 difference is fine in bf16, not in fp32."""
+    prev, cur = bf16_runs[STEPS[5]][1][0], bf16_runs[STEPS[6]][1][0]  # 05 -> 06, both bf16
+    worse = dict(cur, losses=[x + 3e-3 for x in prev["losses"]])
+    assert not parity.check("06", prev, worse)[0]
+    small = dict(cur, losses=[x + 5e-4 for x in prev["losses"]])
+    assert parity.check("06", prev, small)[0]
+    assert not parity.check("06", dict(prev, regime="fp32"), dict(small, regime="fp32"))[0]
 
 
 def test_parity_manifest_covers_every_step():
@@ -123,13 +185,9 @@ def test_steps_on_cpu_say_why_they_do_nothing(ladder_runs):
     assert any("step 04: pinned memory" in n and "no effect on cpu" in n for n in notes["04"])
     assert any("step 12:" in n and "ran" in n for n in notes["12"])
     # step_active: false exactly where the step's own optimization did nothing on this CPU
-    # (tiny has dropout 0, so SDPA's flash kernel runs; 09-13 run eager, but 08 compiles)
-    import torch
-
-    from harness.device import bf16_is_fast
-
-    fast = bf16_is_fast(torch.device("cpu"))[0]
-    expected = {"02", "04", "11", "12", "14"} | (set() if fast else {"05"})
+    # (tiny has dropout 0, so SDPA's flash kernel runs; 09-14 run eager, but 08 compiles;
+    # bf16 is forced off in these runs)
+    expected = {"02", "04", "05", "11", "12", "14"}
     recs = {Path(s).name[:2]: ladder_runs[s][1][0] for s in STEPS}
     inactive = {k for k, r in recs.items() if r["step_active"] is False}
     assert inactive == expected, {k: recs[k]["inactive_reason"] for k in inactive}

@@ -405,7 +405,7 @@ def test_discover_titles_and_ddp():
 def test_hardware_tag(monkeypatch):
     from harness import machine
 
-    cpu = f"cpu-{machine.cpu_slug(machine.cpu_model())}-{os.cpu_count()}c"
+    cpu = f"cpu-{machine.cpu_tag_part(machine.cpu_model(), machine.cpu_id())}-{os.cpu_count()}c"
     assert sweep.hardware_tag("cpu", 1) == TAG == f"{cpu}-x1"
     assert sweep.hardware_tag("cpu", 2) == f"{cpu}-x2"
     monkeypatch.setattr(sweep, "_CUDA_INFO", (8, "NVIDIA H200", 150 * 2**30))

@@ -1,0 +1,175 @@
+"""The machine fingerprint and tag: two machines that differ in what changes the ladder's numbers
+never share results, even where they share /etc/machine-id, a CPU name and a core count (virtual
+machines cloned from one image: a Zen 3 without native bf16 and a Zen 4 with it are both a
+2-core "AMD EPYC"). CPUs are simulated with SPEED_LADDER_CPUINFO; GPUs with their properties.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from harness import machine, sweep
+from harness.runs import foreign
+from harness.summary import rebuild
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def cpuinfo(model: int, flags: str, name: str = "AMD EPYC", family: int = 25) -> str:
+    block = (
+        f"processor\t: {{n}}\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\n"
+        f"model\t\t: {model}\nmodel name\t: {name}\nstepping\t: 1\n"
+        f"flags\t\t: fpu sse sse2 avx {flags}\n\n"
+    )
+    return block.format(n=0) + block.format(n=1)
+
+
+ZEN3 = cpuinfo(1, "avx2 fma")  # AMD EPYC (Zen 3): no AVX-512, no native bf16
+ZEN4 = cpuinfo(17, "avx2 fma avx512f avx512bw avx512_bf16 avx512_vnni")  # native bf16
+GRAVITON3 = (  # Arm: implementer/part instead of family/model
+    "processor\t: 0\nBogoMIPS\t: 2100.00\n"
+    "Features\t: fp asimd evtstrm aes sha1 sha2 crc32 atomics sve bf16 i8mm\n"
+    "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd40\n"
+    "CPU revision\t: 1\n\n"
+)
+
+
+@pytest.fixture
+def cpu_as(monkeypatch, tmp_path):
+    """cpu_as(text): this process reads the CPU from `text` (as /proc/cpuinfo would say it)."""
+
+    def install(text: str) -> Path:
+        path = tmp_path / f"cpuinfo-{abs(hash(text))}"
+        path.write_text(text)
+        monkeypatch.setenv(machine.CPUINFO_ENV, str(path))
+        return path
+
+    return install
+
+
+def test_the_same_name_cores_and_host_with_other_cpu_flags_are_two_machines(cpu_as):
+    cpu_as(ZEN3)
+    zen3, tag3 = machine.fingerprint("cpu"), machine.tag_base("cpu")
+    cpu_as(ZEN4)
+    zen4, tag4 = machine.fingerprint("cpu"), machine.tag_base("cpu")
+    same = ("device_name", "device_count", "host_id", "torch_version")
+    assert [zen3[k] for k in same] == [zen4[k] for k in same]  # what the old rule compared
+    assert zen3 != zen4
+    assert zen3["cpu"]["flags"] == ["avx2"] and "avx512_bf16" in zen4["cpu"]["flags"]
+    cores = os.cpu_count()
+    assert tag3 == f"cpu-amd-epyc-f25-m1-{cores}c"
+    assert tag4 == f"cpu-amd-epyc-f25-m17-bf16-{cores}c"
+    # only the flags differ (same family and model): the fingerprints still differ
+    cpu_as(cpuinfo(17, "avx2 fma avx512f"))
+    assert machine.fingerprint("cpu") != zen4
+    assert machine.tag_base("cpu") == f"cpu-amd-epyc-f25-m17-{cores}c"
+
+
+def test_the_tag_rule_is_the_same_for_every_vendor(cpu_as):
+    cpu_as(cpuinfo(143, "avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "Intel(R) Xeon(R) "
+                   "Platinum 8480+", family=6))  # fmt: skip
+    assert machine.tag_base("cpu") == f"cpu-intel-xeon-platinum-8480-f6-m143-amx-{os.cpu_count()}c"
+    cpu_as(GRAVITON3)
+    fp = machine.fingerprint("cpu")
+    assert fp["cpu"]["family"] == "0x41" and fp["cpu"]["model"] == "0xd40"
+    assert fp["cpu"]["flags"] == ["asimd", "bf16", "sve"]
+    assert machine.tag_base("cpu").endswith(f"-f0x41-m0xd40-bf16-{os.cpu_count()}c")
+    assert "0x41" in machine.describe(fp) and "sve" in machine.describe(fp)
+
+
+def test_no_cpuinfo_still_fingerprints(cpu_as, tmp_path, monkeypatch):
+    monkeypatch.setenv(machine.CPUINFO_ENV, str(tmp_path / "missing"))
+    fp = machine.fingerprint("cpu")
+    assert fp["cpu"]["flags"] == [] and fp["device_count"] == os.cpu_count()
+    assert machine.tag_base("cpu").startswith("cpu-")
+
+
+def props(uuid, memory=80 * 2**30, sms=132):
+    return {"name": "NVIDIA H100 80GB HBM3", "major": 9, "minor": 0, "total_memory": memory,
+            "multi_processor_count": sms, "uuid": uuid}  # fmt: skip
+
+
+def test_two_gpus_that_differ_only_in_uuid_are_two_machines(monkeypatch):
+    monkeypatch.delenv(machine.HOST_ENV, raising=False)
+    monkeypatch.setattr(machine, "real_host_id", lambda: "aaaaaaaaaaaa")  # a cloned image
+    a = machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1, [props("GPU-1111")])
+    b = machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1, [props("GPU-2222")])
+    assert a != b
+    assert a["gpus"] == [{"capability": "9.0", "memory_gib": 80.0, "sms": 132,
+                          "uuid": "GPU-1111"}]  # fmt: skip
+    # a MIG slice or a smaller card under the same name is another machine too
+    c = machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1, [props("GPU-1111", sms=66)])
+    assert c != a
+    # a pool claims its machines interchangeable: the UUIDs leave the fingerprint, the rest stays
+    monkeypatch.setenv(machine.HOST_ENV, "h100-lease")
+    pa = machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1, [props("GPU-1111")])
+    pb = machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1, [props("GPU-2222")])
+    assert pa == pb and "uuid" not in pa["gpus"][0]
+    assert machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1, [props("X", sms=66)]) != pa
+
+
+def test_the_sweep_asks_a_child_for_every_gpus_properties(monkeypatch):
+    monkeypatch.setattr(sweep, "_CUDA_INFO", (1, "NVIDIA H100 80GB HBM3", 80 * 2**30,
+                                              [props("GPU-1111")]))  # fmt: skip
+    fp = sweep.this_machine("cuda")
+    assert fp["gpus"][0]["uuid"] == "GPU-1111" and fp["device_count"] == 1
+
+
+def test_records_from_before_the_new_fingerprint_keep_the_old_rule(cpu_as):
+    """The committed records have four-key fingerprints: they still summarize among themselves
+    (their tag reads as before), and they are never this machine's."""
+    tag = ROOT / "results" / "cpu-amd-epyc-2c-x1"
+    recs = [json.loads(line) for line in (tag / "runs.jsonl").read_text().splitlines()]
+    olds = {json.dumps(r["sweep"]["machine"], sort_keys=True) for r in recs}
+    assert len(olds) == 1 and set(json.loads(olds.pop())) == {
+        "device_name", "device_count", "host_id", "torch_version"}  # fmt: skip
+    from harness.ladder import discover
+
+    df, _ = rebuild(tag, discover(ROOT))
+    assert (df["status"] == "ok").all() and (df["runs"] == 3).all()
+    cpu_as(ZEN3)
+    assert len(foreign(recs, machine.fingerprint("cpu"))) == len(recs)
+
+
+def _copy_checkout(dest: Path) -> None:
+    """The tracked files as they are in the working tree, committed in a new repository: a
+    fresh clone of this change."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")  # fmt: skip
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "clone"], cwd=dest, check=True)
+
+
+def test_a_sweep_on_another_cpu_with_the_same_machine_id_touches_no_committed_file(tmp_path):
+    """A fresh clone on a Zen 4 (same /etc/machine-id, name and cores as the committed Zen 3
+    results' machine) writes its own tag folder and leaves every committed file as it was."""
+    clone = tmp_path / "clone"
+    _copy_checkout(clone)
+    info = tmp_path / "cpuinfo"
+    info.write_text(ZEN4)
+    env = {**os.environ, machine.CPUINFO_ENV: str(info), "SPEED_LADDER_CHECK_S": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--ladder-dir", FIXTURES / "ladder_ok",
+         "--device", "cpu", "--steps", "00,01"],
+        cwd=clone, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    git_status = ["git", "status", "--porcelain", "--untracked-files=all"]
+    status = subprocess.run(git_status, cwd=clone, capture_output=True, text=True).stdout
+    changed = [line[3:] for line in status.splitlines()]
+    mine = f"results/cpu-amd-epyc-f25-m17-bf16-{os.cpu_count()}c-x1/"
+    assert changed and all(p.startswith(mine) for p in changed), status
+    assert any(p.endswith("runs.jsonl") for p in changed)
