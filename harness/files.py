@@ -1,7 +1,8 @@
 """Where things live (the repository, its results, the offline mirror, the cache), how a record
-names a path (`portable_path`: never where this machine keeps it) and the one atomic write
-every file the harness replaces goes through."""
+names a path (`portable_path`, `data_id`: never where this machine keeps it) and the one atomic
+write every file the harness replaces goes through."""
 
+import hashlib
 import os
 import sys
 import tempfile
@@ -35,6 +36,26 @@ def portable_path(path: str | Path, base: str | Path | None = None) -> str:
         if rel is not None:
             return rel
     return Path(path).name
+
+
+def data_id(path: str | Path | None) -> str | None:
+    """What identifies a training text (--data) in a run's configuration: None for the default
+    text, its path relative to the checkout when inside it, else its name and the first 12 hex
+    digits of its sha256 (`middlemarch.txt sha256:1a2b3c4d5e6f`): the same text anywhere is the
+    same configuration, two texts are not. An unreadable file is its name alone."""
+    if path is None:
+        return None
+    rel = _relative(path, ROOT)
+    if rel is not None:
+        return rel
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return Path(path).name
+    return f"{Path(path).name} sha256:{digest.hexdigest()[:12]}"
 
 
 def mirror() -> Path:

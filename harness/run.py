@@ -38,7 +38,7 @@ from . import load, machine, profile
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError, os_error_why
-from .files import ROOT, check_cache_dir, portable_path
+from .files import ROOT, check_cache_dir, data_id, portable_path
 from .outputs import check_file
 from .presets import choose
 from .record import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
@@ -320,7 +320,7 @@ class Run:
                 "warmup_steps": self.preset["warmup_steps"],
                 "seed": self.args.seed,
                 "batch_size_override": self.args.batch_size,
-                "data": self.args.data,
+                "data": data_id(self.args.data),
             },
             **self.memory_prediction,
         }
