@@ -22,6 +22,7 @@ from .errors import (
     os_error_line,
     out_of_memory_line,
 )
+from .files import data_id
 from .presets import PRESETS, check_name
 
 PROFILE_STEPS = 3  # --profile without a number (harness.profile)
@@ -168,8 +169,11 @@ def child_argv(values: dict) -> list[str]:
 
 
 def run_config(values: dict) -> dict:
-    """The passed-through flags' values by name: what identifies a sweep's run (with nproc)."""
-    return {f.dest: values.get(f.dest) for f in STEP_FLAGS if f.passed and f.identifies}
+    """The passed-through flags' values by name: what identifies a sweep's run (with nproc). The
+    text is named by files.data_id, as the step's record names it: where it lives is not part
+    of the configuration, what it holds is."""
+    out = {f.dest: values.get(f.dest) for f in STEP_FLAGS if f.passed and f.identifies}
+    return dict(out, data=data_id(out["data"])) if "data" in out else out
 
 
 def parse_args(doc: str | None, argv=None) -> argparse.Namespace:

@@ -1,6 +1,8 @@
-"""Where things live (the repository, its results, the offline mirror, the cache) and the one
-atomic write every file the harness replaces goes through."""
+"""Where things live (the repository, its results, the offline mirror, the cache), how a record
+names a path (`portable_path`, `data_id`: never where this machine keeps it) and the one atomic
+write every file the harness replaces goes through."""
 
+import hashlib
 import os
 import sys
 import tempfile
@@ -11,6 +13,49 @@ from .errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: 00_orig.py, steps/, harness/
 RESULTS = ROOT / "results"
+
+
+def _relative(path: str | Path, base: str | Path) -> str | None:
+    """`path` relative to the folder `base` (POSIX separators), or None when it is outside."""
+    p, b = Path(os.path.abspath(path)), Path(os.path.abspath(base))
+    for q, a in ((p, b), (p.resolve(), b.resolve())):  # as written, then links followed
+        try:
+            return q.relative_to(a).as_posix()
+        except ValueError:
+            pass
+    return None
+
+
+def portable_path(path: str | Path, base: str | Path | None = None) -> str:
+    """How a record names a path, the same on every machine: relative to the checkout (ROOT)
+    when inside it (`steps/11_ddp.py`), else relative to `base` when given and inside it
+    (`cpu-x1/.tmp-00-....jsonl` for the results folder), else the file's name alone. Never
+    absolute, never the home folder or the host: the machine is the fingerprint's business."""
+    for anchor in (ROOT, base):
+        rel = None if anchor is None else _relative(path, anchor)
+        if rel is not None:
+            return rel
+    return Path(path).name
+
+
+def data_id(path: str | Path | None) -> str | None:
+    """What identifies a training text (--data) in a run's configuration: None for the default
+    text, its path relative to the checkout when inside it, else its name and the first 12 hex
+    digits of its sha256 (`middlemarch.txt sha256:1a2b3c4d5e6f`): the same text anywhere is the
+    same configuration, two texts are not. An unreadable file is its name alone."""
+    if path is None:
+        return None
+    rel = _relative(path, ROOT)
+    if rel is not None:
+        return rel
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return Path(path).name
+    return f"{Path(path).name} sha256:{digest.hexdigest()[:12]}"
 
 
 def mirror() -> Path:

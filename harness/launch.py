@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .child import failure_reason, run_child
 from .errors import UserError
+from .files import portable_path
 from .ladder import Step
 from .record import append_jsonl
 from .runs import RUNS, step_records, tmp_path
@@ -65,6 +66,14 @@ def step_command(step: Step, flags: list[str], nproc: int, results: Path) -> lis
     return cmd + [str(step.path), *flags, "--results", str(results)]
 
 
+def recorded_command(cmd: list[str], tag_dir: Path) -> list[str]:
+    """The command as the record keeps it, the same on every machine: the interpreter as
+    `python`, each absolute path portable (files.portable_path: the script relative to the
+    checkout, the temp results file to the results folder). The child runs `cmd` itself."""
+    base = Path(tag_dir).parent
+    return ["python"] + [portable_path(a, base) if os.path.isabs(a) else a for a in cmd[1:]]
+
+
 def _outcome(step: Step, rec: dict | None, res, meta: dict, started_at: str, timeout: float):
     """The run's record: the step's own, its status corrected by how the process ended, or one
     synthesized for a run that wrote none."""
@@ -81,7 +90,7 @@ def _outcome(step: Step, rec: dict | None, res, meta: dict, started_at: str, tim
             reason = failure_reason(res.stderr_tail, res.exit_code)
         return {
             "step": step.num,
-            "script": step.rel,
+            "script": portable_path(step.path),
             "status": status,
             "reason": reason,
             "script_sha256": meta["script_sha256"],
@@ -108,7 +117,7 @@ def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: f
     --budget, not the step, set the timeout) a run that times out is not recorded: None."""
     tmp = tmp_path(tag_dir, step, meta["run_id"])
     cmd = step_command(step, flags, meta["config"]["nproc"], tmp)
-    meta = dict(meta, command=cmd)
+    meta = dict(meta, command=recorded_command(cmd, tag_dir))
     append_jsonl(tmp, {"sweep_meta": meta})
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     try:

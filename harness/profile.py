@@ -31,6 +31,8 @@ import torch
 
 from .breakdown import PAUSED_RANGE, STEP_RANGE, breakdown, describe, shares
 from .cli import PROFILE_STEPS
+from .errors import os_error_why
+from .files import portable_path
 from .op_categories import ModuleRanges, is_compiled
 
 
@@ -205,7 +207,9 @@ class StepProfiler:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.prof.export_chrome_trace(str(path))
         except (OSError, RuntimeError) as e:
-            self.run.note(f"profile: trace not written to {path}: {e}")
+            why = os_error_why(e) if isinstance(e, OSError) else e  # str(e) names the path
+            where = portable_path(path, self.trace_dir)  # the record names no place of this host
+            self.run.note(f"profile: trace not written to {where}: {why}")
             return
         self.trace = str(path)
 
@@ -220,7 +224,7 @@ class StepProfiler:
         """The record's fields: the breakdown (None when there is none) and the trace."""
         out = {"time_breakdown": None, **self.result}
         if self.trace_dir is not None:
-            out["trace"] = self.trace
+            out["trace"] = portable_path(self.trace, self.trace_dir) if self.trace else None
         return out
 
 

@@ -38,7 +38,7 @@ from . import load, machine, parity, profile
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError, os_error_why
-from .files import ROOT, check_cache_dir
+from .files import ROOT, check_cache_dir, data_id, portable_path
 from .outputs import check_file
 from .presets import choose
 from .record import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
@@ -293,7 +293,7 @@ class Run:
         cuda = self.device.type == "cuda"
         return {
             "step": self.step,
-            "script": os.path.relpath(self.script, ROOT),
+            "script": portable_path(self.script),
             "status": status,
             "device": self.device.type,
             "device_name": dev.name(self.device),
@@ -321,7 +321,7 @@ class Run:
                 "warmup_steps": self.preset["warmup_steps"],
                 "seed": self.args.seed,
                 "batch_size_override": self.args.batch_size,
-                "data": self.args.data,
+                "data": data_id(self.args.data),
             },
             **self.memory_prediction,
         }
@@ -369,7 +369,7 @@ class Run:
             mfu_invalid, mfu = {"value": value, "reason": why}, None
             again = ""
             if self.device.type != "cuda":
-                again = f"; delete {dev.cache_dir() / 'matmul_peak.json'} to measure it again"
+                again = "; delete matmul_peak.json in the cache folder to measure it again"
             self.note(f"{why}: MFU left empty{again}")
         rec = self._base_record("ok")
         rec.update(

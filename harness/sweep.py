@@ -11,8 +11,9 @@
   itself) measures the noise floor (gains.py). A killed sweep resumes in its round: a step's
   round is one more than its ok runs so far (`sweep.round` in the record).
 - **Up to date.** A step is skipped when runs.jsonl holds K `ok` records for the same sweep
-  configuration (preset, device, max_steps, warmup_steps, seed, data, nproc), the same script
-  sha256 and this machine's fingerprint (machine.py), none followed by a failure. Failed steps
+  configuration (preset, device, max_steps, warmup_steps, seed, data, nproc; the text named by
+  what it holds, not where it lives: files.data_id), the same script sha256 and this machine's
+  fingerprint (machine.py), none followed by a failure. Failed steps
   are retried; a failure ends that step's rounds in this sweep. `--profile` and `--trace`
   (harness.profile) do not change the configuration, but a profiled sweep counts only the
   latest runs that have a time breakdown, and reruns the others.
@@ -212,6 +213,8 @@ def choose_base(results_dir: Path, base: str, nprocs: list[int], fp: dict, expli
 
 
 def _values(args) -> dict:
+    """The flags' values, --data and --trace absolute: the steps' command lines (run_config
+    names the text portably for the records)."""
     if args.data is not None:
         from .data import check_text_file
 
@@ -236,13 +239,14 @@ def plan(args) -> Plan:
     fp = this_machine(device_type)
     nprocs = [1] + ([nproc] if nproc > 1 and any(s.distributed for s in selected) else [])
     base = choose_base(Path(args.results_dir), base, nprocs, fp, args.tag is not None)
+    config = run_config(values)  # the text by name and sha256 (files.data_id): hashed once
     passes = []
     for n in nprocs:
         tag = base + processes_suffix(n)
         tag_dir = Path(args.results_dir) / tag
         tag_dir.mkdir(parents=True, exist_ok=True)
         held = expected_steps(ladder, tag)
-        configs = {s.num: dict(run_config(values), nproc=n if s.distributed else 1) for s in held}
+        configs = {s.num: dict(config, nproc=n if s.distributed else 1) for s in held}
         shas = {s.num: file_sha256(s.path) for s in held}
         chosen = [s for s in selected if s in held]
         passes.append(Pass(tag, tag_dir, n, held, chosen, configs, shas))

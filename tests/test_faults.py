@@ -295,6 +295,7 @@ def test_an_mfu_above_100_percent_is_flagged_in_the_record(tmp_path, monkeypatch
         assert r["status"] == "ok" and r["mfu"] is None
         assert r["mfu_invalid"]["value"] > 1 and "above 100%" in r["mfu_invalid"]["reason"]
         assert any("MFU left empty" in n for n in r["notes"])
+        assert not [n for n in r["notes"] if str(device.cache_dir()) in n]  # no path recorded
     assert "MFU invalid" in capsys.readouterr().out
 
 
