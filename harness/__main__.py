@@ -3,12 +3,13 @@
 python -m harness run                          # every step, results/<tag>/ + charts
 python -m harness run --steps 05-08 --repeats 3
 python -m harness run --device cpu --preset tiny --max-steps 5 --data the-verdict.txt
+python -m harness check results/<tag>          # a results folder validated (another machine's)
 """
 
 import argparse
 import sys
 
-from . import sweep_cli
+from . import check, sweep_cli
 from .cli import Parser
 from .errors import UserError, broken_pipe, fail, flush_stdout
 
@@ -23,7 +24,8 @@ def main(argv=None) -> int:
         broken_pipe()
 
 
-def _main(argv=None) -> int:
+def parser() -> Parser:
+    """`python -m harness`'s command line: its commands and their flags."""
     p = Parser(
         prog="python -m harness",
         description=__doc__,
@@ -31,6 +33,12 @@ def _main(argv=None) -> int:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sweep_cli.add_run_parser(sub)
+    check.add_check_parser(sub)
+    return p
+
+
+def _main(argv=None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.command is None:
         p.print_help()

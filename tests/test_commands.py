@@ -111,6 +111,23 @@ def test_each_documented_command_fits_one_global_batch_in_middlemarch(
         assert val >= 1
 
 
+def harness_commands() -> list[str]:
+    """Every `python -m harness ...` command in README.md's code blocks (after `&&` too)."""
+    blocks = (ROOT / "README.md").read_text().split("```")[1::2]
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    parts = [p.strip() for line in lines for p in line.split(" #", 1)[0].split("&&")]
+    return [p for p in parts if p.startswith("python -m harness ")]
+
+
+def test_each_documented_harness_command_parses():
+    from harness.__main__ import parser
+
+    commands = harness_commands()
+    assert {c.split()[3] for c in commands} == {"run", "check"}
+    for command in commands:  # a bad flag would exit 2 here
+        assert parser().parse_args(shlex.split(command)[3:]).command in ("run", "check")
+
+
 def test_a_text_too_short_for_the_world_size_names_the_batch_that_fits(tmp_path):
     from harness.data import load_split
     from harness.errors import UserError
