@@ -61,37 +61,36 @@ def run_ladder(out, scripts, eager=(), env=None):
         return dict(pool.map(one, order))
 
 
+def runs_over(base, tmp_path_factory, name, scripts, regime, eager=()):
+    """`base`'s runs, with `scripts` run again in `regime` (fp32 or bf16) over them."""
+    runs = dict(base)
+    out = tmp_path_factory.mktemp(name)
+    runs.update(run_ladder(out, scripts, eager=eager, env=REGIME[regime]))
+    return runs
+
+
 @pytest.fixture(scope="session")
 def ladder_runs(tmp_path_factory):
     """Every step in fp32 (bf16 forced off: the same on every CPU)."""
-    out = tmp_path_factory.mktemp("ladder")
-    return run_ladder(out, STEPS, eager=COMPILED[1:], env=REGIME["fp32"])
+    return runs_over({}, tmp_path_factory, "ladder", STEPS, "fp32", eager=COMPILED[1:])
 
 
 @pytest.fixture(scope="session")
 def bf16_runs(tmp_path_factory, ladder_runs):
     """Steps 05-08 with bf16 autocast forced on (08 compiled); 00-04 are the fp32 runs."""
-    runs = dict(ladder_runs)
-    out = tmp_path_factory.mktemp("bf16")
-    runs.update(run_ladder(out, BF16_FAST, env=REGIME["bf16"]))
-    return runs
+    return runs_over(ladder_runs, tmp_path_factory, "bf16", BF16_FAST, "bf16")
 
 
 @pytest.fixture(scope="session")
 def compiled_runs(tmp_path_factory, ladder_runs):
     """Steps 08-14 compiled in fp32 (slow); earlier steps reuse the fast runs."""
-    runs = dict(ladder_runs)
-    runs.update(run_ladder(tmp_path_factory.mktemp("compiled"), COMPILED, env=REGIME["fp32"]))
-    return runs
+    return runs_over(ladder_runs, tmp_path_factory, "compiled", COMPILED, "fp32")
 
 
 @pytest.fixture(scope="session")
 def compiled_bf16_runs(tmp_path_factory, bf16_runs):
     """Steps 08-14 compiled with bf16 autocast (slow)."""
-    runs = dict(bf16_runs)
-    out = tmp_path_factory.mktemp("compiled-bf16")
-    runs.update(run_ladder(out, COMPILED, env=REGIME["bf16"]))
-    return runs
+    return runs_over(bf16_runs, tmp_path_factory, "compiled-bf16", COMPILED, "bf16")
 
 
 def check_parity(runs, script):
