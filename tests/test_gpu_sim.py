@@ -92,8 +92,16 @@ def test_a_mig_slice_without_its_sm_count_gets_no_whole_gpu_peak(fake_gpu):
 def test_bf16_only_where_the_gpu_has_it_natively(p, rocm, fast, words, fake_gpu, monkeypatch):
     # torch says True on every one of them (V100/T4: emulated): it must not be what decides
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setenv(dev.BF16_ENV, "auto")  # the rule itself, whatever the suite forces
     ok, why = dev.bf16_is_fast(fake_gpu(p, rocm=rocm))
     assert ok is fast
+    monkeypatch.setenv(dev.BF16_ENV, "0")  # SPEED_LADDER_BF16 forces it either way, and says so
+    assert dev.bf16_is_fast(fake_gpu(p, rocm=rocm)) == (False, "forced off by SPEED_LADDER_BF16")
+    monkeypatch.setenv(dev.BF16_ENV, "on")
+    assert dev.bf16_is_fast(fake_gpu(p, rocm=rocm))[0] is True
+    monkeypatch.setenv(dev.BF16_ENV, "maybe")
+    with pytest.raises(UserError, match="SPEED_LADDER_BF16='maybe'"):
+        dev.bf16_is_fast(fake_gpu(p, rocm=rocm))
     assert p.name in why
     for w in words:
         assert w in why, why
