@@ -39,9 +39,30 @@ def regime(device) -> str:
         base = "tf32" if major >= 8 else "fp32"
     else:
         base = "fp32"
-    dynamo = sys.modules.get("torch._dynamo.utils")
-    compiled = dynamo is not None and dynamo.counters["stats"]["unique_graphs"] > 0
+    compiled = ((compiles() or {}).get("graphs") or 0) > 0
     return base + ("-compiled" if compiled else "")
+
+
+def compiles() -> dict | None:
+    """What torch.compile compiled in this process, from dynamo's own bookkeeping: `graphs` (FX
+    graphs: a recompile adds one), `frames` (Python frames traced and compiled, a recompile
+    counting again; dynamo's `frames` counter also counts frames it was handed and skipped) and
+    `seconds` (compile wall time, forward and backward graphs; an on-disk inductor cache hit
+    makes it short); a field this torch does not keep is None. None when no frame reached
+    dynamo (dynamo not even imported: an eager run)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None or not dynamo.counters["frames"]["total"]:
+        return None
+    try:  # private helpers (torch 2.13): absent or renamed in another torch
+        seconds = round(dynamo.calculate_time_spent()["total_wall_time"], 1)
+    except Exception:
+        seconds = None
+    frames = getattr(dynamo, "compilation_time_metrics", {}).get("_compile.compile_inner")
+    return {
+        "graphs": dynamo.counters["stats"]["unique_graphs"],
+        "frames": len(frames) if frames is not None else None,
+        "seconds": seconds,
+    }
 
 
 @cache

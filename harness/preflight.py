@@ -7,8 +7,10 @@ should take, and what memory each run should need (and whether it fits).
 - **Duration**: per run, the median duration of this tag's earlier ok runs of that step with
   the same configuration on this machine; without any, a rough model: `ROUGH_RUN_S` seconds a run
   on the device (what a `cpu`-preset run and a 60-step `gpt2-124m` run take, start-up included),
-  plus `COMPILE_S` for a step that calls torch.compile. The sweep prints the total before it
-  starts and says which part is rough.
+  plus, for a step that calls torch.compile, the compile time an earlier run here measured
+  (`compile_seconds`: its record's `compiles.seconds`, that step's or else step 08's), or
+  `COMPILE_S` where none did. The sweep prints the total before it starts and says which part
+  is rough.
 - **Memory** (`memory_line`): `memory_model.predict` for the step, its preset and processes,
   printed before each run; a run predicted not to fit (GPU: with the CUDA context and 10%
   headroom, `memory_model.fits`; CPU: the machine's RAM over its processes, with 0.5 GiB of
@@ -55,9 +57,28 @@ def uses_compile(path: Path) -> bool:
         return False
 
 
-def run_seconds(step: Step, earlier: list[dict], device_type: str) -> tuple[float, bool]:
+def compile_seconds(step: Step, recs: list[dict], cfg: dict, machine: str) -> float | None:
+    """torch.compile's seconds in one run of `step`, as earlier runs in `recs` (this tag) with
+    this configuration on this machine measured them (their records' `compiles.seconds`): the
+    median of this step's latest, else of step 08's (the same model, compiled the same way);
+    None where none was measured."""
+    flags = lambda c: {k: v for k, v in (c or {}).items() if k != "nproc"}
+    alike = [r for r in recs if (r.get("sweep") or {}).get("machine") == machine
+             and flags((r.get("sweep") or {}).get("config")) == flags(cfg)]  # fmt: skip
+    for num in (step.num, "08"):
+        took = [(r.get("compiles") or {}).get("seconds") for r in alike if r.get("step") == num]
+        took = [t for t in took if isinstance(t, (int, float)) and t > 0][-5:]
+        if took:
+            return float(statistics.median(took))
+    return None
+
+
+def run_seconds(
+    step: Step, earlier: list[dict], device_type: str, compile_s: float | None = None
+) -> tuple[float, bool]:
     """(seconds, measured?) for one run of `step`: the median of `earlier` ok runs' durations
-    (its own in this tag, same config, this machine), else the rough model."""
+    (its own in this tag, same config, this machine), else the rough model, with `compile_s`
+    (compile_seconds) for torch.compile where one was measured, else `COMPILE_S`."""
     took = [
         (r.get("sweep") or {}).get("duration_s")
         for r in earlier
@@ -67,7 +88,9 @@ def run_seconds(step: Step, earlier: list[dict], device_type: str) -> tuple[floa
     if took:
         return float(statistics.median(took)), True
     rough = ROUGH_RUN_S.get(device_type, 60.0)
-    return rough + (COMPILE_S.get(device_type, 60.0) if uses_compile(step.path) else 0.0), False
+    if not uses_compile(step.path):
+        return rough, False
+    return rough + (compile_s or COMPILE_S.get(device_type, 60.0)), False
 
 
 def fmt_duration(seconds: float) -> str:
@@ -92,7 +115,8 @@ def estimate_line(estimates: list[tuple[float, bool]], device_type: str) -> str:
     if rough:
         how.append(
             f"{rough} rough: {ROUGH_RUN_S.get(device_type, 60):.0f} s a run on {device_type}, "
-            f"+{COMPILE_S.get(device_type, 60):.0f} s with torch.compile"
+            f"+{COMPILE_S.get(device_type, 60):.0f} s with torch.compile (or the compile time "
+            "an earlier run here measured)"
         )
     runs = f"{len(estimates)} runs; {'; '.join(how)}"
     return f"expected duration: about {fmt_duration(total)} ({runs})"

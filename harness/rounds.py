@@ -64,7 +64,10 @@ def _start(p, force: bool) -> Progress:
         same_cfg = [r for r in recs if r.get("step") == job.step.num
                     and (r.get("sweep") or {}).get("config") == cfg
                     and (r.get("sweep") or {}).get("machine") == p.machine]  # fmt: skip
-        estimate[job] = preflight.run_seconds(job.step, earlier or same_cfg, p.device_type)
+        compile_s = preflight.compile_seconds(job.step, recs, cfg, p.machine)  # measured here
+        estimate[job] = preflight.run_seconds(
+            job.step, earlier or same_cfg, p.device_type, compile_s
+        )
         cut = cut_seconds(ps.tag_dir, job, cfg, sha, p.machine)
         if cut and not estimate[job][1]:  # no ok run yet, one cut at a --budget's end: it needs
             estimate[job] = (max(estimate[job][0], cut * CUT_FACTOR), True)  # more than that

@@ -198,7 +198,7 @@ class Run:
 
     def sample_due(self) -> bool:
         """Epoch-end samples belong to tutorial runs; a measuring run (--max-steps or
-        --results given, as in the sweep) skips them and their torch.compile recompiles."""
+        --results given, as in the sweep) skips them: they take time and measure nothing."""
         return self.args.max_steps is None and self.args.results is None
 
     @contextmanager
@@ -312,6 +312,7 @@ class Run:
             "step_active": self.inactive_reason is None,
             "inactive_reason": self.inactive_reason,
             "regime": parity.regime(self.device),  # fp32, tf32, bf16 (+ -compiled): parity.py
+            "compiles": parity.compiles(),  # torch.compile's graphs, frames, seconds; or None
             "batch_rule": self.preset["batch_rule"],
             "config": {
                 "preset": self.preset_name,

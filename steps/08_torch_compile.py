@@ -4,10 +4,12 @@
 (Ansel et al. 2024, "PyTorch 2"): element-wise chains (residual adds, dropout, bias, GELU) fuse
 into generated Triton (GPU) or C++/OpenMP (CPU) kernels, and Python overhead per op disappears.
 Compilation happens in the first steps, which the harness's warm-up keeps out of the timed
-window; evaluation and sampling trigger their own (untimed) compiles. Where it cannot compile (no
-C++ compiler, no Triton) the run stops with one line naming the fix; under
-TORCH_COMPILE_DISABLE=1 torch.compile returns the model unchanged, and the record says
-`step_active: false`.
+window. Evaluation and sampling run eager (`torch.compiler.set_stance("force_eager")`): they are
+never timed, and compiling them would add graphs (one under no_grad, one for the last, shorter
+batch, more for sampling's growing prompt) that cost compile time only; so a run compiles one
+graph, the training step's (its record's `compiles`). Where it cannot compile (no C++
+compiler, no Triton) the run stops with one line naming the fix; under TORCH_COMPILE_DISABLE=1
+torch.compile returns the model unchanged, and the record says `step_active: false`.
 
 Costs: compile time in the first steps (tens of seconds on gpt2-124m, more with
 mode="max-autotune"; left out of the timing by the warm-up), a C++ compiler (and Triton on a
@@ -182,6 +184,9 @@ def calc_loss_loader(data_loader, model, device, num_batches):
     return total / max(count, 1)
 
 
+# step 08: evaluation is never timed, so compiling it would only cost compile time
+# (a new graph under no_grad, another for the last, shorter batch): run it eager
+@torch.compiler.set_stance("force_eager")  # step 08
 def evaluate_model(model, train_loader, val_loader, device, eval_iter):
     model.eval()
     with torch.no_grad():
@@ -202,6 +207,7 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
     return idx
 
 
+@torch.compiler.set_stance("force_eager")  # step 08: sampling too (untimed)
 def generate_and_print_sample(model, run, device, start_context, num_tokens):
     model.eval()
     tokenizer = run.tokenizer()

@@ -181,6 +181,9 @@ def calc_loss_loader(data_loader, model, device, num_batches):
     return total / max(count, 1)
 
 
+# step 08: evaluation is never timed, so compiling it would only cost compile time
+# (a new graph under no_grad, another for the last, shorter batch): run it eager
+@torch.compiler.set_stance("force_eager")  # step 08
 def evaluate_model(model, train_loader, val_loader, device, eval_iter):
     model.eval()
     with torch.no_grad():
@@ -202,6 +205,7 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
     return idx
 
 
+@torch.compiler.set_stance("force_eager")  # step 08: sampling too (untimed)
 def generate_and_print_sample(model, run, device, start_context, num_tokens):
     model.eval()
     tokenizer = run.tokenizer()

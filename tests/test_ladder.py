@@ -150,6 +150,29 @@ def test_compiled_bf16_loss_matches_previous_step(compiled_bf16_runs, script):
     check_parity(compiled_bf16_runs, script)
 
 
+def check_one_compile(rec):
+    """One frame compiled, one graph: the training step's; evaluation runs eager (step 08)."""
+    c = rec["compiles"]
+    assert c is not None and (c["frames"], c["graphs"]) == (1, 1), (rec["script"], c)
+    assert c["seconds"] is None or c["seconds"] > 0
+
+
+def test_a_compiled_run_compiles_once(ladder_runs, bf16_runs):
+    """Step 08 compiles the training graph once (fp32 and bf16: autocast off for evaluation
+    recompiled it before evaluation ran eager); an eager run's record says null."""
+    check_one_compile(ladder_runs[COMPILED[0]][1][0])
+    check_one_compile(bf16_runs[COMPILED[0]][1][0])
+    assert ladder_runs[STEPS[7]][1][0]["compiles"] is None  # step 07: never compiled
+    assert ladder_runs[COMPILED[-1]][1][0]["compiles"] is None  # TORCH_COMPILE_DISABLE=1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", COMPILED[1:])
+def test_compiled_steps_compile_once(compiled_runs, compiled_bf16_runs, script):
+    check_one_compile(compiled_runs[script][1][0])
+    check_one_compile(compiled_bf16_runs[script][1][0])
+
+
 def test_records_say_their_regime(ladder_runs, bf16_runs):
     """Each record names the numbers it computed with, and so the tolerance it is held to."""
 

@@ -568,8 +568,24 @@ def test_preflight_run_length_duration_and_memory():
     assert preflight.run_seconds(ladder["05"], earlier, "cpu") == (34.0, True)
     assert preflight.run_seconds(ladder["05"], [], "cpu") == (40.0, False)
     assert preflight.run_seconds(ladder["08"], [], "cpu") == (130.0, False)
+    assert preflight.run_seconds(ladder["08"], [], "cpu", compile_s=12.0) == (52.0, False)
+    assert preflight.run_seconds(ladder["07"], [], "cpu", compile_s=12.0) == (40.0, False)
     line = preflight.estimate_line([(34.0, True), (130.0, False)], "cpu")
     assert line.startswith("expected duration: about 2m44s (2 runs; 1 from earlier runs here")
+    # torch.compile's measured seconds: this step's earlier runs here, else step 08's
+    cfg = {"preset": "tiny", "nproc": 1}
+
+    def rec(step, seconds, machine="m", nproc=1):
+        sweep = {"machine": machine, "config": dict(cfg, nproc=nproc)}
+        return {"step": step, "status": "ok", "compiles": {"seconds": seconds}, "sweep": sweep}
+
+    recs = [rec("08", 20.0), rec("08", 30.0), rec("08", 99.0, machine="other"), rec("07", None)]
+    assert preflight.compile_seconds(ladder["10"], recs, cfg, "m") == 25.0  # step 08's
+    recs += [rec("11", 40.0, nproc=2)]  # another process count: the same compile
+    assert preflight.compile_seconds(ladder["11"], recs, cfg, "m") == 40.0  # its own
+    assert preflight.compile_seconds(ladder["10"], recs, cfg, "other") == 99.0
+    assert preflight.compile_seconds(ladder["10"], recs, dict(cfg, preset="cpu"), "m") is None
+    assert preflight.compile_seconds(ladder["10"], [rec("08", None)], cfg, "m") is None
     # memory: the prediction's line, and a warning when it cannot fit
     pred = preflight.predict(ladder["10"], "gpt2-xl", 1, "cuda")
     text, warning = preflight.memory_line(pred, "cuda", 24 * 2**30, 1)
