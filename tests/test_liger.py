@@ -14,6 +14,7 @@ subprocess with the variable set in its environment:
 What only a GPU shows (speed, memory, shared-memory limits, warps) is no part of this.
 """
 
+import importlib.util
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +27,10 @@ import liger_cases  # noqa: E402
 
 from harness import parity  # noqa: E402
 
-pytest.importorskip("liger_kernel", reason="liger-kernel not installed (Linux only)")
-pytest.importorskip("numpy", reason="Triton's interpreter runs kernels through NumPy")
+# found, not imported: importing liger here would import triton in pytest's process
+for _mod in ("liger_kernel", "triton", "numpy"):
+    if importlib.util.find_spec(_mod) is None:
+        pytest.skip(f"{_mod} not installed (liger-kernel: Linux only)", allow_module_level=True)
 
 INTERPRET = {"TRITON_INTERPRET": "1", "TORCH_COMPILE_DISABLE": "1", "SPEED_LADDER_BF16": "0"}
 TINY = ["--device", "cpu", "--preset", "tiny", "--max-steps", 3, "--warmup-steps", 1,
