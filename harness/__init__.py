@@ -17,7 +17,7 @@ and ends with `harness.main(main)`, which turns bad input into one error line.
 from .cli import main, parse_args
 from .device import bf16_is_fast
 from .errors import UserError
-from .inactive import compile_disabled, sdpa_math_only, tf32_unavailable
+from .inactive import compile_disabled, liger_unavailable, sdpa_math_only, tf32_unavailable
 from .presets import GPT2_VOCAB
 from .run import Run
 
@@ -27,6 +27,7 @@ __all__ = [
     "UserError",
     "bf16_is_fast",
     "compile_disabled",
+    "liger_unavailable",
     "main",
     "parse_args",
     "sdpa_math_only",

@@ -87,6 +87,8 @@ def _no_value(row) -> tuple[str, str]:
         return "n/a (not measured on this device)", MISSING_COLOR
     if status == "not run":
         return "not run", MISSING_COLOR
+    if status == "interpreted":  # Triton's interpreter ran Liger: numerics, no measurement
+        return "interpreted (TRITON_INTERPRET=1): not a measurement", MISSING_COLOR
     return f"failed ({status})", FAIL_COLOR
 
 

@@ -34,6 +34,8 @@ Exit 0 without problems, 1 with some, 2 on bad input (no such folder, no runs.js
 8. No string in a record, at any depth, holds an absolute path (`/x/...`, `/home/`, `/root/`,
    `/Users/`, `/work/`, `/tmp/`, `~/`, `C:\\`) or this machine's host name, and every host id is
    a hash (12 hex digits) or `pool:NAME`.
+9. No record ran through Triton's interpreter (`interpreted: true`: step 12's Liger on a CPU
+   with TRITON_INTERPRET=1): its numbers are numerics checks, not measurements.
 """
 
 import contextlib
@@ -423,6 +425,9 @@ def check_tag(tag_dir: Path, steps=None, git: Git | None = None) -> Report:
             check_arithmetic(rep, n, rec)
             check_busy(rep, n, rec, used)
         check_private(rep, n, rec, hosts)
+        if rec.get("interpreted") is True:
+            rep.problem(f"{who(rec, n)}: ran through Triton's interpreter (TRITON_INTERPRET=1): "
+                        "numerics only, not a measurement")  # fmt: skip
     check_machines(rep, records)
     check_claims(rep, check_summary(rep, tag_dir, records, df, columns))
     return rep

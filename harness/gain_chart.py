@@ -21,6 +21,8 @@ def _missing(row) -> tuple[str, str]:
     status = row.get("status") or "not run"
     if status == "ok":
         return "first step here: nothing to compare with", MISSING_COLOR
+    if status == "interpreted":  # Triton's interpreter ran Liger: numerics, no measurement
+        return "interpreted (TRITON_INTERPRET=1): not a measurement", MISSING_COLOR
     return ("not run", MISSING_COLOR) if status == "not run" else (f"failed ({status})", FAIL_COLOR)
 
 

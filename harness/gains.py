@@ -51,9 +51,12 @@ def round_of(rec: dict, position: int) -> int:
 
 
 def per_round(runs: list[dict], key: str) -> dict[int, float]:
-    """{round: value} of the runs that have a positive number under `key` (later runs win)."""
+    """{round: value} of the runs that have a positive number under `key` (later runs win); a
+    run through Triton's interpreter (`interpreted: true`) is left out: it measured nothing."""
     out = {}
     for i, r in enumerate(runs):
+        if r.get("interpreted") is True:  # Triton's interpreter ran Liger: no measurement
+            continue
         v = _num(r.get(key))
         if v is not None:
             out[round_of(r, i)] = v

@@ -69,3 +69,40 @@ def compile_disabled() -> str | None:
     if torch._dynamo.config.disable:
         return "TORCH_COMPILE_DISABLE=1: torch.compile returns the model unchanged (eager)"
     return None
+
+
+def triton_interpreted() -> bool:
+    """TRITON_INTERPRET=1: Triton runs @triton.jit kernels on CPU tensors through NumPy (its
+    interpreter). Read by Triton when it is first imported, so it is set in the environment."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+LIGER_INTERPRETED = (
+    "step 12: Liger's kernel ran through Triton's interpreter (TRITON_INTERPRET=1): numerics "
+    "only, its speed and memory are not a measurement"
+)
+
+
+def liger_unavailable(device: torch.device) -> str | None:
+    """Step 12: why Liger's fused linear cross-entropy cannot run on this device, or None where
+    it can: a CUDA GPU, or a CPU with Triton's interpreter on (TRITON_INTERPRET=1, for checking
+    the kernel's numerics and the step's call path: the record then says `interpreted: true`
+    and is no measurement). Whether liger-kernel imports is the step's to find out."""
+    if device.type == "cuda" or (device.type == "cpu" and triton_interpreted()):
+        return None
+    return f"Liger runs Triton GPU kernels: no CUDA device ({device.type})"
+
+
+LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run
+
+
+def interpreted(notes: list[str]) -> bool:
+    """Whether a run's Triton kernels (step 12's Liger, in steps 12-14) ran through Triton's
+    interpreter: its record then says `interpreted: true`, its notes LIGER_INTERPRETED, and the
+    summary, gains and `python -m harness check` never take its speed or memory for a
+    measurement. Adds the note."""
+    if not (triton_interpreted() and any(n.startswith(LIGER_RAN) for n in notes)):
+        return False
+    if LIGER_INTERPRETED not in notes:
+        notes.append(LIGER_INTERPRETED)
+    return True

@@ -39,6 +39,7 @@ from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError, os_error_why
 from .files import ROOT, check_cache_dir, data_id, portable_path
+from .inactive import interpreted
 from .outputs import check_file
 from .presets import choose
 from .record import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
@@ -311,6 +312,7 @@ class Run:
             "machine": machine.of_device(self.device),
             "step_active": self.inactive_reason is None,
             "inactive_reason": self.inactive_reason,
+            "interpreted": interpreted(self.notes),  # Liger through Triton's interpreter
             "regime": parity.regime(self.device),  # fp32, tf32, bf16 (+ -compiled): parity.py
             "compiles": parity.compiles(),  # torch.compile's graphs, frames, seconds; or None
             "batch_rule": self.preset["batch_rule"],

@@ -9,8 +9,10 @@ floor and where it comes from), the peak reserved GiB (max and min over the runs
 distributed step, `peak_per_rank_gib`), the memory model's prediction beside it, MFU and losses.
 `step_active` / `inactive_reason` come from the records (a step that does nothing on this
 device); `other_load_max` and `busy_runs` say whether other processes were busy while it was
-measured (load.py). An MFU outside (0, 100%] is never a number: `mfu` stays empty and
-`mfu_invalid` says why. Records without the newer fields (older results) leave their cells empty.
+measured (load.py). A step whose runs say `interpreted: true` (Triton's interpreter ran step
+12's Liger on a CPU) has status `interpreted` and no tok/s, memory or MFU. An MFU outside
+(0, 100%] is never a number: `mfu` stays empty and `mfu_invalid` says why. Records without the
+newer fields (older results) leave their cells empty.
 """
 
 import math
@@ -173,6 +175,24 @@ def _measured(row: dict, oks: list[dict]) -> None:
         row[f"{key}_gib"] = v / GIB if isinstance(v, (int, float)) else None
 
 
+INTERPRETED = (
+    "Liger's kernel ran through Triton's interpreter (TRITON_INTERPRET=1): numerics only, "
+    "its speed and memory are not a measurement"
+)
+
+
+def _interpreted(row: dict, oks: list[dict]) -> None:
+    """A step measured with Triton's interpreter (`interpreted: true` in a record: step 12's
+    Liger on a CPU) is no measurement: status `interpreted`, no tok/s, memory or MFU, so no gain
+    is claimed (gains.add_effects skips a row that is not ok); its losses stay."""
+    if not any(r.get("interpreted") is True for r in oks):
+        return
+    for col in ("tokens_per_sec_median", "tokens_per_sec_min", "tokens_per_sec_max", "mfu",
+                "peak_reserved_gib", "peak_reserved_gib_min", "peak_per_rank_gib"):  # fmt: skip
+        row[col] = None
+    row.update(status="interpreted", reason=INTERPRETED)
+
+
 def used_runs(step: Step, runs: list[dict], repeats: int) -> list[dict]:
     """The runs a row summarizes: the last `repeats` ok ones, when the last run was ok."""
     if not runs or runs[-1].get("status") != "ok":
@@ -190,6 +210,7 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
         _failed(row, runs)
     else:
         _measured(row, used_runs(step, runs, repeats))
+        _interpreted(row, used_runs(step, runs, repeats))
     _activity(row, used_runs(step, runs, repeats) or runs[-1:])
     if row.get("mfu_invalid"):
         row["mfu"] = None

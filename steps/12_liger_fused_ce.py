@@ -14,7 +14,11 @@ Only where Liger cannot run (no CUDA GPU, liger-kernel not installed, no triton)
 warn once and use a chunked PyTorch version that also never holds more than one chunk of
 logits; its record then says `step_active: false` and why. On a GPU, a CUDA out-of-memory or a
 Triton error inside Liger is the run's result (`oom`, `error`, with the reason), never a silent
-fallback.
+fallback. On a CPU with Triton's interpreter on (TRITON_INTERPRET=1 in the environment) Liger's
+real kernel runs on CPU tensors through NumPy: the CPU tests (tests/test_liger.py) check its
+numerics and this step's call (argument order, ignore_index, accum_dtype, the gradient written
+in place, DDP and FSDP2) that way; the record then says `interpreted: true` and is no
+measurement. Only a GPU shows its speed and memory (shared-memory limits, warps, block sizes).
 
 Costs: a dependency (liger-kernel, with Triton: Linux and a CUDA GPU), and the output layer's
 gradient is computed inside the loss's forward, chunk by chunk, so forward gets slower as
@@ -206,13 +210,13 @@ def chunked_linear_cross_entropy(weight, hidden, targets, chunk_rows=1024):  # s
 
 
 class FusedLinearCrossEntropy:  # step 12
-    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel on a CUDA GPU; the
-    chunked one only where Liger cannot run (no CUDA device, not installed, no triton)."""
+    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel on a CUDA GPU (or a CPU
+    through Triton's interpreter); the chunked one only where Liger cannot run."""
 
     def __init__(self, run, dtype, device):
         self.run, self.dtype, self.liger = run, dtype, None
-        if device.type != "cuda":
-            self.fall_back(f"Liger runs Triton GPU kernels: no CUDA device ({device.type})")
+        if why := harness.liger_unavailable(device):  # a CPU runs it with TRITON_INTERPRET=1
+            self.fall_back(why)
             return
         try:  # the ops module: liger_kernel.transformers imports transformers where installed
             from liger_kernel.ops.fused_linear_cross_entropy import (

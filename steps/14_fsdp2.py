@@ -239,13 +239,13 @@ def chunked_linear_cross_entropy(weight, hidden, targets, chunk_rows=1024):  # s
 
 
 class FusedLinearCrossEntropy:  # step 12
-    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel on a CUDA GPU; the
-    chunked one only where Liger cannot run (no CUDA device, not installed, no triton)."""
+    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel on a CUDA GPU (or a CPU
+    through Triton's interpreter); the chunked one only where Liger cannot run."""
 
     def __init__(self, run, dtype, device):
         self.run, self.dtype, self.liger = run, dtype, None
-        if device.type != "cuda":
-            self.fall_back(f"Liger runs Triton GPU kernels: no CUDA device ({device.type})")
+        if why := harness.liger_unavailable(device):  # a CPU runs it with TRITON_INTERPRET=1
+            self.fall_back(why)
             return
         try:  # the ops module: liger_kernel.transformers imports transformers where installed
             from liger_kernel.ops.fused_linear_cross_entropy import (

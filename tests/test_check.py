@@ -139,6 +139,18 @@ def test_a_busy_run(tmp_path, records):
     ]
 
 
+def test_a_run_through_tritons_interpreter(tmp_path, records):
+    def edit(recs):
+        recs[2]["interpreted"] = True  # step 01, round 1
+
+    rc, problems, _ = run_check(make_tag(tmp_path, records, edit))
+    assert rc == 1
+    assert problems == [
+        f"box-x1: step 01 round 1 run {records[2]['sweep']['run_id'][:8]} (line 3): ran through "
+        "Triton's interpreter (TRITON_INTERPRET=1): numerics only, not a measurement"
+    ]
+
+
 def test_a_busy_run_that_a_later_run_replaced_is_a_note(tmp_path, records):
     def edit(recs):
         busy = copy.deepcopy(recs[2])  # step 01, round 1, measured before the three it has

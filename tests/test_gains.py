@@ -124,3 +124,19 @@ def test_rebuild_a_summary_from_old_records(tmp_path):
     assert rows["03"]["runs"] == 3 and set(used) == {"00", "01", "02", "03"}
     df2, _ = summary.rebuild(two, [s for s in steps if s.distributed], used, 2)
     assert df2.to_dict("records")[0]["scaling_efficiency"] == pytest.approx(0.8)
+
+
+def test_an_interpreted_run_is_no_measurement():
+    """Triton's interpreter ran step 12's Liger on a CPU: its tok/s and memory are left out,
+    no gain is claimed, and the next step compares with the last measured one."""
+    recs = [_rec("00", r, 100.0) for r in (1, 2)] + [
+        _rec("01", r, 5.0, interpreted=True) for r in (1, 2)
+    ] + [_rec("02", r, 120.0) for r in (1, 2)]  # fmt: skip
+    rows = _summary(recs)
+    assert rows["01"]["status"] == "interpreted" and "interpreter" in rows["01"]["reason"]
+    assert (
+        rows["01"]["tokens_per_sec_median"] is None
+        or rows["01"]["tokens_per_sec_median"] != (rows["01"]["tokens_per_sec_median"])
+    )  # empty (NaN once read back)
+    assert rows["01"]["verdict"] in (None, "") or rows["01"]["verdict"] != rows["01"]["verdict"]
+    assert rows["02"]["prev_step"] == "00" and rows["02"]["gain_vs_prev"] == pytest.approx(1.2)

@@ -7,6 +7,8 @@ tools/gpu_session.sh runs it in one call, before the bounded sweep. What it chec
 - which steps record `step_active: false`: 11 and 14 (a world of one) and only those the
   harness says are unavailable on this GPU (TF32, bf16, a fused SDPA kernel);
 - Liger's loss and gradients against plain cross-entropy, and that Liger (not the fallback) ran;
+  the numerics cases of tests/liger_cases.py, which the CPU suite runs through Triton's
+  interpreter;
 - the peak memory of steps 12 and 13 below step 10's where activations dominate;
 - DDP with nccl as a world of one, under plain python and under torchrun;
 - the MFU peak table resolves this GPU, and the batch rule leaves the preset to a big one.
@@ -166,6 +168,23 @@ def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
     assert rel_err(g_w, weight.grad) < tol
     assert rel_err(g_h, hidden.grad) < tol
     assert any("kernel ran" in n for n in run.notes)
+
+
+@pytest.mark.parametrize("case", ["fp32", "bf16", "accum", "accum-bf16-control"])
+def test_liger_cases_shared_with_the_cpu_interpreter_tests(case):
+    """tests/liger_cases.py, the cases tests/test_liger.py runs through Triton's interpreter,
+    here compiled on CUDA (the tolerances per dtype are that module's)."""
+    pytest.importorskip(
+        "liger_kernel", reason="liger-kernel missing: tools/gpu_session.sh --wheels"
+    )
+    import liger_cases
+
+    res = liger_cases.run_case(case, GPU)
+    bad = liger_cases.check(res)
+    if case.endswith("-control"):  # bf16 accumulation must be caught
+        assert any("contributions were lost" in b for b in bad), res
+    else:
+        assert not bad, (bad, res)
 
 
 def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path):
