@@ -18,9 +18,11 @@ Exit 0 without problems, 1 with some, 2 on bad input (no such folder, no runs.js
    tok/s (its rounding). A record without `tokens_per_step` (older) is a note.
 4. summary.csv agrees with the summary rebuilt from runs.jsonl as `plot_results.py --rebuild`
    does (`summary.rebuild`; a `-xN` tag's scaling against the `-x1` tag beside it) in every
-   cell that comes from the records, to the digits summary.csv keeps; a row with a result but no
-   records, or a step with records but no row, is a problem. `busy_runs` is check 6's: the
-   summary counts it against the busy threshold of the machine that computes it.
+   cell that comes from the records, to the digits summary.csv keeps (`parity` too, judged
+   under this checkout's tests/loss_parity.json; `parity_detail` is not compared: its words are
+   the manifest's); a row with a result but no records, or a step with records but no row, is a
+   problem. `busy_runs` is check 6's: the summary counts it against the busy threshold of the
+   machine that computes it.
 5. One machine: every fingerprint (`sweep.machine`, else the record's `machine`; a pooled
    sweep's `pool:NAME` is in it) equals the tag's most common one, as whole dicts. A record
    without one (older) is a note.
@@ -65,7 +67,9 @@ CLAIMS = {
 MEASURED = ["runs", "tokens_per_sec_median", "tokens_per_sec_min", "tokens_per_sec_max",
             "speedup_vs_00", "peak_reserved_gib", "peak_reserved_gib_min", "mfu", "train_loss",
             "val_loss", "other_load_max"]  # fmt: skip
-TEXTS = ("status", "prev_step", "verdict", "mem_verdict", "noise_source")
+# `parity` (ok/off/not comparable) is checked; `parity_detail` is not: its words are
+# tests/loss_parity.json's, which may be reworded without changing a verdict
+TEXTS = ("status", "prev_step", "verdict", "mem_verdict", "noise_source", "parity")
 SCALING = [c for c in gains.COLUMNS if c.startswith("scaling")]
 _PATH = re.compile(r"(?:^|[\s=:'\"(,])(?:/[\w.-]+/|~/|[A-Za-z]:\\)|/(?:home|root|Users|work|tmp)/")
 _HOST_ID = re.compile(r"[0-9a-f]{12}|pool:[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

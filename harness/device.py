@@ -200,11 +200,15 @@ def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024) -> flo
     bf16 runs at about 1 GFLOP/s, 2 s a call at n = 1024), n halves, down to 256, so that
     measuring a slow dtype takes a few seconds instead of half a minute; such a dtype's rate
     barely depends on n. (Not predicted from a small probe: under load a 256^3 matmul can run
-    30x below a 1024^3 one, its threads waiting for each other.)
+    30x below a 1024^3 one, its threads waiting for each other.) The operands come from a
+    generator of their own, so measuring leaves the process's random state as it was.
     """
+    # its own generator: drawn from the global one, these would move the run's random stream
+    # (the first run of a sweep measures, then trains: other dropout masks than every later run)
+    gen = torch.Generator().manual_seed(0)
     while True:
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
+        a = torch.randn(n, n, generator=gen).to(device, dtype)
+        b = torch.randn(n, n, generator=gen).to(device, dtype)
         synchronize(device)
         t0 = time.perf_counter()
         a @ b

@@ -2,8 +2,10 @@
 change (the lines its golden diff adds with a `# step NN` tag), why it helps (its docstring's
 first paragraph after the title), what it costs (a docstring paragraph starting `Costs:`, else
 one starting `The cost`), and its measured effect on every results tag (its gain over the
-previous step with the interval and verdict, the same for peak memory, "inactive here" with the
-reason), then the published reference figure, in its own labelled line. Generated from the step
+previous step with the interval and verdict, the same for peak memory, its loss parity with the
+previous step: summary `parity`, ok with the largest difference and its bound, **off** with the
+detail, n/c where the rule does not hold on that preset; "inactive here" with the reason), then
+the published reference figure, in its own labelled line. Generated from the step
 files, tests/golden/NN.diff and results/<tag>/summary.csv; edits are overwritten."""
 
 import ast
@@ -14,7 +16,7 @@ from .charts import read_reference
 from .errors import UserError, warn
 from .files import ROOT, atomic_write_bytes
 from .ladder import Step, discover, tag_processes
-from .rows import busy_text, effect_text, inactive, number, percent_text
+from .rows import busy_text, effect_text, inactive, number, parity_text, percent_text
 from .summary import read_summary
 
 PAGE = "LADDER.md"
@@ -80,6 +82,7 @@ def _measured_row(tag_dir: Path, row: dict) -> str:
         f"{tps:,.0f}" if ok and tps is not None else "–",
         effect_text(row),
         effect_text(row, "mem_vs_prev", "mem_verdict"),
+        parity_text(row),
     ]
     if tag_processes(tag_dir.name) > 1 and ok:
         eff = "scaling efficiency " + percent_text(row.get("scaling_efficiency"),
@@ -104,8 +107,8 @@ def _measured(step: Step, summaries: list) -> list[str]:
                 rows.append(_measured_row(tag_dir, r))
     if not rows:
         return ["Not measured yet in any results tag."]
-    head = ["| tag | tok/s | vs previous step | peak memory vs previous | status |",
-            "|---|--:|---|---|---|"]  # fmt: skip
+    head = ["| tag | tok/s | vs previous step | peak memory vs previous | loss parity | status |",
+            "|---|--:|---|---|---|---|"]  # fmt: skip
     return head + rows
 
 
@@ -172,6 +175,9 @@ def page_markdown(tag_dirs, base: Path, root: Path = ROOT) -> str:
         "over the previous step (median of the per-round ratios, [min-max] over the rounds) "
         "and a verdict, *no change* when the interval holds 1.00x or the change is under the "
         "noise floor or 1%. *Inactive here* marks a step that changes nothing on that device. "
+        "*Loss parity*: its per-step training losses against the previous step's (same seed, "
+        "same data), under `tests/loss_parity.json`'s rule (`harness/parity.py`); *n/c*: the "
+        "rule does not hold on that preset (say, dropout masks drawn otherwise). "
         'How the numbers are taken: README, "How we measure".',
         "",
     ]

@@ -2,7 +2,9 @@
 between `<!-- results:begin -->` and `<!-- results:end -->` (the rest of the README untouched).
 
 Per step: tok/s, its own effect over the previous step with the interval and verdict (rows.py's
-`effect_text`), the speedup over step 00, peak memory, MFU, val loss and status; a step measured
+`effect_text`), the speedup over step 00, peak memory, MFU, val loss, loss parity with the
+previous step (summary `parity`: ok, **off**, n/c where the rule does not hold, with the off
+and n/c steps named under the table) and status; a step measured
 while the machine was busy says so in its status, an inactive step in its effect cell and in a
 line under the table, and a line says how to read the interval for this tag's rounds. A tag of N
 processes shows the scaling efficiency over its steps' 1-process runs and each rank's peak beside
@@ -24,6 +26,8 @@ from .rows import (
     inactive,
     mfu_flag,
     number,
+    parity_cell,
+    parity_short,
     percent_text,
     pooled_text,
     speedup_text,
@@ -39,14 +43,15 @@ GENERATED = (
 )
 HEADER = [
     "| step | title | tok/s | vs previous step | speedup | peak reserved GiB | MFU | val loss | "
-    "status |",
-    "|---|---|--:|---|--:|--:|--:|--:|---|",
+    "loss parity | status |",
+    "|---|---|--:|---|--:|--:|--:|--:|---|---|",
 ]
 HEADER_N = [  # a tag of N processes: its distributed steps, against their 1-process runs
     "| step | title | tok/s | scaling efficiency | vs previous step | peak GiB per rank | "
-    "predicted GiB per rank | val loss | status |",
-    "|---|---|--:|---|---|--:|--:|--:|---|",
+    "predicted GiB per rank | val loss | loss parity | status |",
+    "|---|---|--:|---|---|--:|--:|--:|---|---|",
 ]
+
 TAG_LINKS = (("tok/s", CHARTS[0]), ("each step's own gain", GAIN_CHART),
              ("peak memory", CHARTS[1]), ("MFU", CHARTS[2]))  # fmt: skip
 
@@ -70,6 +75,28 @@ def _status(r: dict) -> str:
     return status + (f" ({busy.split(',')[0]})" if busy else "")  # "ok (busy: 1/3 run(s))"
 
 
+def parity_notes(rows: list[dict]) -> list[str]:
+    """Lines under a table: how to read the parity column, the steps that are off (with their
+    detail) and those whose rule does not hold here (with why, in short)."""
+    if not any(text(r.get("parity")) for r in rows):
+        return []
+    lines = [
+        "*loss parity*: this step's per-step training losses against the previous step's, "
+        "round with round (same seed, same data), under `tests/loss_parity.json`'s rule for "
+        "the step and the runs' numeric regime (`harness/parity.py`); *n/c*: the rule does "
+        "not hold on this preset; details in summary.csv's `parity_detail`."
+    ]
+    off = [f"step {r['step']} ({_cell(text(r.get('parity_detail')) or '')})" for r in rows
+           if text(r.get("parity")) == "off"]  # fmt: skip
+    if off:
+        lines.append("**Loss parity off**: " + "; ".join(off) + ".")
+    nc = [f"step {r['step']} ({_cell(parity_short(r))})" for r in rows
+          if text(r.get("parity")) == "not comparable"]  # fmt: skip
+    if nc:
+        lines.append("Loss parity not comparable here: " + "; ".join(nc) + ".")
+    return [x for line in lines for x in (line, "")]
+
+
 def _row(r: dict) -> str:
     """One step's line: its numbers when its last run was ok, else dashes and why it failed."""
     ok = r.get("status") == "ok"
@@ -87,6 +114,7 @@ def _row(r: dict) -> str:
         _fmt(r.get("peak_reserved_gib") if ok else None, ".2f"),
         mfu_cell,
         _fmt(r.get("val_loss") if ok else None, ".3f"),
+        parity_cell(r),
         _status(r),
     )
     return "| " + " | ".join(_cell(x) for x in cells) + " |"
@@ -107,6 +135,7 @@ def _row_n(r: dict) -> str:
         per_rank if ok else "–",
         _fmt(r.get("predicted_peak_gib") if ok else None, ".2f"),
         _fmt(r.get("val_loss") if ok else None, ".3f"),
+        parity_cell(r),
         _status(r),
     )
     return "| " + " | ".join(_cell(x) for x in cells) + " |"
@@ -147,6 +176,7 @@ def _tag_section(tag_dir: Path, base: Path) -> list[str]:
     lines += HEADER_N if multi else HEADER
     lines += [(_row_n if multi else _row)(r) for r in rows if r["step"] not in skipped]
     lines += ["", method_note(rows), ""]
+    lines += parity_notes(rows)
     marks = [f"step {r['step']}" + (f" ({_cell(text(r.get('inactive_reason')))})"
              if text(r.get("inactive_reason")) else "") for r in rows if inactive(r)]  # fmt: skip
     if marks:

@@ -184,3 +184,36 @@ def format_table(df) -> str:
     floor = floor_text(rows)
     notes = [floor] if floor else []
     return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines), *flags, *notes])
+
+
+PARITY_CELL = {"ok": "ok", "off": "**off**", "not comparable": "n/c"}
+
+
+def parity_cell(row: dict) -> str:
+    """`ok`, `**off**`, `n/c` (the rule does not hold here) or `–` (no previous step, no
+    losses, no result): the summary's `parity`, for a markdown table."""
+    if row.get("status") != "ok":
+        return "–"
+    return PARITY_CELL.get(text(row.get("parity")) or "", "–")
+
+
+def parity_short(row: dict) -> str:
+    """'with dropout 0.1' / 'on preset cpu': why a `not comparable` row's rule does not hold,
+    from its `parity_detail` ('max |loss difference| X, not comparable with dropout 0.1: ...')."""
+    d = text(row.get("parity_detail")) or ""
+    i = d.find("not comparable")
+    return d[i + len("not comparable") :].split(":")[0].strip() if i >= 0 else "see parity_detail"
+
+
+def parity_text(row: dict) -> str:
+    """The parity cell with its numbers, for the ladder page: 'ok: max |loss difference|
+    1.91e-06 <= 0.0001', '**off**: <the detail>', 'n/c: with dropout 0.1', or '–'."""
+    cell = parity_cell(row)
+    d = text(row.get("parity_detail")) or ""
+    if cell == "ok":
+        return f"ok: {d.split(' (')[0]}" if d else cell
+    if cell == "**off**":
+        return f"**off**: {d}" if d else cell
+    if cell == "n/c":
+        return f"n/c: {parity_short(row)}"
+    return cell

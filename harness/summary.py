@@ -10,16 +10,20 @@ distributed step, `peak_per_rank_gib`), the memory model's prediction beside it,
 `step_active` / `inactive_reason` come from the records (a step that does nothing on this
 device); `other_load_max` and `busy_runs` say whether other processes were busy while it was
 measured (load.py). A step whose runs say `interpreted: true` (Triton's interpreter ran step
-12's Liger on a CPU) has status `interpreted` and no tok/s, memory or MFU. An MFU outside
-(0, 100%] is never a number: `mfu` stays empty and `mfu_invalid` says why. Records without the
-newer fields (older results) leave their cells empty.
+12's Liger on a CPU) has status `interpreted` and no tok/s, memory or MFU. `parity` says
+whether its per-step losses keep the previous step's under tests/loss_parity.json's rule
+(parity.py: `ok`, `off`, or `not comparable` where the rule does not hold for this preset),
+round with round, the worst round counting; `parity_detail` says by how much, against which
+bound and in which rounds. An MFU outside (0, 100%] is never a number: `mfu` stays empty and
+`mfu_invalid` says why. Records without the newer fields (older results) leave their cells
+empty.
 """
 
 import math
 import statistics
 from pathlib import Path
 
-from . import gains
+from . import gains, parity
 from .errors import UserError
 from .files import RESULTS, atomic_write_bytes
 from .ladder import Step
@@ -61,6 +65,7 @@ SUMMARY_COLUMNS = [
     "predicted_state_gib",
     "predicted_peak_gib",
     "hosts",  # the real hosts the row's runs came from (machine.py: a pooled tag has several)
+    *parity.COLUMNS,  # its losses against the previous step's (parity.py): ok/off/not comparable
 ]
 # the measured numbers: empty for a step that has no ok result
 NUMBER_COLUMNS = (
@@ -74,7 +79,7 @@ SUMMARY_COLUMNS += TIME_COLUMNS
 _NUMERIC = NUMBER_COLUMNS + ["noise_floor", "mem_noise_floor"]
 TEXT_COLUMNS = ["reason", "title", "status", "device_name", "preset", "torch_version",
                 "mfu_invalid", "prev_step", "verdict", "mem_verdict", "noise_source",
-                "inactive_reason", "peak_per_rank_gib", "hosts"]  # fmt: skip
+                "inactive_reason", "peak_per_rank_gib", "hosts", *parity.COLUMNS]  # fmt: skip
 _DIGITS = {
     "tokens_per_sec_median": 1,
     "tokens_per_sec_min": 1,
@@ -253,6 +258,7 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=N
         if base_tps and r["status"] == "ok" and r["tokens_per_sec_median"] is not None:
             r["speedup_vs_00"] = r["tokens_per_sec_median"] / base_tps
     gains.add_effects(rows, used, control)
+    parity.add_columns(rows, used)
     if single is not None and nproc > 1:
         gains.add_scaling(rows, used, single, nproc)
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)

@@ -278,6 +278,12 @@ def _draw_charts(tag_dir: Path) -> None:
 
 
 def sweep(args) -> int:
+    """Run the plan's rounds, then print each tag's summary and the closing status lines: the
+    runs --budget left, `parity off: step NN (...)` for a chosen step whose losses left the
+    previous step's beyond tests/loss_parity.json's rule (summary `parity`, parity.py), and
+    `failed: ...`. Exit code: 1 when a step failed, else BUDGET_EXIT (3) when runs were left,
+    else 0; parity is information and never changes it (the run measured what it measured;
+    the tests, tests/test_ladder.py, are where a step's numerics must hold)."""
     budget = getattr(args, "budget", None)
     deadline = time.monotonic() + budget if budget else None
     p = plan(args)
@@ -294,7 +300,7 @@ def sweep(args) -> int:
     # steps the --budget left undone are "not run", not failed; one whose last record (from an
     # earlier sweep) is a failure is still reported failed
     unfinished = {(p.passes[j.pass_index].tag, j.step.num) for j in left}
-    failed = []
+    failed, parity_off = [], []
     for ps in p.passes:
         df = dfs[ps.tag]
         print()
@@ -313,11 +319,19 @@ def sweep(args) -> int:
             and r["status"] != "ok"
             and not (r["status"] == "not run" and (ps.tag, r["step"]) in unfinished)
         ]
+        where = f", {ps.tag}" if len(p.passes) > 1 else ""
+        parity_off += [
+            f"step {r['step']} ({r.get('parity_detail')}{where})"
+            for r in df.to_dict("records")
+            if r["step"] in chosen and r.get("parity") == "off"
+        ]
     if not args.no_plots:
         print("python plot_results.py redraws the comparison of all tags and the README table")
     if left:
         print(f"not run, --budget {budget:g} s ran out: {', '.join(labels(p, left))}; the same "
               "command resumes with them", file=sys.stderr)  # fmt: skip
+    if parity_off:  # information: the exit code stays what the runs make it
+        print("parity off: " + "; ".join(parity_off), file=sys.stderr)
     if failed:
         print("failed: " + ", ".join(failed), file=sys.stderr)
         return 1

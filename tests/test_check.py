@@ -103,6 +103,27 @@ def test_a_summary_that_disagrees_with_its_records(tmp_path, records):
     ), problems
 
 
+def test_the_parity_cell_is_checked_and_its_detail_is_not(tmp_path, records):
+    """`parity` comes from the records (and tests/loss_parity.json): a summary that says `ok`
+    where they say `off` is a problem; `parity_detail`'s words are the manifest's, not checked.
+    (Step 01 is off here: step 00's round-1 run drew other dropout masks, harness/device.py.)"""
+    import pandas as pd
+
+    tag = make_tag(tmp_path, records)
+    df = pd.read_csv(tag / SUMMARY, dtype={"step": str, "prev_step": str})
+    assert df.loc[df["step"] == "01", "parity"].tolist() == ["off"]
+    df.loc[df["step"] == "01", "parity_detail"] = "reworded"
+    df.to_csv(tag / SUMMARY, index=False)
+    rc, problems, _ = run_check(tag)
+    assert (rc, problems) == (0, []), problems
+    df.loc[df["step"] == "01", "parity"] = "ok"
+    df.to_csv(tag / SUMMARY, index=False)
+    rc, problems, _ = run_check(tag)
+    assert rc == 1 and problems == [
+        "box-x1: summary.csv step 01 disagrees with runs.jsonl: parity 'ok' (records: 'off')"
+    ]
+
+
 def test_a_row_without_records_and_records_without_a_row(tmp_path, records):
     tag = make_tag(tmp_path, records)
     csv = (tag / SUMMARY).read_text().splitlines()

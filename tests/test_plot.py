@@ -123,16 +123,17 @@ def test_readme_table_between_markers(tags, tmp_path):
     assert "#### `cpu-fixture`: Fixture CPU, preset tiny, torch 2.13.0+cpu" in block
     assert (
         "| step | title | tok/s | vs previous step | speedup | peak reserved GiB | MFU | val loss "
-        "| status |" in block
+        "| loss parity | status |" in block
     )
-    # an older summary (no gain columns): the effect cell is empty, the rest as before
-    assert "| 00 | the baseline | 1,000 | – | 1.00x | 0.60 | 12.0% | 10.957 | ok |" in block
+    # an older summary (no gain or parity columns): those cells are empty, the rest as before
+    assert "| 00 | the baseline | 1,000 | – | 1.00x | 0.60 | 12.0% | 10.957 | – | ok |" in block
+    assert "*loss parity*" not in block  # no summary here says: no note
     bf16 = "| 05 | bfloat16 mixed precision (autocast) | 3,100 | – | 3.10x | 0.31 | 37.2% |"
     assert bf16 in block
-    oom = "| 02 | tensor cores (TF32) for fp32 matmuls | – | – | – | – | – | – | oom: CUDA out of"
+    oom = "| 02 | tensor cores (TF32) for fp32 matmuls | – | – | – | – | – | – | – | oom: CUDA out"
     assert oom in block
     assert (
-        "| 03 | a title \\| with a pipe | – | – | – | – | – | – | error: RuntimeError: boom |"
+        "| 03 | a title \\| with a pipe | – | – | – | – | – | – | – | error: RuntimeError: boom |"
         in block
     )
     assert "[each step's own gain](results/cpu-fixture/gain_vs_prev.png)" in block
@@ -232,7 +233,8 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     df = pd.read_csv(tags[0] / "summary.csv", dtype={"step": str})
     extra = {"gain_vs_prev": 1.2, "gain_vs_prev_lo": 1.1, "gain_vs_prev_hi": 1.3,
              "verdict": "faster", "step_active": False, "inactive_reason": "CUDA only",
-             "busy_runs": 1, "other_load_max": 1.5}  # fmt: skip
+             "busy_runs": 1, "other_load_max": 1.5, "parity": "off",
+             "parity_detail": "max |loss difference| 3.00e-03 > 0.002 (bf16)"}  # fmt: skip
     for k, v in extra.items():
         df[k] = None
         df.loc[df["step"] == "01", k] = v
@@ -242,6 +244,8 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     sec01 = text.split("## 01 ")[1].split("\n## ")[0]
     assert "**The change** (lines tagged `# step 01`)" in sec01 and "**Why it helps.**" in sec01
     assert "| `cpu-fixture` | 1,200 | 1.20x [1.10-1.30] faster |" in sec01
+    assert "| loss parity | status |" in sec01
+    assert "| **off**: max \\|loss difference\\| 3.00e-03 > 0.002 (bf16) |" in sec01
     assert "inactive here: CUDA only" in sec01 and "busy: 1/1 run(s), up to 1.50 cores" in sec01
     assert "*Published reference, not measured here* (Raschka, 1x A100" in sec01
     assert "Not measured yet in any results tag." in text.split("## 14 ")[1]

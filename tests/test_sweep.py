@@ -511,6 +511,51 @@ def test_another_machines_folder_is_not_skipped_and_its_files_are_unchanged(tmp_
     assert _tree_bytes(results / TAG) == before
 
 
+def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, capsys,
+                                                                    monkeypatch):  # fmt: skip
+    """Every step trains on the same seed and data: a step whose losses leave the previous
+    step's beyond its rule (tests/loss_parity.json) is `off` in the summary, named in the
+    closing status line and shown in the README table and LADDER.md; the others are `ok`; the
+    exit code stays 0 (information, not a failure)."""
+    from harness import ladder_page, readme
+
+    results = tmp_path / "results"
+    monkeypatch.setenv("SWEEP_FIXTURE_LOSS_OFF", "03:0.01")  # 03 (close, fp32: 1e-4) is off
+    args = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
+    code, out, err = sweep_here(capsys, *args, "--no-plots", "--no-control", "--repeats", 2)
+    assert code == 0, out[-3000:] + err[-3000:]
+    rows = summary_of(results)
+    assert is_nan(rows["00"]["parity"]) and is_nan(rows["00"]["parity_detail"])  # no previous
+    assert rows["01"]["parity"] == "ok" and rows["02"]["parity"] == "ok"
+    assert rows["01"]["parity_detail"].startswith("max |loss difference| 0.00e+00 exact")
+    assert rows["01"]["parity_detail"].endswith("; ok in all 2 rounds")
+    assert rows["03"]["parity"] == "off"
+    detail = rows["03"]["parity_detail"]
+    assert detail.startswith("max |loss difference| 1.00e-02 > 0.0001 (fused AdamW")
+    assert detail.endswith("; off in all 2 rounds")
+    status = [ln for ln in err.splitlines() if ln.startswith("parity off: ")]
+    assert status == [f"parity off: step 03 ({detail})"] and "failed:" not in err
+
+    md = readme.results_markdown([results / TAG], tmp_path)
+    assert "| val loss | loss parity | status |" in md
+    table = {ln.split(" | ")[0]: ln for ln in md.splitlines() if ln.startswith("| 0")}
+    assert table["| 00"].endswith("| – | ok |") and table["| 01"].endswith("| ok | ok |")
+    assert table["| 03"].endswith("| **off** | ok |")
+    assert "**Loss parity off**: step 03 (max \\|loss difference\\| 1.00e-02 > 0.0001" in md
+    page = ladder_page.page_markdown([results / TAG], tmp_path, root=FIXTURES / "ladder_ok")
+    sec03 = page.split("## 03 ")[1]
+    assert "| loss parity | status |" in sec03
+    assert "| **off**: max \\|loss difference\\| 1.00e-02 > 0.0001 (fused AdamW" in sec03
+    sec01 = page.split("## 01 ")[1].split("\n## ")[0]
+    assert "| ok: max \\|loss difference\\| 0.00e+00 exact |" in sec01
+
+    # without the perturbation every step keeps parity, and nothing is said
+    monkeypatch.delenv("SWEEP_FIXTURE_LOSS_OFF")
+    code, out, err = sweep_here(capsys, *args, "--no-plots", "--no-control", "--force")
+    assert code == 0 and "parity off" not in err
+    assert {summary_of(results)[n]["parity"] for n in ("01", "02", "03")} == {"ok"}
+
+
 def test_the_aa_control_measures_the_noise_floor(tmp_path, capsys):
     results = tmp_path / "results"
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]

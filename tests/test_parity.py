@@ -1,0 +1,90 @@
+"""The summary's loss parity (harness/parity.py): each step's losses against the previous step's,
+round with round, under tests/loss_parity.json's rule for the step and the runs' regimes, and
+`not comparable` where the rule does not hold on the preset. Synthetic records: milliseconds."""
+
+from harness import parity
+
+BASE = [11.0, 10.4, 10.0, 9.6]
+
+
+def rec(step, shift=0.0, regime="fp32", preset="tiny", rnd=1, losses=BASE):
+    r = {"step": step, "status": "ok", "device": "cpu", "preset": preset,
+         "losses": [x + shift for x in losses], "sweep": {"round": rnd}}  # fmt: skip
+    if regime is not None:
+        r["regime"] = regime
+    return r
+
+
+def columns(used: dict) -> dict:
+    rows = [{"step": s, "status": "ok"} for s in used]
+    parity.add_columns(rows, used)
+    return {r["step"]: (r.get("parity"), r.get("parity_detail")) for r in rows}
+
+
+def test_a_synthetic_tag_with_one_step_off_its_regimes_tolerance():
+    """04 fp32, then bf16 from 05: 05 may move 2e-2 (bf16 on), 06 and 07 2e-3 (bf16 regime);
+    06 moves 3e-3 and is off, the others ok; the first step has no previous one."""
+    used = {
+        "04": [rec("04", 0, "fp32", rnd=1), rec("04", 0, "fp32", rnd=2)],
+        "05": [rec("05", 5e-3, "bf16", rnd=1), rec("05", 5e-3, "bf16", rnd=2)],
+        "06": [rec("06", 8e-3, "bf16", rnd=1), rec("06", 8e-3, "bf16", rnd=2)],
+        "07": [rec("07", 8.5e-3, "bf16", rnd=1), rec("07", 8.5e-3, "bf16", rnd=2)],
+    }
+    got = columns(used)
+    assert got["04"] == (None, None)
+    assert got["05"][0] == "ok" and "<= 0.02" in got["05"][1]
+    assert got["06"][0] == "off"
+    assert got["06"][1].startswith("max |loss difference| 3.00e-03 > 0.002 (native LayerNorm")
+    assert "(bf16 regime)" in got["06"][1] and got["06"][1].endswith("; off in all 2 rounds")
+    assert got["07"][0] == "ok" and got["07"][1].startswith("max |loss difference| 5.00e-04 <=")
+
+
+def test_rounds_pair_with_their_round_and_the_worst_counts():
+    """A round-1 previous run that drew other numbers (say, another random stream) makes the
+    step off in round 1 only; the detail says which round."""
+    used = {
+        "00": [rec("00", 1e-2, rnd=1), rec("00", 0, rnd=2), rec("00", 0, rnd=3)],
+        "01": [rec("01", 0, rnd=1), rec("01", 0, rnd=2), rec("01", 0, rnd=3)],
+    }
+    state, detail = columns(used)["01"]
+    assert state == "off" and detail.startswith("max |loss difference| 1.00e-02 not exact")
+    assert detail.endswith("; off in round 1 of 3")
+    # no round in common: the last run against the last run
+    used = {"00": [rec("00", rnd=1)], "01": [rec("01", rnd=2)]}
+    assert columns(used)["01"][0] == "ok"
+
+
+def test_a_record_without_a_regime_is_held_to_fp32():
+    """Records from before `regime` (the committed 2c tags: a CPU without native bf16, so fp32)
+    get the fp32 tolerance; a step's own larger one still holds."""
+    used = {"05": [rec("05", 0, None)], "06": [rec("06", 5e-4, None)]}
+    assert columns(used)["06"][0] == "off"  # 5e-4 > fp32's 1e-4
+    used = {"04": [rec("04", 0, None)], "05": [rec("05", 5e-3, None)]}
+    assert columns(used)["05"][0] == "ok"  # step 05's own 2e-2
+
+
+def test_the_rules_hold_where_they_were_measured_and_say_so_elsewhere():
+    """tiny (dropout 0): 08 against 07 within fp32 rounding, 10 within its 0.15. The cpu preset
+    (dropout 0.1): compiled 08 and per-block 14 draw other dropout masks, and step 10's larger
+    batch parts the losses by what the preset makes of it: `not comparable`, with why."""
+    tiny = {"07": [rec("07")], "08": [rec("08", 1e-2, "fp32-compiled")]}
+    assert columns(tiny)["08"][0] == "off"
+    cpu = {s: [dict(r, preset="cpu") for r in rs] for s, rs in tiny.items()}
+    state, detail = columns(cpu)["08"]
+    assert state == "not comparable" and "not comparable with dropout 0.1: inductor" in detail
+    state, detail = columns({"13": [rec("13", 0, preset="cpu")],
+                             "14": [rec("14", 2e-2, preset="cpu")]})["14"]  # fmt: skip
+    assert state == "not comparable" and "with dropout 0.1" in detail
+    assert columns({"09": [rec("09")], "10": [rec("10", 0.1)]})["10"][0] == "ok"
+    state, detail = columns({"09": [rec("09", preset="cpu")],
+                             "10": [rec("10", 0.45, preset="cpu")]})["10"]  # fmt: skip
+    assert state == "not comparable" and "not comparable on preset cpu" in detail
+    # a step with no such exception is held to its rule on the cpu preset too
+    cpu = {"02": [rec("02", preset="cpu")], "03": [rec("03", 1e-3, preset="cpu")]}
+    assert columns(cpu)["03"][0] == "off"
+
+
+def test_no_losses_no_parity():
+    used = {"00": [rec("00")], "01": [dict(rec("01"), losses=[])]}
+    assert columns(used)["01"] == (None, None)
+    assert parity.judge("01", rec("00"), dict(rec("01"), losses=[]))[0] == "off"  # NaN: off
