@@ -24,9 +24,10 @@ BASE = ["--ladder-dir", FIXTURES / "ladder_ok", "--device", "cpu", "--no-plots"]
 def _estimates(monkeypatch, seconds: dict[str, float], measured: bool = True) -> None:
     """Each step's expected duration, as the sweep's preflight would have it (`measured`: from
     earlier ok runs, else the rough model)."""
-    monkeypatch.setattr(
-        preflight, "run_seconds", lambda step, earlier, dev: (seconds[step.num], measured)
-    )
+    def run_seconds(step, earlier, dev, compile_s=None):
+        return seconds[step.num], measured
+
+    monkeypatch.setattr(preflight, "run_seconds", run_seconds)
 
 
 # ---------------------------------------------------------------- --budget
