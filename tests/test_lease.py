@@ -24,6 +24,7 @@ BASE = ["--ladder-dir", FIXTURES / "ladder_ok", "--device", "cpu", "--no-plots"]
 def _estimates(monkeypatch, seconds: dict[str, float], measured: bool = True) -> None:
     """Each step's expected duration, as the sweep's preflight would have it (`measured`: from
     earlier ok runs, else the rough model)."""
+
     def run_seconds(step, earlier, dev, compile_s=None):
         return seconds[step.num], measured
 
