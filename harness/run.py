@@ -39,7 +39,7 @@ from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError, os_error_why
 from .files import ROOT, check_cache_dir, data_id, portable_path
-from .inactive import interpreted
+from .inactive import LIGER_INTERPRETED, LIGER_RAN, interpreted, triton_interpreted
 from .outputs import check_file
 from .presets import choose
 from .record import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
@@ -147,6 +147,8 @@ class Run:
         if text not in self.notes:
             self.notes.append(text)
             self.print(f"[{self.step}] note: {text}")
+            if text.startswith(LIGER_RAN) and triton_interpreted():  # said where it is seen
+                self.note(LIGER_INTERPRETED)
 
     def inactive(self, step: str, reason: str) -> None:
         """Step `step`'s optimization does nothing in this run, and why: TF32 or pinned memory
