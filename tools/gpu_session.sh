@@ -26,6 +26,11 @@
 #                 when the budget ran out or a signal stopped the call; for a machine that
 #                 hands back only a few files
 #
+#   tools/gpu_session.sh --plan [--gpu NAME] [--preset P] [--budget S] [--steps A-B] [--lease S]
+#                               [--tests-budget S] [--results DIR] [--target S] [--slower X]
+#   prints the calls a lent GPU needs for the bounded ladder and their expected device time,
+#   then exits (0: within the 20-minute target, 1: over; harness/lease_plan.py says the model)
+#
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
 # Exit status: 0 when the tests and every step passed, 3 when --budget left runs for the next
@@ -36,8 +41,12 @@ set -u -o pipefail
 # to go on from, not a silent death: the TERM trap below must still pack
 trap '' PIPE
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
+if [ "$1" = --plan ]; then  # the plan only: harness/lease_plan.py, before any other work
+    shift; cd "$(dirname "$0")/.." || exit 2
+    exec "${PYTHON:-python3}" -m harness.lease_plan "$@"
+fi
 case "$1" in -h|--help) usage ;; -*) echo "error: OUT first (a folder), then flags" >&2; exit 2 ;; esac
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "error: cannot make $1" >&2; exit 2; }
 shift
