@@ -85,6 +85,42 @@ def test_a_run_still_going_when_the_budget_ends_is_stopped_and_not_recorded(
     assert [r["status"] for r in runs_of(results)] == ["ok"]
 
 
+def test_a_run_cut_twice_is_recorded_failed_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
+    results = tmp_path / "results"
+    monkeypatch.setenv("SWEEP_FIXTURE_SLEEP", "60")  # never fits in these budgets
+    _estimates(monkeypatch, {"00": 0.1, "01": 0.1}, measured=False)
+    args = [*BASE, "--results-dir", results, "--steps", "00"]
+    code, out, err = sweep_here(capsys, *args, "--budget", 13)  # the first cut: not recorded
+    assert code == 3 and "(not recorded; noted in cuts.jsonl)" in out, out[-2000:] + err[-2000:]
+    (first,) = read_jsonl(results / TAG / "cuts.jsonl")
+    assert runs_of(results) == []
+
+    # the next sweep expects half as much again, it fits, it is cut again: now a result
+    code, out, err = sweep_here(capsys, *args, "--budget", 10 + first["cut_after_s"] * 1.5 + 3)
+    assert code == 1, out[-2000:] + err[-2000:]
+    cuts = read_jsonl(results / TAG / "cuts.jsonl")
+    assert len(cuts) == 2 and cuts[1]["cut_after_s"] > first["cut_after_s"]
+    (rec,) = runs_of(results)
+    longest = max(c["cut_after_s"] for c in cuts)
+    assert rec["status"] == "failed" and rec["step"] == "00"
+    assert rec["reason"].startswith(f"cut twice at {longest:.0f} s")
+    assert rec["sweep"]["exit_code"] is None and rec["sweep"]["config"] and rec["script_sha256"]
+    assert "-> FAILED (failed): cut twice at" in out and "failed: step 00 (failed)" in err
+    assert not list((results / TAG).glob(TMP_GLOB))
+    row = summary_of(results)["00"]
+    assert row["status"] == "failed" and row["reason"] == rec["reason"]
+
+    # a later sweep goes on with the other runs; the summary still shows the failure and why
+    monkeypatch.setenv("SWEEP_FIXTURE_SLEEP", "0")
+    code, out, err = sweep_here(capsys, *BASE, "--results-dir", results, "--steps", "00,01",
+                                "--budget", 10 + longest)  # fmt: skip
+    assert code == 1, out[-2000:] + err[-2000:]
+    assert [(r["step"], r["status"]) for r in runs_of(results)] == [("00", "failed"), ("01", "ok")]
+    rows = summary_of(results)
+    assert rows["00"]["status"] == "failed" and rows["00"]["reason"] == rec["reason"]
+    assert rows["01"]["status"] == "ok" and "failed: step 00 (failed)" in err
+
+
 def test_a_step_over_its_own_timeout_inside_the_budget_is_still_a_timeout(
     tmp_path, capsys, monkeypatch
 ):
