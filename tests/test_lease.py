@@ -6,10 +6,12 @@ in sight (each record's real host, the summary's `hosts`, a README line).
 Fixture ladders (tests/fixtures/ladder_ok) train nothing and take milliseconds.
 """
 
+import shutil
+import sys
 import time
 
 import pytest
-from test_sweep import FIXTURES, TAG, runs_of, summary_of, sweep_here
+from test_sweep import FIXTURES, TAG, _alive, runs_of, summary_of, sweep_here
 
 from harness import machine, preflight, sweep
 from harness.errors import UserError
@@ -119,6 +121,34 @@ def test_a_run_cut_twice_is_recorded_failed_and_the_sweep_goes_on(tmp_path, caps
     rows = summary_of(results)
     assert rows["00"]["status"] == "failed" and rows["00"]["reason"] == rec["reason"]
     assert rows["01"]["status"] == "ok" and "failed: step 00 (failed)" in err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("cut", ["budget", "timeout"])
+def test_a_cut_ends_every_process_of_the_run(tmp_path, capsys, monkeypatch, cut):
+    """A step (torchrun and its workers on a GPU) that ignores SIGTERM, with a child in its
+    process group and one in a session of its own, both deaf too: after the cut none is left
+    to keep the GPU busy during the next runs."""
+    shutil.copy(FIXTURES / "fixture_step.py", tmp_path / "fixture_step.py")
+    ladder = tmp_path / "ladder"
+    (ladder / "steps").mkdir(parents=True)
+    shutil.copy(FIXTURES / "ladder_ok" / "00_orig.py", ladder / "00_orig.py")
+    deaf = (FIXTURES / "ladder_ok" / "steps" / "01_fixture_ok.py").read_text()
+    deaf = deaf.replace('main(__file__, "ok")', 'main(__file__, "deaf")')
+    (ladder / "steps" / "01_fixture_deaf.py").write_text(deaf.replace("succeeds", "is deaf"))
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("SWEEP_FIXTURE_PIDS", str(pids))
+    _estimates(monkeypatch, {"00": 0.1, "01": 0.1}, measured=False)
+    args = ["--ladder-dir", ladder, "--device", "cpu", "--no-plots", "--steps", "01"]
+    limit = ["--budget", 14] if cut == "budget" else ["--timeout", 3]
+    code, out, err = sweep_here(capsys, *args, "--results-dir", tmp_path / "results", *limit)
+    assert code == (3 if cut == "budget" else 1), out[-2000:] + err[-2000:]
+    started = {p.name: int(p.name.split("-")[1]) for p in pids.iterdir()}
+    assert {n.split("-")[0] for n in started} == {"01", "01child1", "01child2"}, started
+    deadline = time.monotonic() + 5  # an orphan may wait a moment to be reaped
+    while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [n for n, p in started.items() if _alive(p)]
 
 
 def test_a_step_over_its_own_timeout_inside_the_budget_is_still_a_timeout(
