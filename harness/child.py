@@ -47,7 +47,9 @@ def _descendants(pid: int) -> list[int]:
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
-    """SIGTERM the child's process group, SIGKILL it (and any stray descendant) after `grace`."""
+    """SIGTERM the child's process group, SIGKILL it (and any descendant, also one in a session
+    of its own, seen before the SIGTERM or, if the child outlived the grace, after it) after
+    `grace`."""
     below = _descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -55,8 +57,8 @@ def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
         pass
     try:
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
+    except subprocess.TimeoutExpired:  # still there: so may be what it started in the grace
+        below = sorted(set(below) | set(_descendants(proc.pid)))
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
