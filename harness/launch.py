@@ -122,13 +122,34 @@ def cut_twice_reason(longest_s: float) -> str:
             "give it a call with more time")  # fmt: skip
 
 
+LOGS = "logs"  # a failed run's stderr (its whole traceback), beside the records
+
+
+def write_log(tag_dir: Path, step: Step, run_id: str, lines: list[str]) -> str | None:
+    """Write a failed run's stderr to `logs/<step>-<run id>.log` in the tag folder; returns
+    that path relative to the tag folder (records hold no absolute path), or None when it
+    cannot be written (the record, with its one-line reason, matters more)."""
+    rel = f"{LOGS}/{step.num}-{run_id[:12]}.log"
+    try:
+        (Path(tag_dir) / LOGS).mkdir(exist_ok=True)
+        (Path(tag_dir) / rel).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    except OSError as e:
+        print(f"      warning: the run's stderr not kept ({e.__class__.__name__}: {e})",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None
+    return rel
+
+
 def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: float,
              keep_timeout: bool = True, cut_before: float = 0.0) -> dict | None:  # fmt: skip
     """One run of one step: temp results file -> record (the step's, or a synthesized one) ->
-    appended to runs.jsonl -> temp file deleted. With `keep_timeout` False (the sweep's
-    --budget, not the step, set the timeout) a run that times out is not recorded: None;
-    unless an earlier run of the same job was already cut (`cut_before`, its longest seconds):
-    then this second cut is a real result, status `failed`, reason "cut twice at N s"."""
+    appended to runs.jsonl -> temp file deleted. A failed run's stderr (its last
+    child.LOG_LINES lines: a torch.compile, Triton or NCCL traceback whole) goes to
+    `logs/<step>-<run id>.log` in the tag folder, which the record's `log` names. With
+    `keep_timeout` False (the sweep's --budget, not the step, set the timeout) a run that
+    times out is not recorded: None; unless an earlier run of the same job was already cut
+    (`cut_before`, its longest seconds): then this second cut is a real result, status
+    `failed`, reason "cut twice at N s"."""
     tmp = tmp_path(tag_dir, step, meta["run_id"])
     cmd = step_command(step, flags, meta["config"]["nproc"], tmp)
     meta = dict(meta, command=recorded_command(cmd, tag_dir))
@@ -150,6 +171,10 @@ def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: f
         recs = step_records(tmp)
         rec = _outcome(step, dict(recs[0]) if recs else None, res, meta, started_at, timeout)
     rec["sweep"] = dict(meta, exit_code=res.exit_code, duration_s=res.duration_s)
+    if rec.get("status") != "ok" and any(ln.strip() for ln in res.stderr_log):
+        log = write_log(tag_dir, step, meta["run_id"], res.stderr_log)
+        if log:
+            rec["log"] = log
     append_jsonl(tag_dir / RUNS, rec)
     tmp.unlink(missing_ok=True)
     return rec

@@ -137,7 +137,8 @@ def _report(rec: dict) -> None:
             busy = f" (unreliable: other processes used {rec['other_load']:.2f} cores)"
         print(f"      -> ok: {rate} in {took}{busy}", flush=True)
     else:
-        print(f"      -> FAILED ({rec['status']}): {rec.get('reason')}", flush=True)
+        log = f" (stderr in {rec['log']})" if rec.get("log") else ""
+        print(f"      -> FAILED ({rec['status']}): {rec.get('reason')}{log}", flush=True)
 
 
 # ---------------------------------------------------------------- --budget
