@@ -11,10 +11,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import load
 
+LOG_LINES = 2000  # stderr lines kept for a failed run's log (a compile error's traceback)
 KILL_GRACE_S = 10.0  # SIGTERM first (torchrun then stops its workers), SIGKILL after this
 EXITED_GRACE_S = 5.0  # a stray grandchild may hold the pipes open after the child exits
 
@@ -47,7 +48,9 @@ def _descendants(pid: int) -> list[int]:
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
-    """SIGTERM the child's process group, SIGKILL it (and any stray descendant) after `grace`."""
+    """SIGTERM the child's process group, SIGKILL it (and any descendant, also one in a session
+    of its own, seen before the SIGTERM or, if the child outlived the grace, after it) after
+    `grace`."""
     below = _descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -55,8 +58,8 @@ def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
         pass
     try:
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
+    except subprocess.TimeoutExpired:  # still there: so may be what it started in the grace
+        below = sorted(set(below) | set(_descendants(proc.pid)))
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -76,6 +79,7 @@ class ChildResult:
     stderr_tail: list[str]
     duration_s: float
     oom_line: str | None = None  # an out-of-memory line of any rank, seen on stderr
+    stderr_log: list[str] = field(default_factory=list)  # the last LOG_LINES lines, blank too
 
 
 # a rank's own line (harness.main) or torchrun's summary of a rank that exited with 3
@@ -84,11 +88,12 @@ _OOM = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?error: out of memory\b|exitcode\s*:\
 
 class _Relay:
     """Passes the child's stdout and stderr through, line by line and indented, and keeps the
-    last 60 non-blank stderr lines."""
+    last 60 non-blank stderr lines (and the last LOG_LINES of any kind, for a failure's log)."""
 
     def __init__(self, proc: subprocess.Popen, indent: str):
         self.indent = indent
         self.tail: collections.deque[str] = collections.deque(maxlen=60)
+        self.log: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
         self.oom: str | None = None  # the first out-of-memory line, from any rank
         self.sel = selectors.DefaultSelector()
         self.bufs: dict[int, bytes] = {}
@@ -102,6 +107,8 @@ class _Relay:
 
     def emit(self, line: bytes, out) -> None:
         text = line.decode("utf-8", errors="replace").rstrip()
+        if out is sys.stderr:
+            self.log.append(text)
         if out is sys.stderr and text.strip():
             self.tail.append(text)
             if self.oom is None and _OOM.search(text):
@@ -183,6 +190,7 @@ def run_child(cmd: list[str], timeout: float, indent: str = "      ") -> ChildRe
         stderr_tail=list(relay.tail),
         duration_s=round(time.monotonic() - t0, 2),
         oom_line=relay.oom,
+        stderr_log=list(relay.log),
     )
 
 

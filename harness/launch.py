@@ -74,6 +74,20 @@ def recorded_command(cmd: list[str], tag_dir: Path) -> list[str]:
     return ["python"] + [portable_path(a, base) if os.path.isabs(a) else a for a in cmd[1:]]
 
 
+def _synthesized(step: Step, status: str, reason: str, meta: dict, started_at: str,
+                 duration_s: float) -> dict:  # fmt: skip
+    """The record of a run that wrote none of its own."""
+    return {
+        "step": step.num,
+        "script": portable_path(step.path),
+        "status": status,
+        "reason": reason,
+        "script_sha256": meta["script_sha256"],
+        "started_at": started_at,
+        "duration_s": duration_s,
+    }
+
+
 def _outcome(step: Step, rec: dict | None, res, meta: dict, started_at: str, timeout: float):
     """The run's record: the step's own, its status corrected by how the process ended, or one
     synthesized for a run that wrote none."""
@@ -88,15 +102,7 @@ def _outcome(step: Step, rec: dict | None, res, meta: dict, started_at: str, tim
         else:
             status = "error"
             reason = failure_reason(res.stderr_tail, res.exit_code)
-        return {
-            "step": step.num,
-            "script": portable_path(step.path),
-            "status": status,
-            "reason": reason,
-            "script_sha256": meta["script_sha256"],
-            "started_at": started_at,
-            "duration_s": res.duration_s,
-        }
+        return _synthesized(step, status, reason, meta, started_at, res.duration_s)
     if res.exit_code != 0 and res.oom_line and rec.get("status") != "oom":  # another rank's
         rec["status"], rec["reason"] = "oom", _oom_reason(res)
     elif res.exit_code != 0 and rec.get("status") == "ok":  # e.g. another DDP rank failed
@@ -110,11 +116,40 @@ def _outcome(step: Step, rec: dict | None, res, meta: dict, started_at: str, tim
     return rec
 
 
+def cut_twice_reason(longest_s: float) -> str:
+    """The reason of a run cut at a --budget's end a second time (`longest_s`: its longest)."""
+    return (f"cut twice at {longest_s:.0f} s: the --budget's end stopped it twice unfinished; "
+            "give it a call with more time")  # fmt: skip
+
+
+LOGS = "logs"  # a failed run's stderr (its whole traceback), beside the records
+
+
+def write_log(tag_dir: Path, step: Step, run_id: str, lines: list[str]) -> str | None:
+    """Write a failed run's stderr to `logs/<step>-<run id>.log` in the tag folder; returns
+    that path relative to the tag folder (records hold no absolute path), or None when it
+    cannot be written (the record, with its one-line reason, matters more)."""
+    rel = f"{LOGS}/{step.num}-{run_id[:12]}.log"
+    try:
+        (Path(tag_dir) / LOGS).mkdir(exist_ok=True)
+        (Path(tag_dir) / rel).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    except OSError as e:
+        print(f"      warning: the run's stderr not kept ({e.__class__.__name__}: {e})",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None
+    return rel
+
+
 def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: float,
-             keep_timeout: bool = True) -> dict | None:  # fmt: skip
+             keep_timeout: bool = True, cut_before: float = 0.0) -> dict | None:  # fmt: skip
     """One run of one step: temp results file -> record (the step's, or a synthesized one) ->
-    appended to runs.jsonl -> temp file deleted. With `keep_timeout` False (the sweep's
-    --budget, not the step, set the timeout) a run that times out is not recorded: None."""
+    appended to runs.jsonl -> temp file deleted. A failed run's stderr (its last
+    child.LOG_LINES lines: a torch.compile, Triton or NCCL traceback whole) goes to
+    `logs/<step>-<run id>.log` in the tag folder, which the record's `log` names. With
+    `keep_timeout` False (the sweep's --budget, not the step, set the timeout) a run that
+    times out is not recorded: None; unless an earlier run of the same job was already cut
+    (`cut_before`, its longest seconds): then this second cut is a real result, status
+    `failed`, reason "cut twice at N s"."""
     tmp = tmp_path(tag_dir, step, meta["run_id"])
     cmd = step_command(step, flags, meta["config"]["nproc"], tmp)
     meta = dict(meta, command=recorded_command(cmd, tag_dir))
@@ -126,12 +161,20 @@ def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: f
         if not step_records(tmp):
             tmp.unlink(missing_ok=True)
         raise
-    if res.timed_out and not keep_timeout:
+    if res.timed_out and not keep_timeout and not cut_before:
         tmp.unlink(missing_ok=True)
         return None
-    recs = step_records(tmp)
-    rec = _outcome(step, dict(recs[0]) if recs else None, res, meta, started_at, timeout)
+    if res.timed_out and not keep_timeout:
+        reason = cut_twice_reason(max(cut_before, timeout))
+        rec = _synthesized(step, "failed", reason, meta, started_at, res.duration_s)
+    else:
+        recs = step_records(tmp)
+        rec = _outcome(step, dict(recs[0]) if recs else None, res, meta, started_at, timeout)
     rec["sweep"] = dict(meta, exit_code=res.exit_code, duration_s=res.duration_s)
+    if rec.get("status") != "ok" and any(ln.strip() for ln in res.stderr_log):
+        log = write_log(tag_dir, step, meta["run_id"], res.stderr_log)
+        if log:
+            rec["log"] = log
     append_jsonl(tag_dir / RUNS, rec)
     tmp.unlink(missing_ok=True)
     return rec

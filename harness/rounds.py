@@ -110,7 +110,8 @@ def _before_run(p, job: Job, wait_s: float | None) -> None:
             print(f"      warning: {warning}", flush=True)
 
 
-def _run_job(p, job: Job, rnd: int, timeout: float, keep_timeout: bool = True) -> dict | None:
+def _run_job(p, job: Job, rnd: int, timeout: float, keep_timeout: bool = True,
+             cut_before: float = 0.0) -> dict | None:  # fmt: skip
     ps = p.passes[job.pass_index]
     meta = {
         "run_id": uuid.uuid4().hex,
@@ -123,7 +124,7 @@ def _run_job(p, job: Job, rnd: int, timeout: float, keep_timeout: bool = True) -
     }
     if job.control:
         meta["control"] = True
-    return run_once(job.step, p.flags, meta, ps.tag_dir, timeout, keep_timeout)
+    return run_once(job.step, p.flags, meta, ps.tag_dir, timeout, keep_timeout, cut_before)
 
 
 def _report(rec: dict) -> None:
@@ -136,7 +137,8 @@ def _report(rec: dict) -> None:
             busy = f" (unreliable: other processes used {rec['other_load']:.2f} cores)"
         print(f"      -> ok: {rate} in {took}{busy}", flush=True)
     else:
-        print(f"      -> FAILED ({rec['status']}): {rec.get('reason')}", flush=True)
+        log = f" (stderr in {rec['log']})" if rec.get("log") else ""
+        print(f"      -> FAILED ({rec['status']}): {rec.get('reason')}{log}", flush=True)
 
 
 # ---------------------------------------------------------------- --budget
@@ -152,7 +154,8 @@ def _cut_key(job: Job, config: dict, sha: str, fp: dict) -> dict:
 def note_cut(tag_dir, job: Job, config: dict, sha: str, fp: dict, seconds: float) -> None:
     """Remember that a run of `job` was stopped unfinished after `seconds`: until the step has an
     ok run, the next sweep expects CUT_FACTOR times that, so a step that cannot fit is not
-    started (and cut) again and again."""
+    started (and cut) again and again; one that is cut again all the same is recorded `failed`
+    (launch.run_once's `cut_before`)."""
     append_jsonl(Path(tag_dir) / CUTS, dict(_cut_key(job, config, sha, fp), cut_after_s=seconds))
 
 
@@ -179,7 +182,10 @@ def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
     """Round after round, every job that has fewer ok runs than the round's number. With a
     `deadline` (--budget) a run starts only when its expected duration fits before it (one that
     does not is passed over, and a later one that fits still runs), and one still going at it is
-    stopped and not recorded (cuts.jsonl keeps how long it lasted); returns the jobs left."""
+    stopped and not recorded (cuts.jsonl keeps how long it lasted), unless the same job was cut
+    before: a second cut is recorded `failed` ("cut twice at N s") and the sweep goes on with
+    the next runs, so a step that can never fit is not passed over forever; returns the jobs
+    left."""
     prog = _start(p, force)
     if deadline is not None and prog.left(p.repeats):
         print(f"budget: {_left_text(deadline)} left; a run starts only when its expected "
@@ -205,11 +211,15 @@ def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
                 _pass_over(p, prog, job, deadline, passed_over)
                 continue
             limit = timeout if allowed is None else min(timeout, allowed)
-            rec = _run_job(p, job, prog.done[job] + 1, limit, keep_timeout=limit == timeout)
+            ps = p.passes[job.pass_index]
+            key = (ps.tag_dir, job, ps.configs[job.step.num], ps.shas[job.step.num], p.machine)
+            before = cut_seconds(*key) if limit != timeout else 0.0  # cut once already?
+            rec = _run_job(p, job, prog.done[job] + 1, limit, keep_timeout=limit == timeout,
+                           cut_before=before)  # fmt: skip
+            if rec is not None and rec["sweep"]["exit_code"] is None and before:
+                note_cut(*key, allowed)  # cut twice: recorded failed, and the sweep goes on
             if rec is None:  # stopped at the budget's end: not a result of the step
-                ps = p.passes[job.pass_index]
-                note_cut(ps.tag_dir, job, ps.configs[job.step.num], ps.shas[job.step.num],
-                         p.machine, allowed)  # fmt: skip
+                note_cut(*key, allowed)
                 took = preflight.fmt_duration(allowed)
                 print(f"      -> stopped unfinished after {took}: the budget ran out (not "
                       f"recorded; noted in {CUTS})", flush=True)  # fmt: skip

@@ -6,10 +6,12 @@ in sight (each record's real host, the summary's `hosts`, a README line).
 Fixture ladders (tests/fixtures/ladder_ok) train nothing and take milliseconds.
 """
 
+import shutil
+import sys
 import time
 
 import pytest
-from test_sweep import FIXTURES, TAG, runs_of, summary_of, sweep_here
+from test_sweep import FIXTURES, TAG, _alive, runs_of, summary_of, sweep_here
 
 from harness import machine, preflight, sweep
 from harness.errors import UserError
@@ -83,6 +85,70 @@ def test_a_run_still_going_when_the_budget_ends_is_stopped_and_not_recorded(
     code, out, err = sweep_here(capsys, *args, "--budget", 10 + cut["cut_after_s"] * 1.5 + 5)
     assert code == 0, out[-2000:] + err[-2000:]
     assert [r["status"] for r in runs_of(results)] == ["ok"]
+
+
+def test_a_run_cut_twice_is_recorded_failed_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
+    results = tmp_path / "results"
+    monkeypatch.setenv("SWEEP_FIXTURE_SLEEP", "60")  # never fits in these budgets
+    _estimates(monkeypatch, {"00": 0.1, "01": 0.1}, measured=False)
+    args = [*BASE, "--results-dir", results, "--steps", "00"]
+    code, out, err = sweep_here(capsys, *args, "--budget", 13)  # the first cut: not recorded
+    assert code == 3 and "(not recorded; noted in cuts.jsonl)" in out, out[-2000:] + err[-2000:]
+    (first,) = read_jsonl(results / TAG / "cuts.jsonl")
+    assert runs_of(results) == []
+
+    # the next sweep expects half as much again, it fits, it is cut again: now a result
+    code, out, err = sweep_here(capsys, *args, "--budget", 10 + first["cut_after_s"] * 1.5 + 3)
+    assert code == 1, out[-2000:] + err[-2000:]
+    cuts = read_jsonl(results / TAG / "cuts.jsonl")
+    assert len(cuts) == 2 and cuts[1]["cut_after_s"] > first["cut_after_s"]
+    (rec,) = runs_of(results)
+    longest = max(c["cut_after_s"] for c in cuts)
+    assert rec["status"] == "failed" and rec["step"] == "00"
+    assert rec["reason"].startswith(f"cut twice at {longest:.0f} s")
+    assert rec["sweep"]["exit_code"] is None and rec["sweep"]["config"] and rec["script_sha256"]
+    assert "-> FAILED (failed): cut twice at" in out and "failed: step 00 (failed)" in err
+    assert not list((results / TAG).glob(TMP_GLOB))
+    row = summary_of(results)["00"]
+    assert row["status"] == "failed" and row["reason"] == rec["reason"]
+
+    # a later sweep goes on with the other runs; the summary still shows the failure and why
+    monkeypatch.setenv("SWEEP_FIXTURE_SLEEP", "0")
+    code, out, err = sweep_here(capsys, *BASE, "--results-dir", results, "--steps", "00,01",
+                                "--budget", 10 + longest)  # fmt: skip
+    assert code == 1, out[-2000:] + err[-2000:]
+    assert [(r["step"], r["status"]) for r in runs_of(results)] == [("00", "failed"), ("01", "ok")]
+    rows = summary_of(results)
+    assert rows["00"]["status"] == "failed" and rows["00"]["reason"] == rec["reason"]
+    assert rows["01"]["status"] == "ok" and "failed: step 00 (failed)" in err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("cut", ["budget", "timeout"])
+def test_a_cut_ends_every_process_of_the_run(tmp_path, capsys, monkeypatch, cut):
+    """A step (torchrun and its workers on a GPU) that ignores SIGTERM, with a child in its
+    process group and one in a session of its own, both deaf too: after the cut none is left
+    to keep the GPU busy during the next runs."""
+    shutil.copy(FIXTURES / "fixture_step.py", tmp_path / "fixture_step.py")
+    ladder = tmp_path / "ladder"
+    (ladder / "steps").mkdir(parents=True)
+    shutil.copy(FIXTURES / "ladder_ok" / "00_orig.py", ladder / "00_orig.py")
+    deaf = (FIXTURES / "ladder_ok" / "steps" / "01_fixture_ok.py").read_text()
+    deaf = deaf.replace('main(__file__, "ok")', 'main(__file__, "deaf")')
+    (ladder / "steps" / "01_fixture_deaf.py").write_text(deaf.replace("succeeds", "is deaf"))
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("SWEEP_FIXTURE_PIDS", str(pids))
+    _estimates(monkeypatch, {"00": 0.1, "01": 0.1}, measured=False)
+    args = ["--ladder-dir", ladder, "--device", "cpu", "--no-plots", "--steps", "01"]
+    limit = ["--budget", 14] if cut == "budget" else ["--timeout", 3]
+    code, out, err = sweep_here(capsys, *args, "--results-dir", tmp_path / "results", *limit)
+    assert code == (3 if cut == "budget" else 1), out[-2000:] + err[-2000:]
+    started = {p.name: int(p.name.split("-")[1]) for p in pids.iterdir()}
+    assert {n.split("-")[0] for n in started} == {"01", "01child1", "01child2"}, started
+    deadline = time.monotonic() + 5  # an orphan may wait a moment to be reaped
+    while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [n for n, p in started.items() if _alive(p)]
 
 
 def test_a_step_over_its_own_timeout_inside_the_budget_is_still_a_timeout(

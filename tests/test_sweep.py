@@ -344,6 +344,11 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypat
     assert recs["02"]["duration_s"] >= 3
     assert "FAILED (timeout)" in out and "failed: step 01 (error)" in err
     assert "      RuntimeError: fixture crash" in err  # the step's stderr, passed through
+    # a failure keeps its stderr, the whole traceback, in a log the record names (relative)
+    assert recs["01"]["log"] == f"logs/01-{recs['01']['sweep']['run_id'][:12]}.log"
+    log = (results / TAG / recs["01"]["log"]).read_text()
+    assert log.startswith("Traceback (most recent call last):") and "fixture crash" in log
+    assert (results / TAG / recs["03"]["log"]).is_file() and "log" not in recs["00"]
     # the hung step and the child it started were killed with its process group
     hung = [int(p.name.split("-")[1]) for p in pids.iterdir() if p.name.startswith("02")]
     assert len(hung) == 2 and not any(_alive(p) for p in hung)

@@ -54,7 +54,9 @@ def test_gpu_session_runs_its_phases_into_one_folder_on_a_cpu(tmp_path):
     for name in ["session.log", "status.txt", "versions.txt", "pip-freeze.txt", "nvidia-smi.txt",
                  "pytest-gpu.log", "pytest-gpu.xml", "sweep.log"]:  # fmt: skip
         assert (out / name).is_file(), name
-    assert (out / "status.txt").read_text().splitlines() == ["tests: ok", "sweep: ok"]
+    status = (out / "status.txt").read_text().splitlines()
+    assert [ln for ln in status if not ln.startswith("liger: ")] == ["tests: ok", "sweep: ok"]
+    assert len([ln for ln in status if ln.startswith("liger: ")]) == 1  # ok or missing, said
     assert "skipped" in (out / "pytest-gpu.log").read_text()  # no CUDA here: skipped, not failed
     (runs,) = list((out / "results").glob("*/runs.jsonl"))
     rec = json.loads(runs.read_text().splitlines()[-1])
@@ -78,6 +80,68 @@ def test_gpu_session_runs_its_phases_into_one_folder_on_a_cpu(tmp_path):
     with tarfile.open(back / "two.tgz") as tar:
         kept = tar.extractfile(f"./results/{runs.parent.name}/runs.jsonl").read()
     assert kept == runs.read_bytes()
+
+
+def _fake_liger_wheel(folder) -> None:
+    """A wheel named liger-kernel that holds the module step 12 imports (an empty stand-in)."""
+    import zipfile
+
+    info = "liger_kernel-0.0.1.dist-info"
+    fused = "LigerFusedLinearCrossEntropyFunction = 0\n"
+    files = {
+        "liger_kernel/__init__.py": "",
+        "liger_kernel/ops/__init__.py": "",
+        "liger_kernel/ops/fused_linear_cross_entropy.py": fused,
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: liger-kernel\nVersion: 0.0.1\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"])
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / "liger_kernel-0.0.1-py3-none-any.whl", "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+
+
+def test_gpu_session_says_whether_liger_is_there_and_installs_beside_a_read_only_site(tmp_path):
+    """status.txt says `liger: missing (...)` where step 12 would fall back; with --wheels where
+    site-packages refuses the install (a stand-in for a read-only image: as root here, a real
+    read-only folder would not refuse), the wheel goes to OUT/site on PYTHONPATH: `liger: ok`."""
+    import shutil
+
+    if not shutil.which("bash"):
+        pytest.skip("needs bash")
+    gpu_session = ["bash", ROOT / "tools" / "gpu_session.sh"]
+    proc = run_script([*gpu_session, tmp_path / "a", "--no-tests", "--no-sweep"], timeout=120,
+                      env={"PYTHON": sys.executable, "PYTHONPATH": ""})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    (liger,) = [ln for ln in (tmp_path / "a" / "status.txt").read_text().splitlines()
+                if ln.startswith("liger: ")]  # fmt: skip
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        assert liger.startswith("liger: missing (ModuleNotFoundError: No module named 'liger")
+        assert "step 12 runs chunked PyTorch instead" in liger
+    _fake_liger_wheel(tmp_path / "wheels")
+    shim = tmp_path / "python"  # pip into site-packages fails as on a read-only file system
+    shim.write_text(f"""#!/usr/bin/env bash
+if [ "$1 $2 $3" = "-m pip install" ] && [[ " $* " != *" --target "* ]]; then
+    echo "ERROR: [Errno 30] Read-only file system: 'site-packages/liger_kernel'" >&2; exit 1
+fi
+if [ "$1" = "-c" ] && [[ "$2" == *"import liger_kernel"* ]] && [[ "$2" != *"ops"* ]] \
+    && [ -z "${{PYTHONPATH:-}}" ]; then exit 1; fi  # not installed yet, whatever is here
+exec {sys.executable} "$@"
+""")
+    shim.chmod(0o755)
+    out = tmp_path / "b"
+    proc = run_script([*gpu_session, out, "--no-tests", "--no-sweep", "--wheels",
+                       tmp_path / "wheels"], timeout=120,
+                      env={"PYTHON": shim, "PYTHONPATH": ""})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    status = (out / "status.txt").read_text().splitlines()
+    assert "wheels: ok (site-packages read-only: installed into OUT/site, on PYTHONPATH)" in status
+    assert (out / "site" / "liger_kernel" / "ops" / "fused_linear_cross_entropy.py").is_file()
+    assert "liger: ok (liger-kernel 0.0.1)" in status
 
 
 @pytest.mark.parametrize(

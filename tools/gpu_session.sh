@@ -12,7 +12,8 @@
 #   --bpe DIR     GPT-2's BPE files for tiktoken: encoder.json + vocab.bpe, or a tiktoken cache
 #                 folder (the files under their sha1 names); else $TIKTOKEN_CACHE_DIR as set
 #   --wheels DIR  wheels to install offline where a package is missing (liger-kernel for step 12:
-#                 pip install --no-index --no-deps); pip download them where pip works
+#                 pip install --no-index --no-deps); pip download them where pip works. Where
+#                 site-packages is read-only they go to OUT/site, put on PYTHONPATH
 #   --no-tests    the sweep only
 #   --no-sweep    the tests only
 #   --no-profile  no time breakdown (the sweep runs with --profile otherwise)
@@ -41,7 +42,7 @@ set -u -o pipefail
 # to go on from, not a silent death: the TERM trap below must still pack
 trap '' PIPE
 
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 if [ "$1" = --plan ]; then  # the plan only: harness/lease_plan.py, before any other work
     shift; cd "$(dirname "$0")/.." || exit 2
@@ -89,7 +90,7 @@ left() { echo $(( T0 + BUDGET - $(date +%s) - MARGIN )); }  # seconds left for a
 pack() {  # one archive of OUT, the staged inputs left out
     [ -n "$PACK" ] || return 0
     local rc=0  # 1: a log changed while it was read (tee's last lines): the archive is whole
-    tar -czf "$PACK.tmp" --warning=no-file-changed -C "$OUT" --exclude=./offline \
+    tar -czf "$PACK.tmp" --warning=no-file-changed -C "$OUT" --exclude=./offline --exclude=./site \
         --exclude="$(basename "$PACK").tmp" . || rc=$?
     [ $rc -le 1 ] && mv "$PACK.tmp" "$PACK" \
         && echo "packed: $PACK ($(du -h "$PACK" | cut -f1))" \
@@ -102,6 +103,7 @@ cd "$ROOT" || exit 2
 : > "$OUT/status.txt"
 FAILED=0
 status() { echo "$1: $2" | tee -a "$OUT/status.txt"; [ "$2" = ok ] || FAILED=1; }
+note() { echo "$1: $2" | tee -a "$OUT/status.txt"; }  # information, never a failure
 partial() { echo "$1: $2" | tee -a "$OUT/status.txt"; PARTIAL=1; }  # --budget: left for later
 PARTIAL=0
 # stopped from outside (a lease's end, Ctrl-C): the tee behind stdout may be gone with us, so
@@ -132,14 +134,34 @@ fi
 [ $STAGED = 1 ] && export SPEED_LADDER_SHARED="$OUT/offline"  # else: as it was
 echo "TIKTOKEN_CACHE_DIR=${TIKTOKEN_CACHE_DIR:-unset} SPEED_LADDER_SHARED=${SPEED_LADDER_SHARED:-unset}"
 
-# ---- carried wheels, installed offline where the package is missing
+# ---- carried wheels, installed offline where the package is missing; where site-packages is
+# read-only (a lent machine's image), into OUT/site, put on PYTHONPATH for everything after
 if [ -n "$WHEELS" ]; then
     if "$PY" -c "import liger_kernel" 2>/dev/null; then
         echo "liger-kernel present: --wheels $WHEELS not needed"
+    elif "$PY" -c "import os, sys, sysconfig
+sys.exit(not os.access(sysconfig.get_paths()['purelib'], os.W_OK))" \
+        && "$PY" -m pip install --no-index --no-deps "$WHEELS"/*.whl; then
+        status wheels ok
     else
-        "$PY" -m pip install --no-index --no-deps "$WHEELS"/*.whl \
-            && status wheels ok || status wheels "failed (pip install --no-index --no-deps $WHEELS/*.whl)"
+        echo "site-packages not writable: pip install --target $OUT/site, on PYTHONPATH"
+        if "$PY" -m pip install --no-index --no-deps --target "$OUT/site" "$WHEELS"/*.whl; then
+            export PYTHONPATH="$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
+            note wheels "ok (site-packages read-only: installed into OUT/site, on PYTHONPATH)"
+        else
+            status wheels "failed (pip install --no-index --no-deps [--target $OUT/site] $WHEELS/*.whl)"
+        fi
     fi
+fi
+
+# ---- Liger for step 12: the import the step makes; without it step 12 falls back to chunked
+# PyTorch (its record says so, step_active false), and status.txt says so here too
+if LIGER=$("$PY" -c "import importlib.metadata as md
+from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+print(md.version('liger-kernel'))" 2>&1); then
+    note liger "ok (liger-kernel ${LIGER##*$'\n'})"
+else
+    note liger "missing (${LIGER##*$'\n'}; step 12 runs chunked PyTorch instead, marked inactive)"
 fi
 
 # ---- what this machine is
