@@ -124,7 +124,8 @@ def test_a_run_cut_twice_is_recorded_failed_and_the_sweep_goes_on(tmp_path, caps
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("cut", ["budget", "timeout"])
+# the budget's cut in the fast suite; a --timeout goes through the same kill (slow: 10 s grace)
+@pytest.mark.parametrize("cut", ["budget", pytest.param("timeout", marks=pytest.mark.slow)])
 def test_a_cut_ends_every_process_of_the_run(tmp_path, capsys, monkeypatch, cut):
     """A step (torchrun and its workers on a GPU) that ignores SIGTERM, with a child in its
     process group and one in a session of its own, both deaf too: after the cut none is left
