@@ -203,8 +203,6 @@ def add_columns(rows: list[dict], used: dict[str, list[dict]]) -> None:
 
 
 def check(step: str, prev_rec: dict, cur_rec: dict) -> tuple[bool, str]:
-    """Whether `cur_rec` (step `step`) keeps `prev_rec`'s losses, and a line saying how."""
-    r = rule(step, prev_rec.get("regime"), cur_rec.get("regime"), cur_rec.get("device", "cpu"))
-    ok, worst = compare(prev_rec.get("losses") or [], cur_rec.get("losses") or [], r)
-    bound = "exact" if r["rule"] == "exact" else f"<= {r['atol']:g}"
-    return ok, f"max |loss difference| {worst:.2e} ({bound}: {r['why']})"
+    """Whether `cur_rec` (step `step`) keeps `prev_rec`'s losses (judge says `ok`), and how."""
+    state, _, line = judge(step, prev_rec, cur_rec)
+    return state == OK, line
