@@ -26,10 +26,14 @@ The timing model, per run of a step (every number is an assumption until a GPU m
   (preflight.run_seconds: the median of its ok runs) and measured compile seconds replace
   `COMPILE_S` (preflight.compile_seconds, else step 08's).
 Calls are packed greedily in ladder order: a call holds the runs whose expected seconds fit its
-budget less its machine's start-up and `MARGIN_S` 65 s (the session script keeps 65 s after
-the tests for the summary, the charts and the pack). The GPU tests: a first call of
-`--tests-budget` seconds where given, else no call of their own (they run in the last call's
-time left, if any; not counted).
+budget less its machine's start-up and `MARGIN_S` 65 s (the session script keeps 45 s after the
+last phase for the summary, the charts and the pack, and 20 s for stopping a test). The GPU tests
+come after the sweep, as tools/gpu_session.sh runs them: `--tests` seconds (`TESTS_S` 150 s, the
+fast part `-m "gpu and not slow"` on an H100: about 20 s of pytest and imports, 40 s of Liger's
+Triton kernels compiling, 45 s for three eager gpt2-124m runs of the peak test, 30 s for two DDP
+starts, a guess until a GPU measures it) in the last call's time left, else in a call of their
+own. `total` is the ladder's device time (its calls' start-ups and runs), the 20-minute target;
+`session` adds the tests, within the lease.
 """
 
 import argparse
@@ -53,6 +57,7 @@ EVAL_S = 5.0
 PROFILE_S = 10.0
 COMPILE_S = 40.0
 MARGIN_S = 65.0
+TESTS_S = 150.0
 ASSUMED = {"11": ("10", 1.0), "12": ("10", 1.0), "13": ("12", 0.75), "14": ("13", 0.9)}
 
 
@@ -68,11 +73,11 @@ class Call:
     number: int
     runs: list  # [Run]
     budget: float
-    tests: bool = False
+    tests: float = 0.0  # expected seconds of the GPU tests in this call, after its runs
 
     @property
     def seconds(self) -> float:
-        return MACHINE_START_S + sum(r.seconds for r in self.runs)
+        return MACHINE_START_S + sum(r.seconds for r in self.runs) + self.tests
 
 
 def a100_rates(path: Path = CSV) -> dict[str, float]:
@@ -119,29 +124,36 @@ def expected(step, preset: str, gpu: str, recs: list[dict]) -> Run:
     return Run(step.num, s)
 
 
-def plan(runs: list[Run], budget: float, tests_budget: float = 0.0) -> list[Call]:
-    """Greedy packing in ladder order; a run that fits no call still gets one of its own (and
-    `fits` then says over)."""
-    calls = [Call(1, [], tests_budget, tests=True)] if tests_budget else []
+def plan(runs: list[Run], budget: float, tests: float = 0.0) -> list[Call]:
+    """Greedy packing in ladder order, then the tests in the last call's time left or a call of
+    their own; a run that fits no call still gets one of its own (and `fits` then says over)."""
+    calls: list[Call] = []
     room = budget - MACHINE_START_S - MARGIN_S
     for run in runs:
-        if (
-            not calls
-            or calls[-1].tests
-            or (calls[-1].runs and sum(r.seconds for r in calls[-1].runs) + run.seconds > room)
-        ):
+        used = calls[-1].seconds - MACHINE_START_S if calls else 0.0
+        if not calls or (calls[-1].runs and used + run.seconds > room):
             calls.append(Call(len(calls) + 1, [], budget))
         calls[-1].runs.append(run)
+    if tests:
+        if not calls or calls[-1].seconds - MACHINE_START_S + tests > room:
+            calls.append(Call(len(calls) + 1, [], budget))
+        calls[-1].tests = tests
     return calls
 
 
 def total(calls: list[Call]) -> float:
-    return sum(c.budget if c.tests else c.seconds for c in calls)
+    """The ladder's device time: its calls' start-ups and runs (the tests left out)."""
+    return sum(c.seconds - c.tests for c in calls if c.runs)
+
+
+def session(calls: list[Call]) -> float:
+    """Everything: the ladder and the tests, start-ups included."""
+    return sum(c.seconds for c in calls)
 
 
 def fits(calls: list[Call], target: float, lease: float) -> bool:
-    within = all(c.tests or c.seconds + MARGIN_S <= c.budget for c in calls)
-    return within and total(calls) <= min(target, lease)
+    within = all(c.seconds + MARGIN_S <= c.budget for c in calls)
+    return within and total(calls) <= target and session(calls) <= lease
 
 
 def report(calls: list[Call], target: float, lease: float, gpu: str, preset: str) -> list[str]:
@@ -157,18 +169,18 @@ def report(calls: list[Call], target: float, lease: float, gpu: str, preset: str
         f"measured); a call: +{MACHINE_START_S:.0f} s machine start-up, {MARGIN_S:.0f} s margin",
     ]
     for c in calls:
+        what = []
+        if c.runs:
+            steps = " ".join(f"{r.step}={r.seconds:.0f}s{'*' * r.measured}" for r in c.runs)
+            what.append(f"steps {c.runs[0].step}-{c.runs[-1].step}: {steps}")
         if c.tests:
-            out.append(f"call {c.number}: the GPU tests, {c.budget:.0f} s (--tests-budget)")
-            continue
-        steps = " ".join(f"{r.step}={r.seconds:.0f}s{'*' if r.measured else ''}" for r in c.runs)
-        out.append(f"call {c.number}: steps {c.runs[0].step}-{c.runs[-1].step}: {steps}; "
+            what.append(f"then the GPU tests {c.tests:.0f}s (--tests)")
+        out.append(f"call {c.number}: {'; '.join(what)}; "
                    f"{c.seconds:.0f} s with start-up (budget {c.budget:.0f} s)")  # fmt: skip
     if any(r.measured for c in calls for r in c.runs):
         out.append("  * measured (--results)")
-    last = calls[-1]
-    if not last.tests:
-        spare = max(0.0, last.budget - last.seconds - MARGIN_S)
-        out.append(f"GPU tests: in call {last.number}'s {spare:.0f} s left, if any")
+    out.append(f"session: {session(calls):.0f} s ({session(calls) / 60:.1f} min) of the "
+               f"{lease:.0f} s lease, the tests included")  # fmt: skip
     t = total(calls)
     word = "within" if fits(calls, target, lease) else "over"
     out.append(f"total: {t:.0f} s ({t / 60:.1f} min) of device time, {word} the "
@@ -185,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lease", type=float, default=1800.0, help="device seconds a session")
     ap.add_argument("--target", type=float, default=1200.0, help="device seconds, the ladder")
     ap.add_argument("--steps", default="00-14")
-    ap.add_argument("--tests-budget", type=float, default=0.0)
+    ap.add_argument("--tests", type=float, default=TESTS_S,
+                    help="expected seconds of the GPU tests after the sweep (0: none)")  # fmt: skip
     ap.add_argument("--slower", type=float, default=1.0, help="every run this many times slower")
     ap.add_argument("--results", type=Path, help="a tag's folder (runs.jsonl): measured times")
     a = ap.parse_args(argv)
@@ -197,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [expected(s, a.preset, a.gpu, recs) for s in steps]
     for r in runs:
         r.seconds *= a.slower
-    calls = plan(runs, a.budget, a.tests_budget)
+    calls = plan(runs, a.budget, a.tests)
     print("\n".join(report(calls, a.target, a.lease, a.gpu, a.preset)))
     return 0 if fits(calls, a.target, a.lease) else 1
 

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,17 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# per-test time limits (@pytest.mark.limit) and --state (a resumable run): tests/budget.py
+from budget import (  # noqa: E402, F401
+    pytest_addoption,
+    pytest_collection_finish,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_logreport,
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+)
+
 from harness.data import read_text, stage_bpe  # noqa: E402
 from harness.files import ROOT, atomic_write_bytes, mirror  # noqa: E402
 
@@ -56,11 +68,23 @@ def offline_env(tmp_path_factory):
 
 
 def run_script(args, timeout=600, env=None, cwd=ROOT):
-    """Run a command, return CompletedProcess with text output."""
-    return subprocess.run(
-        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})},
+    """Run a command, return CompletedProcess with text output. The command gets a process group
+    of its own; a timeout, a test's limit (tests/budget.py) or Ctrl-C kills the whole group, so
+    no worker (torchrun's) is left holding a GPU."""
+    proc = subprocess.Popen(
+        [str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, **(env or {})}, start_new_session=True,
     )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def py(script, *args, **kw):

@@ -1,17 +1,23 @@
 """The GPU suite: `pytest -m gpu` on a machine with a CUDA GPU (skipped, not failed, without).
 
-tools/gpu_session.sh runs it in one call, before the bounded sweep. What it checks, on CUDA:
-- every script on `tiny` writes an ok record (steps 08-14 compiled: Triton is the real path);
-- each step's loss against the previous step's, with the CUDA tolerances of
-  tests/loss_parity.json ("cuda": TF32 and bf16 round; atomics make no rerun bit-exact);
-- which steps record `step_active: false`: 11 and 14 (a world of one) and only those the
-  harness says are unavailable on this GPU (TF32, bf16, a fused SDPA kernel);
-- Liger's loss and gradients against plain cross-entropy, and that Liger (not the fallback) ran;
-  the numerics cases of tests/liger_cases.py, which the CPU suite runs through Triton's
-  interpreter;
-- the peak memory of steps 12 and 13 below step 10's where activations dominate;
-- DDP with nccl as a world of one, under plain python and under torchrun;
-- the MFU peak table resolves this GPU, and the batch rule leaves the preset to a big one.
+tools/gpu_session.sh runs the fast part, `pytest -m "gpu and not slow"` (about 2-4 minutes on an
+H100), after the sweep: a GPU sweep already runs every step on CUDA and judges each step's loss
+against the previous step's (summary.csv `parity`, tests/loss_parity.json's CUDA rules), so the
+fast part checks only what a sweep cannot, most informative first:
+- the MFU peak table resolves this GPU, and the batch rule leaves the preset to a big one;
+- Liger's loss and gradients against plain cross-entropy, and the numerics cases of
+  tests/liger_cases.py (the CPU suite runs them through Triton's interpreter);
+- the peak memory of steps 12 and 13 below step 10's where activations dominate, and that Liger
+  (not the fallback) ran in step 12;
+- DDP with nccl as a world of one, under plain python and under torchrun.
+The slow part (`-m gpu`) runs every script on `tiny` on CUDA (08-14 compiled): an ok record,
+loss parity under tests/loss_parity.json's "cuda" tolerances, and only what this GPU lacks
+recorded inactive.
+
+Every test has a time limit (@pytest.mark.limit, tests/budget.py): one that hangs fails with
+"over its N s limit" and its processes are killed. tools/gpu_session.sh passes `--state FILE`, so
+a call stopped by its budget records the test in flight as cut and the next call runs only the
+tests that did not finish.
 """
 
 import json
@@ -40,6 +46,10 @@ SUMMARIES = list(ladder.SUMMARIES)
 MAX_STEPS, WARMUP = 4, 1  # as the CPU ladder test: its tolerances are for 4 steps
 PARITY = json.loads((ROOT / "tests" / "loss_parity.json").read_text())["cuda"]
 GPU = torch.device("cuda", 0)
+# what a test checks here is not the compiled graph (the sweep measures that): eager runs start
+# in seconds instead of a compile's 30-60 s
+EAGER = {"TORCHDYNAMO_DISABLE": "1"}
+LIGER = "liger-kernel missing: tools/gpu_session.sh --wheels"
 
 
 def run_on_cuda(script, out, *extra, launcher=(sys.executable,), data=VERDICT, env=None):
@@ -66,19 +76,6 @@ def rel_err(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.fixture(scope="module")
-def cuda_runs(tmp_path_factory):
-    """Every script once on tiny, two at a time (the compiles are CPU-bound)."""
-    out = tmp_path_factory.mktemp("cuda-ladder")
-    tiny = ["--preset", "tiny", "--max-steps", MAX_STEPS, "--warmup-steps", WARMUP]
-
-    def one(script):
-        return script, run_on_cuda(script, out, *tiny)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(one, STEPS + SUMMARIES))
-
-
 def _ok(proc, recs):
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     assert len(recs) == 1, recs
@@ -87,57 +84,56 @@ def _ok(proc, recs):
     return rec
 
 
-@pytest.mark.parametrize("script", STEPS + SUMMARIES)
-def test_every_script_writes_an_ok_record_on_cuda(cuda_runs, script):
-    rec = _ok(*cuda_runs[script])
-    assert rec["tokens_per_sec"] > 0 and rec["peak_mem_reserved_bytes"] > 0
-    assert rec["peak_mem_allocated_bytes"] > 0 and rec["cuda_version"]
-    assert rec["mfu"] is None or 0 < rec["mfu"] <= 1
-    assert rec["batch_rule"] is None  # tiny fits every GPU
-    assert rec["timed_steps"] == MAX_STEPS - WARMUP
+def liger_installed() -> bool:
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
-@pytest.mark.parametrize("script", STEPS[1:])
-def test_loss_matches_previous_step_on_cuda(cuda_runs, script):
-    i = STEPS.index(script)
-    prev = _ok(*cuda_runs[STEPS[i - 1]])["losses"]
-    cur = _ok(*cuda_runs[script])["losses"]
-    rule = PARITY["steps"][ladder.step_of(ROOT / script)]
-    worst = max(abs(a - b) for a, b in zip(cur, prev, strict=True))
-    assert worst <= rule["atol"], f"{worst:.2e} > {rule['atol']}: {rule['why']} ({cur} vs {prev})"
+@pytest.mark.limit(30)
+def test_the_peak_table_resolves_this_gpu():
+    props = torch.cuda.get_device_properties(GPU)
+    flops, desc = dev.peak_flops(GPU)
+    assert flops is not None, f"{props.name}: {desc}"
+    assert 10e12 < flops < 5000e12, desc
+    fast, why = dev.bf16_is_fast(GPU)
+    assert fast == (props.major >= 8) or torch.version.hip, why
 
 
-def test_only_what_this_gpu_lacks_is_recorded_inactive(cuda_runs):
-    bf16 = dev.bf16_is_fast(GPU)[0]
-    expected = {"11", "14"}  # a world of one under plain python
-    if inactive.tf32_unavailable(GPU):
-        expected.add("02")
-    if not bf16:
-        expected.add("05")
-    if inactive.sdpa_math_only(GPU, PRESETS["tiny"], bf16):
-        expected.add("07")
-    recorded = {}
-    for script in STEPS:
-        rec = _ok(*cuda_runs[script])
-        if not rec["step_active"]:
-            recorded[rec["step"]] = rec["inactive_reason"]
-    assert set(recorded) == expected, recorded
+@pytest.mark.limit(30)
+def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
+    from harness.presets import fit_batch
+
+    total, bf16 = dev.gpu_memory(GPU)
+    rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], total, bf16)
+    if total >= 40e9:
+        assert rule is None, rule
+    else:
+        assert rule["batch"] < 8 and rule["large_batch"] == 4 * rule["batch"], rule
 
 
-def test_liger_not_the_fallback_ran_in_step_12(cuda_runs):
-    pytest.importorskip(
-        "liger_kernel", reason="liger-kernel missing: tools/gpu_session.sh --wheels"
-    )
-    rec = _ok(*cuda_runs["steps/12_liger_fused_ce.py"])
-    assert rec["step_active"] is True, rec["inactive_reason"]
-    assert any("Liger fused linear cross-entropy kernel ran" in n for n in rec["notes"])
+@pytest.mark.limit(60)
+@pytest.mark.parametrize("case", ["fp32", "bf16", "accum", "accum-bf16-control"])
+def test_liger_cases_shared_with_the_cpu_interpreter_tests(case):
+    """tests/liger_cases.py, the cases tests/test_liger.py runs through Triton's interpreter,
+    here compiled on CUDA (the tolerances per dtype are that module's)."""
+    pytest.importorskip("liger_kernel", reason=LIGER)
+    import liger_cases
+
+    res = liger_cases.run_case(case, GPU)
+    bad = liger_cases.check(res)
+    if case.endswith("-control"):  # bf16 accumulation must be caught
+        assert any("contributions were lost" in b for b in bad), res
+    else:
+        assert not bad, (bad, res)
 
 
+@pytest.mark.limit(60)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
-    pytest.importorskip(
-        "liger_kernel", reason="liger-kernel missing: tools/gpu_session.sh --wheels"
-    )
+    pytest.importorskip("liger_kernel", reason=LIGER)
     from conftest import load_step
     from test_memory_steps import _Run
 
@@ -170,38 +166,27 @@ def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
     assert any("kernel ran" in n for n in run.notes)
 
 
-@pytest.mark.parametrize("case", ["fp32", "bf16", "accum", "accum-bf16-control"])
-def test_liger_cases_shared_with_the_cpu_interpreter_tests(case):
-    """tests/liger_cases.py, the cases tests/test_liger.py runs through Triton's interpreter,
-    here compiled on CUDA (the tolerances per dtype are that module's)."""
-    pytest.importorskip(
-        "liger_kernel", reason="liger-kernel missing: tools/gpu_session.sh --wheels"
-    )
-    import liger_cases
-
-    res = liger_cases.run_case(case, GPU)
-    bad = liger_cases.check(res)
-    if case.endswith("-control"):  # bf16 accumulation must be caught
-        assert any("contributions were lost" in b for b in bad), res
-    else:
-        assert not bad, (bad, res)
-
-
+@pytest.mark.limit(240)
 def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path):
-    """gpt2-124m at batch 16 (4 below 40 GB): step 10 holds the (B*1024, 50304) logits and every
-    block's activations; step 12 drops the logits, step 13 the blocks' insides too."""
+    """gpt2-124m at batch 16 (4 below 40 GB), eager: step 10 holds the (B*1024, 50304) logits and
+    every block's activations; step 12 drops the logits, step 13 the blocks' insides too. Where
+    liger-kernel is installed, step 12 ran its kernel, not the chunked fallback."""
     batch = 16 if dev.gpu_memory(GPU)[0] >= 40e9 else 4
     peaks = {}
     for script in ["steps/10_larger_batch.py", "steps/12_liger_fused_ce.py",
                    "steps/13_gradient_checkpointing.py"]:  # fmt: skip
-        flags = ["--preset", "gpt2-124m", "--batch-size", batch, "--max-steps", 6,
-                 "--warmup-steps", 3]  # fmt: skip
-        rec = _ok(*run_on_cuda(script, tmp_path, *flags, data=middlemarch()))
+        flags = ["--preset", "gpt2-124m", "--batch-size", batch, "--max-steps", 4,
+                 "--warmup-steps", 2]  # fmt: skip
+        rec = _ok(*run_on_cuda(script, tmp_path, *flags, data=middlemarch(), env=EAGER))
         peaks[rec["step"]] = rec["peak_mem_reserved_bytes"]
+        if rec["step"] == "12" and liger_installed():
+            assert rec["step_active"] is True, rec["inactive_reason"]
+            assert any("Liger fused linear cross-entropy kernel ran" in n for n in rec["notes"])
     assert peaks["12"] < peaks["10"], peaks
     assert peaks["13"] < peaks["12"], peaks
 
 
+@pytest.mark.limit(120)
 @pytest.mark.parametrize("launcher", ["python", "torchrun"])
 def test_ddp_with_nccl_as_a_world_of_one(launcher, tmp_path):
     argv = [sys.executable]
@@ -209,26 +194,62 @@ def test_ddp_with_nccl_as_a_world_of_one(launcher, tmp_path):
         argv += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
     proc, recs = run_on_cuda("steps/11_ddp.py", tmp_path, "--preset", "tiny", "--max-steps", 4,
                              "--warmup-steps", 2, launcher=argv,
-                             env={"DDP_BACKEND": "nccl"})  # fmt: skip
+                             env={"DDP_BACKEND": "nccl", **EAGER})  # fmt: skip
     rec = _ok(proc, recs)
     assert rec["world_size"] == 1 and rec["step_active"] is False  # nothing to share with
 
 
-def test_the_peak_table_resolves_this_gpu():
-    props = torch.cuda.get_device_properties(GPU)
-    flops, desc = dev.peak_flops(GPU)
-    assert flops is not None, f"{props.name}: {desc}"
-    assert 10e12 < flops < 5000e12, desc
-    fast, why = dev.bf16_is_fast(GPU)
-    assert fast == (props.major >= 8) or torch.version.hip, why
+@pytest.fixture(scope="module")
+def cuda_runs(tmp_path_factory):
+    """Every script once on tiny, two at a time (the compiles are CPU-bound)."""
+    out = tmp_path_factory.mktemp("cuda-ladder")
+    tiny = ["--preset", "tiny", "--max-steps", MAX_STEPS, "--warmup-steps", WARMUP]
+
+    def one(script):
+        return script, run_on_cuda(script, out, *tiny)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, STEPS + SUMMARIES))
 
 
-def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
-    from harness.presets import fit_batch
+@pytest.mark.slow
+@pytest.mark.limit(1500)  # the first bears cuda_runs: 17 runs
+@pytest.mark.parametrize("script", STEPS + SUMMARIES)
+def test_every_script_writes_an_ok_record_on_cuda(cuda_runs, script):
+    rec = _ok(*cuda_runs[script])
+    assert rec["tokens_per_sec"] > 0 and rec["peak_mem_reserved_bytes"] > 0
+    assert rec["peak_mem_allocated_bytes"] > 0 and rec["cuda_version"]
+    assert rec["mfu"] is None or 0 < rec["mfu"] <= 1
+    assert rec["batch_rule"] is None  # tiny fits every GPU
+    assert rec["timed_steps"] == MAX_STEPS - WARMUP
 
-    total, bf16 = dev.gpu_memory(GPU)
-    rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], total, bf16)
-    if total >= 40e9:
-        assert rule is None, rule
-    else:
-        assert rule["batch"] < 8 and rule["large_batch"] == 4 * rule["batch"], rule
+
+@pytest.mark.slow
+@pytest.mark.limit(1500)  # the first bears cuda_runs: 17 runs
+@pytest.mark.parametrize("script", STEPS[1:])
+def test_loss_matches_previous_step_on_cuda(cuda_runs, script):
+    i = STEPS.index(script)
+    prev = _ok(*cuda_runs[STEPS[i - 1]])["losses"]
+    cur = _ok(*cuda_runs[script])["losses"]
+    rule = PARITY["steps"][ladder.step_of(ROOT / script)]
+    worst = max(abs(a - b) for a, b in zip(cur, prev, strict=True))
+    assert worst <= rule["atol"], f"{worst:.2e} > {rule['atol']}: {rule['why']} ({cur} vs {prev})"
+
+
+@pytest.mark.slow
+@pytest.mark.limit(1500)  # the first bears cuda_runs: 17 runs
+def test_only_what_this_gpu_lacks_is_recorded_inactive(cuda_runs):
+    bf16 = dev.bf16_is_fast(GPU)[0]
+    expected = {"11", "14"}  # a world of one under plain python
+    if inactive.tf32_unavailable(GPU):
+        expected.add("02")
+    if not bf16:
+        expected.add("05")
+    if inactive.sdpa_math_only(GPU, PRESETS["tiny"], bf16):
+        expected.add("07")
+    recorded = {}
+    for script in STEPS:
+        rec = _ok(*cuda_runs[script])
+        if not rec["step_active"]:
+            recorded[rec["step"]] = rec["inactive_reason"]
+    assert set(recorded) == expected, recorded

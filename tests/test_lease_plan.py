@@ -23,20 +23,22 @@ def default_runs(slower: float = 1.0) -> list:
     return runs
 
 
-def simulate(runs, budget=BUDGET, factor=1.0, kill_at=None):
-    """A session on a simulated clock. Each call is a fresh machine (its start-up counted); only
-    what the previous calls packed survives (a set of finished steps); the call is planned anew
-    from the steps not packed. A run starts only when its expected seconds fit before the call's
-    deadline (budget less the margin: rounds.py's --budget rule) and takes expected x `factor`;
-    one still going at the deadline is stopped there, unfinished. `kill_at`: the device-clock
-    second the machine is lost (a cold start mid-call): the run in flight is lost, the finished
-    ones are packed (the session script's TERM trap packs). Returns (clock, call lengths, steps
-    lost in flight)."""
-    clock, packed, lengths, lost = 0.0, set(), [], []
-    while len(packed) < len(runs):
-        assert len(lengths) < 3 * len(runs), "no progress"
+def simulate(runs, budget=BUDGET, factor=1.0, kill_at=None, tests=()):
+    """A session on a simulated clock, as tools/gpu_session.sh runs it. Each call is a fresh
+    machine (its start-up counted); only what the previous calls packed survives (a set of
+    finished steps and finished tests); the call is planned anew from the steps not packed. A run
+    starts only when its expected seconds fit before the call's deadline (budget less the margin:
+    rounds.py's --budget rule) and takes expected x `factor`; one still going at the deadline is
+    stopped there, unfinished. Then, once no run is left and 50 s remain, the GPU tests (`tests`:
+    each test's seconds) run in order until the deadline: the one it cuts runs again in the next
+    call (tests/budget.py's state). `kill_at`: the device-clock second the machine is lost (a
+    cold start mid-call): the run or test in flight is lost, what finished is packed (the session
+    script's TERM trap packs). Returns (clock, call lengths, steps and tests lost in flight)."""
+    clock, packed, passed, lengths, lost = 0.0, set(), set(), [], []
+    while len(packed) < len(runs) or len(passed) < len(tests):
+        assert len(lengths) < 3 * (len(runs) + len(tests)), "no progress"
         todo = [r for r in runs if r.step not in packed]
-        call = lp.plan(todo, budget)[0]
+        call = lp.plan(todo, budget)[0] if todo else lp.Call(0, [], budget)
         start = clock
         clock += lp.MACHINE_START_S
         deadline = start + budget - lp.MARGIN_S
@@ -53,8 +55,27 @@ def simulate(runs, budget=BUDGET, factor=1.0, kill_at=None):
                 break
             clock = end
             packed.add(r.step)
+        if len(packed) == len(runs) and deadline - clock >= 50:
+            for i, t in enumerate(tests):
+                if i in passed:
+                    continue
+                end = clock + t * factor
+                if kill_at is not None and clock < kill_at <= min(end, deadline):
+                    lost.append(f"test {i}")
+                    clock, kill_at = kill_at, None
+                    break
+                if end > deadline:
+                    clock = deadline  # cut: recorded cut, run again next call
+                    break
+                clock = end
+                passed.add(i)
         lengths.append(clock - start)
     return clock, lengths, lost
+
+
+# the fast GPU tests as tools/gpu_session.sh runs them (tests/test_gpu.py, `gpu and not slow`):
+# lease_plan.TESTS_S spread over its 11 tests
+TESTS = [lp.TESTS_S / 11] * 11
 
 
 def assert_fits(clock, lengths, budget=BUDGET, target=TARGET):
@@ -83,15 +104,29 @@ def test_simulated_session_completes_the_ladder_within_20_minutes():
     assert_fits(clock, lengths)
 
 
+def test_simulated_session_with_the_gpu_tests_fits_the_lease():
+    """The ladder, then the GPU tests in what is left: every call within its budget, the whole
+    session within the 30-minute lease, as many calls as the plan says (the tests included)."""
+    runs = default_runs()
+    calls = lp.plan(runs, BUDGET, lp.TESTS_S)
+    clock, lengths, lost = simulate(runs, tests=TESTS)
+    assert all(t <= BUDGET for t in lengths) and not lost
+    assert clock <= LEASE and len(lengths) == len(calls), (clock, lengths)
+    assert abs(clock - lp.session(calls)) < 1, (clock, lp.session(calls))
+    # tests that take twice as long: the one a call's end cuts runs again in a next call
+    clock, lengths, _ = simulate(runs, tests=[2 * t for t in TESTS])
+    assert all(t <= BUDGET for t in lengths) and clock <= LEASE
+
+
 def test_a_cold_start_mid_call_loses_at_most_the_run_in_flight():
     runs = default_runs()
     first = lp.plan(runs, BUDGET)[0]
     kill = lp.MACHINE_START_S + sum(r.seconds for r in first.runs[:3]) + 10  # in the 4th run
-    clock, lengths, lost = simulate(runs, kill_at=kill)
+    clock, lengths, lost = simulate(runs, kill_at=kill, tests=TESTS)
     assert lost == [first.runs[3].step]
     assert all(t <= BUDGET for t in lengths)
     # what it costs: the lost run's 10 s and one more machine start-up at most, within the lease
-    plain, _, _ = simulate(runs)
+    plain, _, _ = simulate(runs, tests=TESTS)
     assert clock <= plain + 10 + lp.MACHINE_START_S + first.runs[3].seconds
     assert clock <= LEASE
 
@@ -119,11 +154,17 @@ def test_measured_results_replace_the_model(tmp_path, capsys):
     assert "00=123s*" in out and "01=42s;" in out and "* measured (--results)" in out
 
 
-def test_tests_budget_is_a_first_call_of_its_own(capsys):
-    calls = lp.plan(default_runs(), BUDGET, tests_budget=120)
-    assert calls[0].tests and not calls[0].runs and lp.total(calls) >= 120
-    lp.main(["--tests-budget", "120"])
-    assert "call 1: the GPU tests, 120 s" in capsys.readouterr().out
+def test_the_tests_go_after_the_ladder_in_the_last_calls_time_or_a_call_of_their_own(capsys):
+    calls = lp.plan(default_runs(), BUDGET, tests=150)
+    assert calls[-1].runs and calls[-1].tests == 150  # call 3 has room (tools/gpu_session.sh)
+    assert lp.session(calls) == lp.total(calls) + 150
+    big = lp.plan(default_runs(), BUDGET, tests=400)
+    assert not big[-1].runs and big[-1].tests == 400 and len(big) == len(calls) + 1
+    assert lp.total(big) == lp.total(calls)  # the ladder's total leaves the tests out
+    lp.main(["--tests", "400"])
+    out = capsys.readouterr().out
+    assert f"call {len(big)}: then the GPU tests 400s (--tests)" in out
+    assert "session: " in out
 
 
 def test_gpu_session_plan_prints_the_plan_and_exits():

@@ -55,7 +55,13 @@ def test_gpu_session_runs_its_phases_into_one_folder_on_a_cpu(tmp_path):
                  "pytest-gpu.log", "pytest-gpu.xml", "sweep.log"]:  # fmt: skip
         assert (out / name).is_file(), name
     status = (out / "status.txt").read_text().splitlines()
-    assert [ln for ln in status if not ln.startswith("liger: ")] == ["tests: ok", "sweep: ok"]
+    n_fast = len(run_script([sys.executable, "-m", "pytest", "-q", "--collect-only", "-m",
+                             "gpu and not slow", ROOT / "tests" / "test_gpu.py"]).stdout
+                 .split("::")) - 1  # fmt: skip
+    assert n_fast >= 8
+    # the sweep first, then the tests (each test skipped without CUDA: a result, not a failure)
+    assert [ln for ln in status if not ln.startswith("liger: ")] == [
+        "sweep: ok", f"tests: ok (0 passed, {n_fast} skipped)"]  # fmt: skip
     assert len([ln for ln in status if ln.startswith("liger: ")]) == 1  # ok or missing, said
     assert "skipped" in (out / "pytest-gpu.log").read_text()  # no CUDA here: skipped, not failed
     (runs,) = list((out / "results").glob("*/runs.jsonl"))
@@ -71,12 +77,19 @@ def test_gpu_session_runs_its_phases_into_one_folder_on_a_cpu(tmp_path):
     assert f"./results/{runs.parent.name}/runs.jsonl" in names and "./status.txt" in names
     assert not [n for n in names if n.startswith("./offline")]
 
-    # the next call: results carried back in, nothing left to run for step 00
-    proc = run_script([*gpu_session, tmp_path / "two", *common, "--steps", "00", "--no-tests",
-                       "--resume", back / "one" / "results", "--pack", back / "two.tgz"],
+    # the next call, from the archive: results carried back in, nothing left to run for step 00,
+    # and no test left either (the state says each finished)
+    proc = run_script([*gpu_session, tmp_path / "two", *common, "--steps", "00",
+                       "--resume", back / "one.tgz", "--pack", back / "two.tgz"],
                       timeout=300, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "up to date" in proc.stdout
+    log = (tmp_path / "two" / "pytest-gpu.log").read_text()
+    assert "SKIPPED" not in log and "deselected" in log, log  # none run again
+    assert (
+        f"tests: ok (0 passed, {n_fast} skipped)" in (tmp_path / "two" / "status.txt").read_text()
+    )
+    assert not (tmp_path / "two" / ".resume").exists()  # the unpacked archive, cleaned up
     with tarfile.open(back / "two.tgz") as tar:
         kept = tar.extractfile(f"./results/{runs.parent.name}/runs.jsonl").read()
     assert kept == runs.read_bytes()
@@ -148,7 +161,7 @@ exec {sys.executable} "$@"
     "steps, budget, says",
     [pytest.param("01", 70, "sweep: not started (under a minute of --budget left",
                   marks=pytest.mark.slow),
-     ("08", 130, "sweep: partial (--budget ran out")],
+     ("08", 170, "sweep: partial (not run, --budget")],
 )  # fmt: skip
 def test_gpu_session_with_too_short_a_budget_says_so_exits_3_and_packs(
     tmp_path, steps, budget, says
@@ -214,7 +227,8 @@ def test_gpu_session_stopped_by_a_signal_still_packs_what_it_finished(tmp_path):
     "flags, says",
     [(["--budget", "soon"], "--budget soon: a whole number of seconds"),
      (["--budget", "0"], "--budget 0: a whole number of seconds"),
-     (["--resume", "/nonexistent/results"], "--resume /nonexistent/results: no such folder")],
+     (["--resume", "/nonexistent/results"],
+      "--resume /nonexistent/results: no such archive or folder")],
 )  # fmt: skip
 def test_gpu_session_bad_flags_are_one_line_and_exit_2(tmp_path, flags, says):
     import shutil

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One call on a GPU machine, no internet needed: the GPU tests, then the whole bounded sweep on
-# gpt2-124m (10 warm-up + 50 timed steps a step, presets.SWEEP_LENGTH), profiled (--profile:
-# where each step's time goes, after its timed window), everything (results, logs, versions,
-# pip freeze, nvidia-smi) in one folder OUT.
+# One call on a GPU machine, no internet needed: the whole bounded sweep on gpt2-124m (10 warm-up
+# + 50 timed steps a step, presets.SWEEP_LENGTH), profiled (--profile: where each step's time
+# goes, after its timed window), then the GPU tests the sweep does not cover (tests/test_gpu.py,
+# `-m "gpu and not slow"`); everything (results, logs, versions, pip freeze, nvidia-smi, the
+# compile caches) in one folder OUT. The sweep comes first: it is the ladder's numbers and, with
+# its parity column, a CUDA correctness check of every step.
 #
 #   tools/gpu_session.sh OUT [--data FILE] [--bpe DIR] [--wheels DIR] [--no-tests] [--no-sweep]
-#                            [--budget SECONDS] [--resume DIR] [--pack FILE]
+#                            [--slow-tests] [--budget SECONDS] [--resume PATH] [--pack FILE]
+#                            [--pack-limit MIB]
 #                            [any `python -m harness run` flag: --steps, --device, --preset, ...]
 #
 #   --data FILE   the training text (default: data/middlemarch.txt, or the offline mirror)
@@ -16,16 +19,20 @@
 #                 site-packages is read-only they go to OUT/site, put on PYTHONPATH
 #   --no-tests    the sweep only
 #   --no-sweep    the tests only
+#   --slow-tests  the whole GPU suite (-m gpu: every script on tiny on CUDA too), not the fast part
 #   --no-profile  no time breakdown (the sweep runs with --profile otherwise)
 #   --budget S    the whole call ends within S seconds (a machine lent by the hour, a call with a
-#                 time limit): the tests get what is left less 65 s, the sweep then runs with
-#                 --budget (runs that do not fit are left for the next call), then --pack
-#   --resume DIR  results of an earlier session (its OUT/results, e.g. unpacked from its --pack),
-#                 copied into OUT/results first: the sweep resumes them. Where every call is a
+#                 time limit): the sweep runs with --budget (runs that do not fit are left for the
+#                 next call), the tests get what is left, only once the sweep has nothing left
+#                 (a test still going at the end is recorded cut), then --pack; 45 s kept for it
+#   --resume PATH an earlier call's --pack archive, its OUT folder, or its OUT/results: its
+#                 results (the sweep resumes them), its test state (only the tests that did not
+#                 finish run) and its compile caches are copied in first. Where every call is a
 #                 fresh machine of one kind, set SPEED_LADDER_HOST_ID=NAME (harness/machine.py)
 #   --pack FILE   everything in OUT (less the staged inputs) in one .tar.gz at the end, also
 #                 when the budget ran out or a signal stopped the call; for a machine that
-#                 hands back only a few files
+#                 hands back only a few files. The compile caches (OUT/cache: inductor's and
+#                 Triton's) go in when the archive stays within --pack-limit MiB (default 16)
 #
 #   tools/gpu_session.sh --plan [--gpu NAME] [--preset P] [--budget S] [--steps A-B] [--lease S]
 #                               [--tests-budget S] [--results DIR] [--target S] [--slower X]
@@ -34,15 +41,15 @@
 #
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
-# Exit status: 0 when the tests and every step passed, 3 when --budget left runs for the next
-# call and nothing failed, 2 on bad flags, 1 otherwise, a signal included (OUT/status.txt
-# says which).
+# OUT/status.txt says each phase: `ok`, `partial (what is left)`, `not started (why)` or
+# `failed (why)`. Exit status: 0 when every phase is ok, 3 when --budget left work for the next
+# call and nothing failed, 2 on bad flags, 1 otherwise, a signal included.
 set -u -o pipefail
 # a write to a closed pipe (the log's tee, gone with a signal to the whole group) is an error
 # to go on from, not a silent death: the TERM trap below must still pack
 trap '' PIPE
 
-usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 if [ "$1" = --plan ]; then  # the plan only: harness/lease_plan.py, before any other work
     shift; cd "$(dirname "$0")/.." || exit 2
@@ -54,7 +61,7 @@ shift
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 DATA="" BPE="" WHEELS="" TESTS=1 RUN_SWEEP=1 PROFILE=1 SWEEP=() HAVE_DEVICE=0
-BUDGET="" RESUME="" PACK=""
+BUDGET="" RESUME="" PACK="" PACK_LIMIT=16 MARK="gpu and not slow"
 T0=$(date +%s)
 MARGIN=45  # seconds kept for a run's kill, the summary, the charts and the pack after a phase
 num() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -gt 0 ] \
@@ -71,9 +78,12 @@ while [ $# -gt 0 ]; do
         --no-tests) TESTS=0; shift ;;
         --no-sweep) RUN_SWEEP=0; shift ;;
         --budget) num --budget "${2-}"; BUDGET=$((10#$2)); shift 2 ;;
-        --resume) RESUME=$(cd "${2-}" 2>/dev/null && pwd) \
-                      || { echo "error: --resume ${2-}: no such folder" >&2; exit 2; }
-                  shift 2 ;;
+        --resume) if [ -f "${2-}" ]; then RESUME=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
+                  else RESUME=$(cd "${2-}" 2>/dev/null && pwd) \
+                      || { echo "error: --resume ${2-}: no such archive or folder" >&2; exit 2; }
+                  fi; shift 2 ;;
+        --pack-limit) num --pack-limit "${2-}"; PACK_LIMIT=$((10#$2)); shift 2 ;;
+        --slow-tests) MARK=gpu; shift ;;
         --pack) [ -n "${2-}" ] && mkdir -p "$(dirname "$2")" \
                     || { echo "error: --pack ${2-}: cannot make its folder" >&2; exit 2; }
                 PACK=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
@@ -87,11 +97,24 @@ done
 [ $PROFILE = 1 ] && SWEEP+=(--profile)
 left() { echo $(( T0 + BUDGET - $(date +%s) - MARGIN )); }  # seconds left for a phase
 
-pack() {  # one archive of OUT, the staged inputs left out
+pack() {  # one archive of OUT, the staged inputs left out; the caches when they fit
     [ -n "$PACK" ] || return 0
-    local rc=0  # 1: a log changed while it was read (tee's last lines): the archive is whole
-    tar -czf "$PACK.tmp" --warning=no-file-changed -C "$OUT" --exclude=./offline --exclude=./site \
-        --exclude="$(basename "$PACK").tmp" . || rc=$?
+    local rc=0 ex=(--exclude=./offline --exclude=./site --exclude=./.resume
+                   --exclude="$(basename "$PACK").tmp")
+    if [ -n "$(find "$OUT/cache" -type f 2>/dev/null | head -n 1)" ]; then
+        # compressed alone first: the size decides, status.txt says
+        local raw cz
+        raw=$(du -sm "$OUT/cache" | cut -f1)
+        cz=$(( $(tar -czf - -C "$OUT" cache 2>/dev/null | wc -c) / 1048576 ))
+        if [ "$cz" -lt "$PACK_LIMIT" ]; then
+            note cache "packed (${raw} MiB, ${cz} MiB compressed): a fresh machine loads compiled kernels from it"
+        else
+            note cache "not packed (${raw} MiB, ${cz} MiB compressed, over --pack-limit $PACK_LIMIT MiB)"
+            ex+=(--exclude=./cache)
+        fi
+    fi
+    # 1: a log changed while it was read (tee's last lines): the archive is whole
+    tar -czf "$PACK.tmp" --warning=no-file-changed -C "$OUT" "${ex[@]}" . || rc=$?
     [ $rc -le 1 ] && mv "$PACK.tmp" "$PACK" \
         && echo "packed: $PACK ($(du -h "$PACK" | cut -f1))" \
         || echo "error: cannot pack $OUT into $PACK" >&2
@@ -102,7 +125,7 @@ echo "== gpu_session $(date -u +%Y-%m-%dT%H:%M:%SZ) in $ROOT -> $OUT"
 cd "$ROOT" || exit 2
 : > "$OUT/status.txt"
 FAILED=0
-status() { echo "$1: $2" | tee -a "$OUT/status.txt"; [ "$2" = ok ] || FAILED=1; }
+status() { echo "$1: $2" | tee -a "$OUT/status.txt"; [[ "$2" == ok* ]] || FAILED=1; }
 note() { echo "$1: $2" | tee -a "$OUT/status.txt"; }  # information, never a failure
 partial() { echo "$1: $2" | tee -a "$OUT/status.txt"; PARTIAL=1; }  # --budget: left for later
 PARTIAL=0
@@ -183,49 +206,86 @@ except Exception as e:
     print("liger-kernel/triton:", e.__class__.__name__, e)
 EOF
 
-# ---- results of an earlier session, to resume
+# ---- an earlier call, to resume: its results, its test state and its compile caches
+STATE="$OUT/pytest-gpu-state.json"
 if [ -n "$RESUME" ]; then
-    mkdir -p "$OUT/results" && cp -R "$RESUME"/. "$OUT/results"/ \
-        && echo "resuming: $(ls "$OUT/results" | tr '\n' ' ')from $RESUME" \
-        || { echo "error: cannot copy --resume $RESUME into $OUT/results" >&2; exit 2; }
-fi
-
-# ---- the GPU tests (skipped, not failed, without CUDA); under --budget, stopped (SIGINT: pytest
-# still writes its report) when the budget is spent
-if [ $TESTS = 1 ]; then
-    LIMIT=()
-    # --foreground: pytest stays in this group, so a signal to the group reaches it at once;
-    # INT, then KILL 20 s later, all inside the budget
-    [ -n "$BUDGET" ] && LIMIT=(timeout --foreground --signal=INT --kill-after=20 $(( $(left) - 20 )))
-    if [ -n "$BUDGET" ] && [ "$(left)" -lt 50 ]; then
-        partial tests "not started (under 50 s of --budget left)"
-    else
-    ${LIMIT[@]+"${LIMIT[@]}"} "$PY" -m pytest -m gpu tests/test_gpu.py -v -rs \
-        --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
-    rc=${PIPESTATUS[0]}
-    case $rc in
-        0) status tests ok ;;
-        124|137) if [ -n "$BUDGET" ]; then
-                     partial tests "stopped at the --budget's end (see pytest-gpu.log)"
-                 else status tests "failed (exit $rc, see pytest-gpu.log)"; fi ;;
-        *) status tests "failed (exit $rc, see pytest-gpu.log)" ;;
-    esac
+    SRC=$RESUME
+    if [ -f "$RESUME" ]; then  # an archive of --pack
+        rm -rf "$OUT/.resume" && mkdir -p "$OUT/.resume" && tar -xzf "$RESUME" -C "$OUT/.resume" \
+            || { echo "error: --resume $RESUME: not a .tar.gz of --pack" >&2; exit 2; }
+        SRC="$OUT/.resume"
     fi
+    if [ -d "$SRC/results" ] || [ -f "$SRC/status.txt" ]; then  # an OUT folder
+        [ -f "$SRC/pytest-gpu-state.json" ] && cp "$SRC/pytest-gpu-state.json" "$STATE"
+        [ -d "$SRC/cache" ] && mkdir -p "$OUT/cache" && cp -R "$SRC/cache"/. "$OUT/cache"/
+        SRC="$SRC/results"
+    fi
+    if [ -d "$SRC" ]; then
+        mkdir -p "$OUT/results" && cp -R "$SRC"/. "$OUT/results"/ \
+            || { echo "error: cannot copy --resume $SRC into $OUT/results" >&2; exit 2; }
+    fi
+    echo "resuming from $RESUME: results $(ls "$OUT/results" 2>/dev/null | tr '\n' ' ')" \
+         "tests $( [ -f "$STATE" ] && echo "($("$PY" tests/budget.py "$STATE"))" || echo none)," \
+         "cache $(du -sh "$OUT/cache" 2>/dev/null | cut -f1 || echo none)"
+    rm -rf "$OUT/.resume"
 fi
 
-# ---- the bounded sweep
+# ---- compiled kernels (inductor's FX graph cache, Triton's) in OUT/cache, unless set: packed
+# when they fit, so that a fresh machine of the same kind loads instead of compiling
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$OUT/cache/inductor}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$OUT/cache/triton}
+
+# ---- the bounded sweep, first: the ladder's numbers and a CUDA parity check of every step
+SWEEP_LEFT=0
 if [ $RUN_SWEEP = 1 ] && [ -n "$BUDGET" ] && [ "$(left)" -lt 60 ]; then
     partial sweep "not started (under a minute of --budget left; the same command with --resume runs it)"
+    SWEEP_LEFT=1
 elif [ $RUN_SWEEP = 1 ]; then
     [ -n "$BUDGET" ] && SWEEP+=(--budget "$(left)")
     echo "== python -m harness run --results-dir $OUT/results ${SWEEP[*]}"
     "$PY" -m harness run --results-dir "$OUT/results" "${SWEEP[@]}" 2>&1 | tee -a "$OUT/sweep.log"
     rc=${PIPESTATUS[0]}
+    said() { grep "^$1" "$OUT/sweep.log" | tail -n 1 | cut -c1-400; }  # the sweep's closing lines
     case $rc in
         0) status sweep ok ;;
-        3) partial sweep "partial (--budget ran out; the same command with --resume goes on)" ;;
-        *) status sweep "failed (exit $rc, see sweep.log)" ;;
+        3) SWEEP_LEFT=1
+           partial sweep "partial ($(said 'not run, --budget' | sed 's/; the same command.*//');\
+ the same command with --resume goes on)" ;;
+        *) status sweep "failed (exit $rc: $(said 'failed: ' || true); see sweep.log)" ;;
     esac
+    off=$(said 'parity off: ')
+    [ -n "$off" ] && note parity "${off#parity off: } (off: see summary.csv parity_detail)"
+fi
+
+# ---- the GPU tests the sweep does not cover (skipped, not failed, without CUDA), once the sweep
+# has nothing left; with --state, so a call stopped by its budget records the test in flight as
+# cut and the next call runs only what did not finish (tests/budget.py)
+if [ $TESTS = 1 ] && [ $SWEEP_LEFT = 1 ]; then
+    partial tests "not started (the sweep has runs left; the next call runs them first)"
+elif [ $TESTS = 1 ] && [ -n "$BUDGET" ] && [ "$(left)" -lt 50 ]; then
+    partial tests "not started (under 50 s of --budget left)"
+elif [ $TESTS = 1 ]; then
+    LIMIT=()
+    # --foreground: pytest stays in this group, so a signal to the group reaches it at once;
+    # INT (pytest records the test in flight as cut, writes its state), KILL 20 s later
+    [ -n "$BUDGET" ] && LIMIT=(timeout --foreground --signal=INT --kill-after=20 $(( $(left) - 20 )))
+    ${LIMIT[@]+"${LIMIT[@]}"} "$PY" -m pytest -m "$MARK" tests/test_gpu.py -v -rs \
+        --state "$STATE" --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
+    rc=${PIPESTATUS[0]}; prc=$rc
+    case $rc in
+        0|1|5|124|137) ;;  # passed, failed, nothing left to run, stopped by the budget
+        *) rc=-1 ;;  # interrupted or broken (a collection error): the state cannot be trusted
+    esac
+    if [ $rc = -1 ] || [ ! -f "$STATE" ]; then
+        status tests "failed (pytest exit $prc, see pytest-gpu.log)"
+    else
+        line=$("$PY" tests/budget.py "$STATE"); brc=$?
+        case $brc in
+            0) status tests "ok ($line)" ;;
+            3) partial tests "partial ($line; the same command with --resume goes on)" ;;
+            *) status tests "failed ($line; see pytest-gpu.log)" ;;
+        esac
+    fi
 fi
 
 echo "== done: $OUT ($(( $(date +%s) - T0 )) s)"; cat "$OUT/status.txt"
