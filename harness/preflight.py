@@ -26,7 +26,7 @@ from pathlib import Path
 from . import memory_model
 from .ladder import Step
 from .presets import PRESETS, SWEEP_LENGTH
-from .spec import RunSpec, preset_name
+from .spec import RunSpec, config_of, preset_name
 
 ROUGH_RUN_S = {"cpu": 40.0, "cuda": 60.0, "mps": 60.0}
 COMPILE_S = {"cpu": 90.0, "cuda": 60.0, "mps": 60.0}
@@ -60,7 +60,7 @@ def compile_seconds(step: Step, recs: list[dict], cfg: dict, machine: str) -> fl
     None where none was measured."""
     flags = lambda c: {k: v for k, v in (c or {}).items() if k != "nproc"}
     alike = [r for r in recs if (r.get("sweep") or {}).get("machine") == machine
-             and flags((r.get("sweep") or {}).get("config")) == flags(cfg)]  # fmt: skip
+             and flags(config_of(r)) == flags(cfg)]  # fmt: skip
     for num in (step.num, "08"):
         took = [(r.get("compiles") or {}).get("seconds") for r in alike if r.get("step") == num]
         took = [t for t in took if isinstance(t, (int, float)) and t > 0][-5:]

@@ -16,6 +16,7 @@ from .plan import Job, Plan, summarize
 from .profile import profiled_runs
 from .record import append_jsonl, read_jsonl
 from .runs import done_runs, load_runs, matching
+from .spec import config_of, resolved_config
 
 
 @dataclass
@@ -56,7 +57,7 @@ def _start(p: Plan, force: bool) -> Progress:
         if {"--profile", "--trace"} & set(p.flags):  # profiled: latest runs with a breakdown
             done[job] = min(done[job], profiled_runs(earlier))
         same_cfg = [r for r in recs if r.get("step") == job.step.num
-                    and (r.get("sweep") or {}).get("config") == cfg
+                    and config_of(r) == cfg
                     and (r.get("sweep") or {}).get("machine") == p.machine]  # fmt: skip
         compile_s = preflight.compile_seconds(job.step, recs, cfg, p.machine)  # measured here
         estimate[job] = preflight.run_seconds(
@@ -157,8 +158,12 @@ def cut_seconds(tag_dir, job: Job, config: dict, sha: str, fp: dict) -> float:
     """The longest a run of `job` (this configuration, script, machine fingerprint `fp`) lasted
     before a budget stopped it, or 0."""
     key = _cut_key(job, config, sha, fp)
+
+    def same(c: dict, k: str, v) -> bool:  # a cut noted before the RunSpec: resolved
+        return (resolved_config(c.get(k), c.get("machine")) if k == "config" else c.get(k)) == v
+
     cuts = [c.get("cut_after_s") for c in read_jsonl(Path(tag_dir) / CUTS)
-            if isinstance(c, dict) and all(c.get(k) == v for k, v in key.items())]  # fmt: skip
+            if isinstance(c, dict) and all(same(c, k, v) for k, v in key.items())]  # fmt: skip
     return max((float(c) for c in cuts if isinstance(c, (int, float))), default=0.0)
 
 

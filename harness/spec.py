@@ -62,6 +62,54 @@ class RunSpec:
                 "bf16": self.bf16, "gpu_bytes": self.gpu_bytes}  # fmt: skip
 
 
+KEY_FIELDS = ("device", "preset", "max_steps", "warmup_steps", "data", "seed")
+
+
+def sweep_config(spec: RunSpec, nproc: int) -> dict:
+    """What a sweep's run is matched by (`sweep.config` in its record: the up-to-date check, the
+    summary's rounds): the RunSpec's identifying fields and the processes. --profile and
+    --trace are not among them (harness.profile), nor the batch: the same GPU resolves the same."""
+    out = {
+        "device": spec.device,
+        "preset": spec.preset,
+        "max_steps": spec.settings["max_steps"],
+        "warmup_steps": spec.settings["warmup_steps"],
+        "data": spec.data,
+        "seed": spec.seed,
+    }
+    return dict(out, nproc=nproc)  # fmt: skip
+
+
+def resolved_config(config, machine) -> dict:
+    """A record's `sweep.config` as `sweep_config` makes it. Records from before the RunSpec
+    hold the flags the sweep passed (`preset: null` for the default, `device: auto`, `max_steps:
+    null` for the preset's): resolved here as the step resolved them, the device from the
+    record's fingerprint (`machine`: a GPU's has `gpus`, a CPU's `cpu`); one that does not say
+    (or a configuration of another shape) is returned as it is. Resolving twice changes
+    nothing."""
+    if not isinstance(config, dict):
+        return config
+    device = config.get("device")
+    if device == "auto" and isinstance(machine, dict):
+        device = "cuda" if "gpus" in machine else "cpu" if "cpu" in machine else None
+    if device not in ("cpu", "cuda", "mps"):
+        return config
+    name = preset_name(config.get("preset"), device)[0]
+    if name not in PRESETS:
+        return config
+    out = dict(config, device=device, preset=name)
+    for key in ("max_steps", "warmup_steps"):
+        if out.get(key) is None:
+            out[key] = PRESETS[name][key]
+    return out
+
+
+def config_of(rec: dict) -> dict | None:
+    """The configuration a sweep's record is matched by: its `sweep.config`, resolved."""
+    sw = rec.get("sweep") or {}
+    return resolved_config(sw.get("config"), sw.get("machine"))
+
+
 def preset_name(flag: str | None, device_type: str) -> tuple[str, str]:
     """(name, why) of a run's preset: --preset, else gpt2-124m on CUDA and cpu elsewhere."""
     if flag is not None:

@@ -11,10 +11,12 @@
   itself) measures the noise floor (gains.py). A killed sweep resumes in its round: a step's
   round is one more than its ok runs so far (`sweep.round` in the record).
 - **Up to date.** A step is skipped when runs.jsonl holds K `ok` records for the same sweep
-  configuration (preset, device, max_steps, warmup_steps, seed, data, nproc; the text named by
-  what it holds, not where it lives: files.data_id), the same script sha256 and this machine's
-  fingerprint (machine.py), none followed by a failure. Failed steps
-  are retried; a failure ends that step's rounds in this sweep. `--profile` and `--trace`
+  configuration (`sweep.config`, spec.sweep_config: the RunSpec's preset, device, max_steps,
+  warmup_steps, seed and data as resolved, so a default and the flag that names it are one,
+  and nproc; the text named by what it holds, not where it lives: files.data_id; a record from
+  before the RunSpec is resolved as its step resolved it), the same script sha256 and this
+  machine's fingerprint (machine.py), none followed by a failure. Failed steps are retried;
+  a failure ends that step's rounds in this sweep. `--profile` and `--trace`
   (harness.profile) do not change the configuration, but a profiled sweep counts only the
   latest runs that have a time breakdown, and reruns the others.
 - **Another machine's folder.** A tag folder holding records of another machine (committed
@@ -47,7 +49,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import machine, outputs, preflight, report
-from .cli import child_argv, run_config
+from .cli import child_argv
 from .device import is_rocm
 from .device import resolve as resolve_torch_device
 from .errors import UserError
@@ -60,7 +62,7 @@ from .record import file_sha256
 from .rounds import labels, run_rounds
 from .rows import pooled_text
 from .runs import RUNS, foreign, load_runs, recover
-from .spec import RunSpec, resolve
+from .spec import RunSpec, resolve, sweep_config
 from .summary import SUMMARY, format_table
 
 BUDGET_EXIT = 3  # --budget ended the sweep with runs left, none failed: rerun to resume
@@ -217,19 +219,18 @@ def plan(args) -> Plan:
     fp = this_machine(device_type)
     nprocs = [1] + ([nproc] if nproc > 1 and any(s.distributed for s in selected) else [])
     base = choose_base(Path(args.results_dir), base, nprocs, fp, args.tag is not None)
-    config = run_config(values)  # the text by name and sha256 (files.data_id): hashed once
+    spec = run_spec(values, device_type)  # the text by name and sha256 (files.data_id)
     passes = []
     for n in nprocs:
         tag = base + processes_suffix(n)
         tag_dir = Path(args.results_dir) / tag
         tag_dir.mkdir(parents=True, exist_ok=True)
         held = expected_steps(ladder, tag)
-        configs = {s.num: dict(config, nproc=n if s.distributed else 1) for s in held}
+        configs = {s.num: sweep_config(spec, n if s.distributed else 1) for s in held}
         shas = {s.num: file_sha256(s.path) for s in held}
         chosen = [s for s in selected if s in held]
         passes.append(Pass(tag, tag_dir, n, held, chosen, configs, shas))
     control = args.control if args.control is not None else args.repeats > 1
-    spec = run_spec(values, device_type)
     p = Plan(passes, child_argv(values), args.repeats, fp, spec, control, capacity(device_type))
     for i, ps in enumerate(passes):
         for k, s in enumerate(ps.steps):

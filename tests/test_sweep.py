@@ -648,3 +648,30 @@ def test_preflight_run_length_duration_and_memory(monkeypatch):
     cpu = preflight.predict(ladder["11"], resolve({"preset": None}, "cpu"), 2)
     assert cpu.mode == "ddp" and cpu.world == 2
     assert "RAM per process" in preflight.memory_line(cpu, "cpu", 2 * 2**30, 2)[1]
+
+
+def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():
+    """sweep.config is the RunSpec's (spec.sweep_config); a record from before it holds the
+    flags the sweep passed (`preset: null`, `device: auto`), read as the step resolved them, so
+    a sweep's earlier runs stay up to date (results/cpu-amd-epyc-f25-m17-bf16-2c-x1)."""
+    from harness.spec import config_of, resolve, sweep_config
+
+    flags = {"device": "auto", "preset": None, "max_steps": None, "warmup_steps": None,
+             "data": None, "seed": 123}  # fmt: skip
+    cpu, gpu = {"cpu": {"vendor": "x"}}, {"gpus": []}
+    spec = resolve({"seed": 123}, "cpu")
+    old = {"sweep": {"config": dict(flags, nproc=2), "machine": cpu}}
+    assert config_of(old) == sweep_config(spec, 2)
+    want = {"device": "cpu", "preset": "cpu", "max_steps": 10, "warmup_steps": 2, "data": None,
+            "seed": 123, "nproc": 2}  # fmt: skip
+    assert sweep_config(spec, 2) == want
+    new = {"sweep": {"config": sweep_config(spec, 2), "machine": cpu}}
+    assert config_of(new) == sweep_config(spec, 2)  # resolving twice changes nothing
+    measuring = dict(flags, max_steps=60, warmup_steps=10)  # preflight.measuring_values'
+    on_gpu = resolve(dict(measuring, device="cuda"), "cuda")
+    assert config_of({"sweep": {"config": dict(measuring, nproc=1), "machine": gpu}}) == (
+        sweep_config(on_gpu, 1)
+    )
+    legacy = {"sweep": {"config": dict(flags, nproc=1), "machine": {"name": "AMD EPYC"}}}
+    assert config_of(legacy) == dict(flags, nproc=1)  # no device to resolve by: as it is
+    assert config_of({"sweep": {"config": {}}}) == {}
