@@ -56,6 +56,7 @@ from .load import is_busy, threshold
 from .record import jsonl_lines
 from .rows import number, text
 from .runs import RUNS, _snippet, _unparsed, matching, ok_since_failure, record_problem
+from .spec import config_of
 from .summary import _DIGITS, SUMMARY, read_summary, rebuild
 
 # the verdicts that claim a change (gains.add_effects): column -> (words, the "up" word, ratio,
@@ -357,7 +358,7 @@ def rebuilt(tag_dir: Path, steps, records, rep: Report):
     if used:  # the control runs of the first step, as summary.collect takes them
         first = next(s for s in expected if s.num in used)
         sw = used[first.num][-1].get("sweep") or {}
-        ctl = matching([r for _, r in records], first, sw.get("config"),
+        ctl = matching([r for _, r in records], first, config_of(used[first.num][-1]),
                        sw.get("script_sha256"), sw.get("machine"), control=True)  # fmt: skip
         runs += ok_since_failure(ctl)[-max(len(rs) for rs in used.values()) :]
     return df, {(r.get("sweep") or {}).get("run_id") for r in runs}, columns

@@ -162,9 +162,11 @@ def _supervise(proc: subprocess.Popen, relay: _Relay, t0: float, timeout: float)
     return False
 
 
-def run_child(cmd: list[str], timeout: float, indent: str = "      ") -> ChildResult:
-    """Run `cmd`, pass its output through live (indented), keep its last stderr lines."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def run_child(cmd: list[str], timeout: float, indent: str = "      ",
+              env: dict | None = None) -> ChildResult:  # fmt: skip
+    """Run `cmd` (with `env` added to the environment), pass its output through live
+    (indented), keep its last stderr lines."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd,

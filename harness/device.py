@@ -346,7 +346,7 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
 
 def gpu_memory(device: torch.device) -> tuple[int, bool] | None:
     """(total memory in bytes, native bf16) of a CUDA device, for the batch rule
-    (presets.fit_batch); None on other devices."""
+    (spec.fit_batch); None on other devices."""
     if device.type != "cuda":
         return None
     props = torch.cuda.get_device_properties(device)

@@ -15,6 +15,7 @@ from .child import failure_reason, run_child
 from .errors import UserError
 from .files import portable_path
 from .ladder import Step
+from .memory_model import PREDICTED_ENV
 from .record import append_jsonl
 from .runs import RUNS, step_records, tmp_path
 
@@ -156,7 +157,7 @@ def run_once(step: Step, flags: list[str], meta: dict, tag_dir: Path, timeout: f
     append_jsonl(tmp, {"sweep_meta": meta})
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     try:
-        res = run_child(cmd, timeout)
+        res = run_child(cmd, timeout, env={PREDICTED_ENV: "1"})  # the sweep printed it
     except BaseException:  # interrupted: keep the temp file only if it holds a record to recover
         if not step_records(tmp):
             tmp.unlink(missing_ok=True)

@@ -46,6 +46,7 @@ from pathlib import Path
 from . import gpus, preflight
 from .ladder import ROOT, discover, parse_steps
 from .presets import GPT2_VOCAB, PRESETS, SWEEP_LENGTH
+from .spec import config_of
 
 CSV = ROOT / "results" / "reference" / "published_a100_ladder.csv"
 A100 = "NVIDIA A100-SXM4-80GB"  # the published ladder's GPU (its bf16 peak: gpus.py)
@@ -106,7 +107,7 @@ def expected(step, preset: str, gpu: str, recs: list[dict]) -> Run:
     mine = [r for r in recs if r.get("step") == step.num]
     if recs:
         last = recs[-1].get("sweep") or {}
-        cmp = preflight.compile_seconds(step, recs, last.get("config"), last.get("machine"))
+        cmp = preflight.compile_seconds(step, recs, config_of(recs[-1]), last.get("machine"))
         took, measured = preflight.run_seconds(step, mine, "cuda", cmp)
         if measured:
             return Run(step.num, took, True)

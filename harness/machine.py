@@ -222,13 +222,22 @@ def gpu_list(props: list) -> list[dict]:
 
 
 def cuda_props() -> list[dict]:
-    """The visible GPUs' properties as plain dicts (what gpu_list reads, and the name)."""
+    """The visible GPUs' properties as plain dicts (what gpu_list reads, the name, and an AMD
+    GPU's arch for its native bf16: the sweep's RunSpec)."""
     import torch
 
     out = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        keys = ("name", "major", "minor", "total_memory", "multi_processor_count", "uuid")
+        keys = (
+            "name",
+            "major",
+            "minor",
+            "total_memory",
+            "multi_processor_count",
+            "uuid",
+            "gcnArchName",
+        )
         out.append({k: (str(v) if k == "uuid" and v is not None else v)
                     for k in keys for v in [getattr(p, k, None)]})  # fmt: skip
     return out

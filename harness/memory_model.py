@@ -36,7 +36,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from .presets import PRESETS
+from .presets import GPT2_VOCAB, PRESETS
 
 VOCAB = 50304  # step 09 on: GPT-2's 50257 padded to a multiple of 64
 FP32 = 4
@@ -254,25 +254,52 @@ def breakdown_table(steps=("13", "14"), gpus=(1, 4)) -> str:
 
 
 # ---------------------------------------------------------------- for the harness
-def announce(run, model) -> dict:
-    """Called by Run.set_model before the first step: print the prediction for this run (from
-    the preset's shape; the mode from the model: FSDP2, DDP or one process), note when it
-    exceeds the device's memory, and return the record's fields."""
-    cfg, step, device = run.cfg, run.step, run.device
-    world = _world()
-    act = 4
-    if step >= "05":  # step 05: bf16 autocast where bf16 is fast
+PREDICTED_ENV = "SPEED_LADDER_PREDICTED"  # set by the sweep, which printed the prediction itself
+
+
+def act_bytes_of(step: str, bf16: bool | None, device_type: str) -> int:
+    """Bytes per activation element in ladder step `step`: 2 under step 05's bf16 autocast, else
+    4. bf16: RunSpec.bf16 (None on a CPU or MPS: device.bf16_is_fast measures it, cached)."""
+    if step < "05":
+        return 4
+    if bf16 is None:
+        import torch
+
         from .device import bf16_is_fast
 
-        act = 2 if bf16_is_fast(device)[0] else 4
-    drop = (cfg.get("drop_rate") or 0) > 0
-    flash = step >= "07" and (device.type == "cuda" or not drop)  # CPU + dropout: math SDPA
+        bf16 = bf16_is_fast(torch.device(device_type))[0]
+    return 2 if bf16 else 4
+
+
+def predict_run(shape: dict, step: str, world: int, batch: int, bf16: bool | None,
+                device_type: str, mode: str | None = None, vocab: int | None = None,
+                name: str = "custom") -> Prediction:  # fmt: skip
+    """The prediction for one run of ladder step `step` (the sweep's before it, the step's own):
+    activations in bf16 as step 05 decides (`act_bytes_of`), flash attention from step 07 (on a
+    CPU only without dropout: SDPA's math path otherwise), GPT-2's vocabulary padded from step
+    09; the mode from the step unless the model says (`detect_mode`)."""
+    act = act_bytes_of(step, bf16, device_type)
+    drop = (shape.get("drop_rate") or 0) > 0
+    flash = step >= "07" and (device_type == "cuda" or not drop)  # CPU + dropout: math SDPA
+    if vocab is None:
+        vocab = GPT2_VOCAB if step < "09" else VOCAB
+    p = predict(shape, world, step, batch, act, flash, mode, vocab)
+    p.preset = name
+    return p
+
+
+def announce(run, model) -> dict:
+    """Called by Run.set_model before the first step: print the prediction for this run (from
+    the preset's shape, its RunSpec's bf16; the mode from the model: FSDP2, DDP or one process;
+    not printed again under the sweep, which printed it before the run), note when it exceeds
+    the device's memory, and return the record's fields."""
+    cfg, step, device = run.cfg, run.step, run.device
     shape = {**PRESETS[run.preset_name], **cfg}
-    mode = detect_mode(model)
     vocab = cfg.get("vocab_size", VOCAB)  # every step passes it; a bare test config may not
-    p = predict(shape, world, step, run.batch_size, act, flash, mode, vocab)
-    p.preset = run.preset_name
-    run.print(f"[{step}] {p.line()}")
+    p = predict_run(shape, step, _world(), run.batch_size, run.spec.bf16, device.type,
+                    detect_mode(model), vocab, run.preset_name)  # fmt: skip
+    if not os.environ.get(PREDICTED_ENV):
+        run.print(f"[{step}] {p.line()}")
     cap = capacity_bytes(device)
     if cap and p.total_bytes > cap:
         run.note(

@@ -11,12 +11,12 @@ should take, and what memory each run should need (and whether it fits).
   (`compile_seconds`: its record's `compiles.seconds`, that step's or else step 08's), or
   `COMPILE_S` where none did. The sweep prints the total before it starts and says which part
   is rough.
-- **Memory** (`memory_line`): `memory_model.predict` for the step, its preset and processes,
-  printed before each run; a run predicted not to fit (GPU: with the CUDA context and 10%
-  headroom, `memory_model.fits`; CPU: the machine's RAM over its processes, with 0.5 GiB of
-  PyTorch per process) is warned about. The step prints the exact prediction itself and keeps it
-  in its record beside the measured peak (activation bytes here assume bf16 on CUDA from step
-  05 on and fp32 elsewhere).
+- **Memory** (`predict`, `memory_line`): `memory_model.predict_run` for the step and its
+  processes, from the sweep's RunSpec (harness.spec: the batch the step will use after the batch
+  rule, bf16 as step 05 decides on this device), printed before each run (the step then does not
+  print it again, and keeps its own in its record beside the measured peak); a run predicted not
+  to fit (GPU: with the CUDA context and 10% headroom, `memory_model.fits`; CPU: the machine's
+  RAM over its processes, with 0.5 GiB of PyTorch per process) is warned about.
 """
 
 import re
@@ -26,20 +26,16 @@ from pathlib import Path
 from . import memory_model
 from .ladder import Step
 from .presets import PRESETS, SWEEP_LENGTH
+from .spec import RunSpec, config_of, preset_name
 
 ROUGH_RUN_S = {"cpu": 40.0, "cuda": 60.0, "mps": 60.0}
 COMPILE_S = {"cpu": 90.0, "cuda": 60.0, "mps": 60.0}
 CPU_PROCESS_BYTES = memory_model.GIB // 2  # PyTorch itself, per process, on a CPU
 
 
-def preset_of(values: dict, device_type: str) -> str:
-    """The preset a step will choose (as presets.choose does)."""
-    return values.get("preset") or ("gpt2-124m" if device_type == "cuda" else "cpu")
-
-
 def measuring_values(values: dict, device_type: str) -> dict:
     """The sweep's step flags with the bounded run length of the preset filled in."""
-    length = SWEEP_LENGTH.get(preset_of(values, device_type))
+    length = SWEEP_LENGTH.get(preset_name(values.get("preset"), device_type)[0])
     if length is None or values.get("max_steps") is not None:
         return values
     warm = values.get("warmup_steps")
@@ -64,7 +60,7 @@ def compile_seconds(step: Step, recs: list[dict], cfg: dict, machine: str) -> fl
     None where none was measured."""
     flags = lambda c: {k: v for k, v in (c or {}).items() if k != "nproc"}
     alike = [r for r in recs if (r.get("sweep") or {}).get("machine") == machine
-             and flags((r.get("sweep") or {}).get("config")) == flags(cfg)]  # fmt: skip
+             and flags(config_of(r)) == flags(cfg)]  # fmt: skip
     for num in (step.num, "08"):
         took = [(r.get("compiles") or {}).get("seconds") for r in alike if r.get("step") == num]
         took = [t for t in took if isinstance(t, (int, float)) and t > 0][-5:]
@@ -123,15 +119,14 @@ def estimate_line(estimates: list[tuple[float, bool]], device_type: str) -> str:
 
 
 # ---------------------------------------------------------------- memory
-def predict(step: Step, preset: str, world: int, device_type: str):
-    """The memory model's prediction for one run, or None for a preset it does not know."""
-    cfg = PRESETS.get(preset)
-    if cfg is None:
+def predict(step: Step, spec: RunSpec, world: int):
+    """The memory model's prediction for one run of `step` on `world` processes, as its RunSpec
+    resolves it; None for a preset it does not know."""
+    shape = PRESETS.get(spec.preset)
+    if shape is None:
         return None
-    act = 2 if device_type == "cuda" and step.num >= "05" else 4
-    flash = step.num >= "07" and (device_type == "cuda" or not cfg.get("drop_rate"))
-    pred = memory_model.predict(preset, world, step.num, act_bytes=act, flash=flash)
-    return pred
+    return memory_model.predict_run(shape, step.num, world, spec.batch(step.num), spec.bf16,
+                                    spec.device, name=spec.preset)  # fmt: skip
 
 
 def memory_line(pred, device_type: str, capacity: int | None, world: int) -> tuple[str, str | None]:

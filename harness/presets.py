@@ -18,15 +18,8 @@ large_batch_size x GPUs x gradient-accumulation steps (e.g. 16 x 8 x 4 for gpt2-
 ladder has no accumulation, so its global batch is large_batch_size x GPUs). Their run length is
 a measuring run: 30 steps, 10 of them warm-up.
 
-`choose` picks a run's preset (the flag, else the device's default) and applies the flags that
-override it; `check_name` is the one check of a preset's name.
-
-The batch rule (`fit_batch`): on a CUDA GPU that cannot hold every step of the ladder at the
-preset's batch (gpt2-124m's fp32 steps 00-04 at batch 8 reserve about 26 GB: a 24 GB RTX
-3090/4090, L4 or A10 runs out of memory at step 00), the default halves `batch_size` and
-`large_batch_size` together until the heaviest step fits, by harness.memory_model's prediction
-for this GPU's memory, with a margin. Every step makes the same choice on the same GPU, so the
-ladder's speedups compare, and step 10 keeps its 4x. `--batch-size` turns it off.
+`check_name` is the one check of a preset's name. Which preset a run uses, with its flags
+and the batch rule that fits a smaller GPU applied, is harness/spec.py's (`resolve`).
 """
 
 from .errors import UserError
@@ -169,90 +162,3 @@ def check_name(name: str | None) -> None:
     """An unknown --preset is a UserError naming the presets (None: the device's default)."""
     if name is not None and name not in PRESETS:
         raise UserError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
-
-
-# ---------------------------------------------------------------- a batch that fits this GPU
-# harness.memory_model leaves out backward's transient tensors: on the one published fp32 peak,
-# step 00 at batch 8 (26.26 GB reserved on an A100, results/reference), it predicts 21.8 GB:
-# x1.20. The rule adds 25% to every prediction, then the CUDA context (memory_model's 1 GiB).
-FIT_MARGIN = 1.25
-LADDER_STEPS = [f"{i:02d}" for i in range(15)]
-
-
-def _heaviest(shape: dict, batch: int, large: int, bf16: bool) -> tuple[str, int]:
-    """(step, predicted bytes) of the ladder's heaviest step on one GPU at these batches: fp32
-    until step 05 (and after, without native bf16), materialized attention until step 07, the
-    padded vocabulary from step 09, the large batch from step 10, DDP's buckets from 11."""
-    from .memory_model import predict  # it imports this module
-
-    worst = ("00", 0)
-    for step in LADDER_STEPS:
-        act = 2 if bf16 and step >= "05" else 4
-        b = large if step >= "10" else batch
-        vocab = GPT2_VOCAB if step < "09" else 50304
-        p = predict(shape, 1, step, b, act, flash=step >= "07", vocab=vocab)
-        worst = max(worst, (step, p.total_bytes), key=lambda w: w[1])
-    return worst
-
-
-def fit_batch(name: str, p: dict, gpu_bytes: int, bf16: bool) -> dict | None:
-    """The batch rule (see the module doc): None where the preset's batches fit a GPU of
-    `gpu_bytes` (bf16: whether it has native bf16, as step 05 decides); else what was chosen and
-    why, for the record (`batch_rule`). Where no batch fits (the state alone is too big: the
-    GPT-2 family's larger presets on small GPUs, for FSDP2 on several), the preset's is kept."""
-    from .memory_model import CUDA_OVERHEAD, GIB
-
-    def need(batch, large):
-        step, b = _heaviest(p, batch, large, bf16)
-        return step, b * FIT_MARGIN + CUDA_OVERHEAD
-
-    batch, large = p["batch_size"], p["large_batch_size"]
-    step, first = need(batch, large)
-    if first <= gpu_bytes:
-        return None
-    rule = {"gpu_bytes": gpu_bytes, "preset_batch": batch, "preset_large_batch": large}
-    gib = lambda x: f"{x / GIB:.1f} GiB"
-    head = (f"this GPU's {gib(gpu_bytes)} cannot hold {name} at batch {batch} (step {step} "
-            f"needs {gib(first)}: predicted x{FIT_MARGIN} + the CUDA context)")  # fmt: skip
-    b, lb = batch, large
-    while b > 1 or lb > 1:
-        b, lb = max(1, b // 2), max(1, lb // 2)
-        step, n = need(b, lb)
-        if n <= gpu_bytes:
-            return rule | {"batch": b, "large_batch": lb, "heaviest_step": step, "reason": (
-                f"{head}: batch {b} (step 10 on: {lb}) for every step, so the speedups "
-                f"compare; step {step} needs {gib(n)}; --batch-size N overrides")}  # fmt: skip
-    return rule | {"batch": batch, "large_batch": large, "heaviest_step": step, "reason": (
-        f"{head}, nor at batch 1: the preset's batch is kept (python -m harness.memory_model "
-        "shows what fits; step 14 on several GPUs shards the state)")}  # fmt: skip
-
-
-def choose(args, device_type: str, gpu: tuple[int, bool] | None = None) -> tuple[str, str, dict]:
-    """(name, why it was chosen, settings) of a run's preset: --preset, else gpt2-124m on CUDA
-    and cpu elsewhere; --epochs, --max-steps, --warmup-steps and --batch-size override it.
-    gpu: (total memory in bytes, native bf16) of a CUDA device, for the batch rule; the rule
-    applies where --batch-size is not given, and settings["batch_rule"] says what it did."""
-    name = args.preset
-    if name is None:
-        name = "gpt2-124m" if device_type == "cuda" else "cpu"
-        why = f"default for {device_type}"
-    else:
-        why = "--preset"
-    p = dict(PRESETS[name])
-    for key in ("epochs", "max_steps", "warmup_steps"):
-        if getattr(args, key) is not None:
-            p[key] = getattr(args, key)
-    p["batch_rule"] = None
-    if args.batch_size is not None:
-        p["batch_size"] = p["large_batch_size"] = args.batch_size
-    elif device_type == "cuda" and gpu is not None:
-        p["batch_rule"] = fit_batch(name, p, *gpu)
-        if p["batch_rule"] is not None:
-            p["batch_size"] = p["batch_rule"]["batch"]
-            p["large_batch_size"] = p["batch_rule"]["large_batch"]
-    if p["max_steps"] is not None and p["max_steps"] <= p["warmup_steps"]:
-        raise UserError(
-            f"--max-steps {p['max_steps']} leaves no timed step after "
-            f"{p['warmup_steps']} warm-up steps; raise --max-steps or lower --warmup-steps"
-        )
-    return name, why, p

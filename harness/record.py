@@ -37,7 +37,7 @@ FIELDS = [
     "interpreted",  # true: Triton's interpreter ran step 12's kernel on a CPU: numerics only
     "regime",  # the numbers it computed with: fp32, tf32, bf16, +compiled (harness.parity)
     "compiles",  # torch.compile: {graphs, frames, seconds}, null when eager (harness.parity)
-    "batch_rule",  # null, or how the batch was lowered to fit this GPU (presets.fit_batch)
+    "batch_rule",  # null, or how the batch was lowered to fit this GPU (spec.fit_batch)
 ]
 
 

@@ -1,6 +1,7 @@
 """The sweep's rounds: every job (a step in a tag folder, or the A/A control run) once per round,
 K rounds, resuming in the round a killed sweep was in; before each run the machine's load and
-the run's predicted memory, after it a line of its result. The plan is sweep.py's."""
+the run's predicted memory, after it a line of its result. The plan is sweep.py's; its types
+(Plan, Pass, Job) are plan.py's, whose fields the rounds read."""
 
 import os
 import time
@@ -10,18 +11,12 @@ from pathlib import Path
 
 from . import load, machine, preflight
 from .child import KILL_GRACE_S
-from .ladder import Step
 from .launch import run_once
+from .plan import Job, Plan, summarize
 from .profile import profiled_runs
 from .record import append_jsonl, read_jsonl
-from .runs import done_runs, matching
-
-
-@dataclass(frozen=True)
-class Job:
-    pass_index: int
-    step: Step
-    control: bool = False
+from .runs import done_runs, load_runs, matching
+from .spec import config_of, resolved_config
 
 
 @dataclass
@@ -42,27 +37,27 @@ class Progress:
                    if j not in self.passed_over)  # fmt: skip
 
 
-def _label(p, job: Job) -> str:
-    ps = p.passes[job.pass_index]
+def _label(p: Plan, job: Job) -> str:
+    ps = p.pass_of(job)
     extra = " (A/A control)" if job.control else ""
     if job.step.distributed:
         extra += f" on {ps.nproc} process{'es' if ps.nproc > 1 else ''}"
     return f"step {job.step.num} {job.step.title}{extra}"
 
 
-def _start(p, force: bool) -> Progress:
+def _start(p: Plan, force: bool) -> Progress:
     """The ok runs each job already has (none with --force), and an estimate of each run."""
     done, estimate = {}, {}
     for job in p.jobs:
-        ps = p.passes[job.pass_index]
-        recs = p.records(ps)
+        ps = p.pass_of(job)
+        recs = load_runs(ps.tag_dir)
         cfg, sha = ps.configs[job.step.num], ps.shas[job.step.num]
         done[job] = 0 if force else done_runs(recs, job.step, cfg, sha, p.machine, job.control)
         earlier = matching(recs, job.step, cfg, sha, p.machine, job.control)
         if {"--profile", "--trace"} & set(p.flags):  # profiled: latest runs with a breakdown
             done[job] = min(done[job], profiled_runs(earlier))
         same_cfg = [r for r in recs if r.get("step") == job.step.num
-                    and (r.get("sweep") or {}).get("config") == cfg
+                    and config_of(r) == cfg
                     and (r.get("sweep") or {}).get("machine") == p.machine]  # fmt: skip
         compile_s = preflight.compile_seconds(job.step, recs, cfg, p.machine)  # measured here
         estimate[job] = preflight.run_seconds(
@@ -90,8 +85,9 @@ def _start(p, force: bool) -> Progress:
     return prog
 
 
-def _before_run(p, job: Job, wait_s: float | None) -> None:
-    """The machine's load (waiting for quiet with --wait-quiet), and the memory prediction."""
+def _before_run(p: Plan, job: Job, wait_s: float | None) -> None:
+    """The machine's load (waiting for quiet with --wait-quiet), and the memory prediction (the
+    step does not print it again: memory_model.PREDICTED_ENV)."""
     check_s = float(os.environ.get("SPEED_LADDER_CHECK_S", load.CHECK_S))
     if check_s > 0 and load.supported():
         measure = lambda: load.measure_others(check_s)
@@ -100,9 +96,8 @@ def _before_run(p, job: Job, wait_s: float | None) -> None:
             load.wait_quiet(wait_s, say=say, measure=measure)
         else:
             load.quiet_check(say=say, measure=measure)
-    ps = p.passes[job.pass_index]
-    world = ps.nproc if job.step.distributed else 1
-    pred = preflight.predict(job.step, p.preset, world, p.device_type)
+    world = p.pass_of(job).nproc if job.step.distributed else 1
+    pred = preflight.predict(job.step, p.spec, world)
     if pred is not None:
         line, warning = preflight.memory_line(pred, p.device_type, p.capacity, world)
         print(f"      memory: {line}", flush=True)
@@ -110,9 +105,9 @@ def _before_run(p, job: Job, wait_s: float | None) -> None:
             print(f"      warning: {warning}", flush=True)
 
 
-def _run_job(p, job: Job, rnd: int, timeout: float, keep_timeout: bool = True,
+def _run_job(p: Plan, job: Job, rnd: int, timeout: float, keep_timeout: bool = True,
              cut_before: float = 0.0) -> dict | None:  # fmt: skip
-    ps = p.passes[job.pass_index]
+    ps = p.pass_of(job)
     meta = {
         "run_id": uuid.uuid4().hex,
         "tag": ps.tag,
@@ -163,8 +158,12 @@ def cut_seconds(tag_dir, job: Job, config: dict, sha: str, fp: dict) -> float:
     """The longest a run of `job` (this configuration, script, machine fingerprint `fp`) lasted
     before a budget stopped it, or 0."""
     key = _cut_key(job, config, sha, fp)
+
+    def same(c: dict, k: str, v) -> bool:  # a cut noted before the RunSpec: resolved
+        return (resolved_config(c.get(k), c.get("machine")) if k == "config" else c.get(k)) == v
+
     cuts = [c.get("cut_after_s") for c in read_jsonl(Path(tag_dir) / CUTS)
-            if isinstance(c, dict) and all(c.get(k) == v for k, v in key.items())]  # fmt: skip
+            if isinstance(c, dict) and all(same(c, k, v) for k, v in key.items())]  # fmt: skip
     return max((float(c) for c in cuts if isinstance(c, (int, float))), default=0.0)
 
 
@@ -177,7 +176,7 @@ def _fits(job: Job, prog: Progress, deadline: float | None) -> float | None:
     return left if left > 0 and prog.estimate[job] <= left else 0.0
 
 
-def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
+def run_rounds(p: Plan, force: bool, timeout: float, wait_s: float | None,
                deadline: float | None = None) -> list[Job]:  # fmt: skip
     """Round after round, every job that has fewer ok runs than the round's number. With a
     `deadline` (--budget) a run starts only when its expected duration fits before it (one that
@@ -211,7 +210,7 @@ def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
                 _pass_over(p, prog, job, deadline, passed_over)
                 continue
             limit = timeout if allowed is None else min(timeout, allowed)
-            ps = p.passes[job.pass_index]
+            ps = p.pass_of(job)
             key = (ps.tag_dir, job, ps.configs[job.step.num], ps.shas[job.step.num], p.machine)
             before = cut_seconds(*key) if limit != timeout else 0.0  # cut once already?
             rec = _run_job(p, job, prog.done[job] + 1, limit, keep_timeout=limit == timeout,
@@ -232,11 +231,11 @@ def run_rounds(p, force: bool, timeout: float, wait_s: float | None,
                 prog.done[job] += 1
             else:  # no point repeating a failure in this sweep
                 prog.failed.add(job)
-            p.summarize()
+            summarize(p)
     return [j for j in prog.left(p.repeats) if j in passed_over]
 
 
-def labels(p, jobs: list[Job]) -> list[str]:
+def labels(p: Plan, jobs: list[Job]) -> list[str]:
     """'step 08 torch.compile' (with ' on N processes' for a distributed step) for each job."""
     return [_label(p, j) for j in jobs]
 
@@ -245,7 +244,7 @@ def _left_text(deadline: float) -> str:
     return preflight.fmt_duration(max(0.0, deadline - time.monotonic()))
 
 
-def _pass_over(p, prog: Progress, job: Job, deadline: float, passed_over: set) -> None:
+def _pass_over(p: Plan, prog: Progress, job: Job, deadline: float, passed_over: set) -> None:
     """Say that `job` does not fit in what is left of the budget, and leave it for later."""
     passed_over.add(job)
     need = preflight.fmt_duration(prog.estimate[job])

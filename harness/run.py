@@ -38,11 +38,11 @@ from . import load, machine, parity, profile
 from .cli import on_failure
 from .data import gpt2_tokenizer, load_split
 from .errors import UserError, os_error_why
-from .files import ROOT, check_cache_dir, data_id, portable_path
+from .files import ROOT, check_cache_dir, portable_path
 from .inactive import LIGER_INTERPRETED, LIGER_RAN, interpreted, triton_interpreted
 from .outputs import check_file
-from .presets import choose
 from .record import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
+from .spec import resolve
 
 
 def _dist():
@@ -111,11 +111,11 @@ class Run:
             check_file(args.results, "--results")
         check_cache_dir()
 
-        name, why, self.preset = choose(args, self.device.type, dev.gpu_memory(self.device))
-        self.preset_name = name
-        self.print(
-            f"[{step}] preset {name} ({why}); device {self.device.type}: {dev.name(self.device)}"
-        )
+        # the run's settings, as the sweep resolved them for its plan (harness.spec)
+        self.spec = resolve(vars(args), self.device.type, dev.gpu_memory(self.device))
+        self.preset, self.preset_name = self.spec.settings, self.spec.preset
+        self.print(f"[{step}] preset {self.spec.preset} ({self.spec.why}); device "
+                   f"{self.device.type}: {dev.name(self.device)}")  # fmt: skip
         if self.preset["batch_rule"] is not None:  # a GPU too small for the preset's batch
             self.note(f"batch rule: {self.preset['batch_rule']['reason']}")
 
@@ -318,16 +318,7 @@ class Run:
             "regime": parity.regime(self.device),  # fp32, tf32, bf16 (+ -compiled): parity.py
             "compiles": parity.compiles(),  # torch.compile's graphs, frames, seconds; or None
             "batch_rule": self.preset["batch_rule"],
-            "config": {
-                "preset": self.preset_name,
-                "device": self.device.type,
-                "max_steps": self.preset["max_steps"],
-                "epochs": self.preset["epochs"],
-                "warmup_steps": self.preset["warmup_steps"],
-                "seed": self.args.seed,
-                "batch_size_override": self.args.batch_size,
-                "data": data_id(self.args.data),
-            },
+            "spec": self.spec.record(),  # the one configuration (harness.spec)
             **self.memory_prediction,
         }
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from .errors import warn
 from .ladder import Step
 from .record import append_jsonl, jsonl_lines, read_jsonl
+from .spec import config_of
 
 RUNS = "runs.jsonl"
 CUT = "runs.jsonl.cut"  # torn last lines cut off by a repair, kept here
@@ -191,14 +192,16 @@ def recover(tag_dir: Path) -> int:
 def matching(
     records: list[dict], step: Step, config: dict, sha: str, machine=None, control: bool = False
 ) -> list[dict]:
-    """The records of `step` run with this sweep configuration and this script, on `machine`
-    (a fingerprint; None: any machine); the A/A control runs with `control`, else the others."""
+    """The records of `step` run with this sweep configuration (spec.sweep_config; a record's is
+    read by spec.config_of, which resolves one from before the RunSpec) and this script, on
+    `machine` (a fingerprint; None: any machine); the A/A control runs with `control`, else the
+    others."""
     out = []
     for r in records:
         sw = r.get("sweep") or {}
         if (
             r.get("step") == step.num
-            and sw.get("config") == config
+            and config_of(r) == config
             and sw.get("script_sha256") == sha
             and (machine is None or sw.get("machine") == machine)
             and bool(sw.get("control")) == control

@@ -32,6 +32,7 @@ from .op_categories import CATEGORIES as TIME_CATEGORIES
 from .record import mfu_problem
 from .rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
 from .runs import matching, ok_since_failure
+from .spec import config_of
 
 SUMMARY = "summary.csv"
 GIB = 2**30
@@ -278,11 +279,11 @@ def _group(records: list[dict], step: Step):
             and not (r.get("sweep") or {}).get("control")]  # fmt: skip
     if not mine:
         return {}, "", None, 1
-    sw = mine[-1].get("sweep") or {}
-    same = matching(mine, step, sw.get("config"), sw.get("script_sha256"), sw.get("machine"))
+    sw, config = mine[-1].get("sweep") or {}, config_of(mine[-1])
+    same = matching(mine, step, config, sw.get("script_sha256"), sw.get("machine"))
     rounds = [(r.get("sweep") or {}).get("round") or (r.get("sweep") or {}).get("repeat") or 1
               for r in same]  # fmt: skip
-    return sw.get("config"), sw.get("script_sha256"), sw.get("machine"), max(rounds, default=1)
+    return config, sw.get("script_sha256"), sw.get("machine"), max(rounds, default=1)
 
 
 def rebuild(tag_dir: Path, ladder: list[Step], single: dict | None = None, nproc: int = 1):

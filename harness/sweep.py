@@ -11,10 +11,12 @@
   itself) measures the noise floor (gains.py). A killed sweep resumes in its round: a step's
   round is one more than its ok runs so far (`sweep.round` in the record).
 - **Up to date.** A step is skipped when runs.jsonl holds K `ok` records for the same sweep
-  configuration (preset, device, max_steps, warmup_steps, seed, data, nproc; the text named by
-  what it holds, not where it lives: files.data_id), the same script sha256 and this machine's
-  fingerprint (machine.py), none followed by a failure. Failed steps
-  are retried; a failure ends that step's rounds in this sweep. `--profile` and `--trace`
+  configuration (`sweep.config`, spec.sweep_config: the RunSpec's preset, device, max_steps,
+  warmup_steps, seed and data as resolved, so a default and the flag that names it are one,
+  and nproc; the text named by what it holds, not where it lives: files.data_id; a record from
+  before the RunSpec is resolved as its step resolved it), the same script sha256 and this
+  machine's fingerprint (machine.py), none followed by a failure. Failed steps are retried;
+  a failure ends that step's rounds in this sweep. `--profile` and `--trace`
   (harness.profile) do not change the configuration, but a profiled sweep counts only the
   latest runs that have a time breakdown, and reruns the others.
 - **Another machine's folder.** A tag folder holding records of another machine (committed
@@ -27,8 +29,11 @@
   start it again in less), and the sweep exits 3 naming the runs left; the same command resumes
   with them. The runs end within the budget; the summary and charts follow.
 - **Before each run** it checks that other processes leave the machine quiet (load.py; with
-  --wait-quiet it waits, bounded), and prints the memory model's prediction for the run; before
-  the first, the expected duration (preflight.py).
+  --wait-quiet it waits, bounded), and prints the memory model's prediction for the run (the
+  step does not print it again); before the first, the expected duration (preflight.py).
+- **One RunSpec.** The plan resolves the runs' settings (harness.spec: preset, run length, the
+  batch rule on this GPU, bf16) with the function every step resolves them with, so what it
+  predicts and plans is the run the step does. Its types (Plan, Pass, Job) are plan.py's.
 
 `results/<tag>/summary.csv` is rewritten atomically after every run. How the records survive a
 kill is in runs.py; how one run is launched and recorded, in launch.py.
@@ -40,21 +45,25 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from . import machine, outputs, preflight, report
-from .cli import child_argv, run_config
+from .cli import child_argv
+from .device import is_rocm
+from .device import resolve as resolve_torch_device
 from .errors import UserError
 from .files import ROOT
-from .ladder import Step, discover, expected_steps, parse_steps, processes_suffix
-from .launch import Lock  # noqa: F401  (tests take a folder's lock)
-from .machine import slug  # noqa: F401
+from .gpus import bf16_for
+from .ladder import discover, expected_steps, parse_steps, processes_suffix
+from .launch import Lock
+from .plan import Job, Pass, Plan, summarize
 from .record import file_sha256
-from .rounds import Job, labels, run_rounds
+from .rounds import labels, run_rounds
 from .rows import pooled_text
 from .runs import RUNS, foreign, load_runs, recover
-from .summary import SUMMARY, collect, format_table, summarize, write_summary
+from .spec import RunSpec, resolve, sweep_config
+from .summary import SUMMARY, format_table
 
 BUDGET_EXIT = 3  # --budget ended the sweep with runs left, none failed: rerun to resume
 
@@ -62,9 +71,7 @@ BUDGET_EXIT = 3  # --budget ended the sweep with runs left, none failed: rerun t
 # ---------------------------------------------------------------- hardware
 def resolve_device(name: str) -> str:
     """--device auto|cpu|cuda|mps -> the device type the steps will use (as the harness does)."""
-    from .device import resolve
-
-    return resolve(name).type
+    return resolve_torch_device(name).type
 
 
 _CUDA_INFO = None
@@ -118,51 +125,24 @@ def capacity(device_type: str) -> int | None:
     return cuda_info()[2] if device_type == "cuda" else machine.ram_bytes()
 
 
+def gpu_of(device_type: str) -> tuple[int, bool] | None:
+    """(total memory, native bf16) of GPU 0, what device.gpu_memory gives a step on it: the
+    batch rule's input for the sweep's RunSpec. None off CUDA (or without its properties)."""
+    if device_type != "cuda":
+        return None
+    _, _, total, props = cuda_info()
+    if not props or total is None:
+        return None
+    return int(total), bf16_for(SimpleNamespace(**props[0]), is_rocm())[0]
+
+
+def run_spec(values: dict, device_type: str) -> RunSpec:
+    """The RunSpec every step of this sweep resolves (harness.spec), resolved here the same way:
+    the same flags, the same device."""
+    return resolve(values, device_type, gpu_of(device_type))
+
+
 # ---------------------------------------------------------------- the plan
-@dataclass
-class Pass:
-    """One tag folder's part of the sweep: its steps, on `nproc` processes when distributed."""
-
-    tag: str
-    tag_dir: Path
-    nproc: int
-    ladder: list[Step]  # the steps this tag holds (its summary's rows)
-    steps: list[Step]  # the chosen ones, run in this sweep
-    configs: dict[str, dict]
-    shas: dict[str, str]
-
-
-@dataclass
-class Plan:
-    passes: list[Pass]
-    flags: list[str]
-    repeats: int
-    machine: dict
-    device_type: str
-    preset: str
-    control: bool
-    capacity: int | None = None  # one device's memory: the GPU's, or the machine's RAM
-    jobs: list[Job] = field(default_factory=list)
-
-    def records(self, ps: Pass) -> list[dict]:
-        return load_runs(ps.tag_dir)
-
-    def summarize(self) -> dict[str, object]:
-        """Every pass's summary, written to its summary.csv (the -x1 pass first: the others'
-        scaling efficiency is over its runs)."""
-        out, single = {}, None
-        for ps in self.passes:
-            recs = self.records(ps)
-            df = summarize(ps.ladder, recs, ps.configs, ps.shas, self.repeats, self.machine,
-                           single=single, nproc=ps.nproc)  # fmt: skip
-            if ps.nproc == 1:
-                single = collect(ps.ladder, recs, ps.configs, ps.shas, self.repeats,
-                                 self.machine)[1]  # fmt: skip
-            write_summary(ps.tag_dir, df)
-            out[ps.tag] = df
-        return out
-
-
 def check_outputs(tag_dir: Path) -> None:
     """Before any step runs: the tag folder (and --results-dir) can be made and written, and
     runs.jsonl and summary.csv in it, where they exist, are files that can be written."""
@@ -239,20 +219,19 @@ def plan(args) -> Plan:
     fp = this_machine(device_type)
     nprocs = [1] + ([nproc] if nproc > 1 and any(s.distributed for s in selected) else [])
     base = choose_base(Path(args.results_dir), base, nprocs, fp, args.tag is not None)
-    config = run_config(values)  # the text by name and sha256 (files.data_id): hashed once
+    spec = run_spec(values, device_type)  # the text by name and sha256 (files.data_id)
     passes = []
     for n in nprocs:
         tag = base + processes_suffix(n)
         tag_dir = Path(args.results_dir) / tag
         tag_dir.mkdir(parents=True, exist_ok=True)
         held = expected_steps(ladder, tag)
-        configs = {s.num: dict(config, nproc=n if s.distributed else 1) for s in held}
+        configs = {s.num: sweep_config(spec, n if s.distributed else 1) for s in held}
         shas = {s.num: file_sha256(s.path) for s in held}
         chosen = [s for s in selected if s in held]
         passes.append(Pass(tag, tag_dir, n, held, chosen, configs, shas))
     control = args.control if args.control is not None else args.repeats > 1
-    p = Plan(passes, child_argv(values), args.repeats, fp, device_type,
-             preflight.preset_of(values, device_type), control, capacity(device_type))  # fmt: skip
+    p = Plan(passes, child_argv(values), args.repeats, fp, spec, control, capacity(device_type))
     for i, ps in enumerate(passes):
         for k, s in enumerate(ps.steps):
             p.jobs.append(Job(i, s))
@@ -294,9 +273,9 @@ def sweep(args) -> int:
             copied = recover(ps.tag_dir)
             if copied:
                 print(f"recovered {copied} finished record(s) left by an interrupted sweep")
-        p.summarize()
+        summarize(p)
         left = run_rounds(p, args.force, args.timeout, args.wait_quiet, deadline)
-        dfs = p.summarize()
+        dfs = summarize(p)
     # steps the --budget left undone are "not run", not failed; one whose last record (from an
     # earlier sweep) is a failure is still reported failed
     unfinished = {(p.passes[j.pass_index].tag, j.step.num) for j in left}
@@ -336,7 +315,3 @@ def sweep(args) -> int:
         print("failed: " + ", ".join(failed), file=sys.stderr)
         return 1
     return BUDGET_EXIT if left else 0
-
-
-# the command line lives in sweep_cli.py
-from .sweep_cli import DEFAULT_TIMEOUT, add_run_parser  # noqa: E402, F401

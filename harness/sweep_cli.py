@@ -10,6 +10,7 @@ from .errors import UserError, broken_pipe, is_environment_os_error, os_error_li
 from .files import RESULTS
 from .presets import check_name
 from .runs import RUNS
+from .sweep import sweep
 
 DEFAULT_TIMEOUT = 1800
 DEFAULT_WAIT_S = 600.0
@@ -116,8 +117,6 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
 
 
 def _run_command(args) -> int:
-    from .sweep import sweep
-
     check_name(args.preset)
     if sys.platform == "win32":  # flock, process groups, PR_SET_PDEATHSIG: POSIX only
         raise UserError(

@@ -104,7 +104,7 @@ def test_the_peak_table_resolves_this_gpu():
 
 @pytest.mark.limit(30)
 def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
-    from harness.presets import fit_batch
+    from harness.spec import fit_batch
 
     total, bf16 = dev.gpu_memory(GPU)
     rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], total, bf16)

@@ -142,7 +142,8 @@ A100_40, A100_80 = 42_505_273_344, 85_051_572_224
     ],
 )
 def test_the_batch_rule_picks_a_batch_that_fits_and_keeps_step_10s_4x(memory, bf16, batches):
-    from harness.presets import PRESETS, fit_batch
+    from harness.presets import PRESETS
+    from harness.spec import fit_batch
 
     rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], memory, bf16)
     if batches is None:
@@ -155,7 +156,8 @@ def test_the_batch_rule_picks_a_batch_that_fits_and_keeps_step_10s_4x(memory, bf
 
 
 def test_where_no_batch_fits_the_preset_is_kept_and_said():
-    from harness.presets import PRESETS, fit_batch
+    from harness.presets import PRESETS
+    from harness.spec import fit_batch
 
     rule = fit_batch("gpt2-xl", PRESETS["gpt2-xl"], RTX_4090, True)  # 26 GB of state alone
     assert (rule["batch"], rule["large_batch"]) == (1, 4)
@@ -196,6 +198,40 @@ def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
     fake_gpu(props("NVIDIA GeForce RTX 4090", 8, 9, 128, memory=RTX_4090))
     run = Run(_run_args(batch_size=8), "00", __file__)
     assert run.preset["batch_size"] == 8 and run.preset["batch_rule"] is None
+
+
+@pytest.mark.parametrize("memory,major,batch", [(RTX_4090, 8, 4), (V100_16, 7, 2)])
+def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch, fake_gpu,
+                                                           monkeypatch, capsys):  # fmt: skip
+    """One RunSpec (harness.spec): on a GPU too small for the preset's batch, the sweep's plan
+    resolves the batch the step will run with, and the memory it predicts before the run is
+    the prediction the step records; printed once (the step leaves it to the sweep)."""
+    from dataclasses import asdict
+
+    from harness import memory_model, preflight, sweep
+    from harness.files import ROOT
+    from harness.ladder import discover
+    from harness.run import Run
+
+    p = props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory)
+    fake_gpu(p)
+    monkeypatch.setattr(sweep, "_CUDA_INFO", (1, p.name, memory, [vars(p)]))
+    values = preflight.measuring_values(dict(vars(_run_args()), device="cuda"), "cuda")
+    planned = sweep.run_spec(values, "cuda")  # what the sweep's plan holds
+    assert (planned.batch("00"), planned.batch("10")) == (batch, 4 * batch)
+    assert planned.bf16 is (major >= 8)
+    ladder = {s.num: s for s in discover(ROOT)}
+    monkeypatch.setenv(memory_model.PREDICTED_ENV, "1")  # as the sweep launches a step
+    for step in ("00", "05", "10"):
+        run = Run(_run_args(max_steps=values["max_steps"], warmup_steps=values["warmup_steps"]),
+                  step, __file__)  # fmt: skip
+        assert run.spec == planned
+        run.cfg = {"vocab_size": 50257 if step < "09" else 50304}  # what set_model is given
+        run.batch_size = run.preset["large_batch_size" if step >= "10" else "batch_size"]
+        recorded = memory_model.announce(run, torch.nn.Linear(1, 1))["memory_model"]
+        assert asdict(preflight.predict(ladder[step], planned, 1)) == recorded
+        assert recorded["batch"] == planned.batch(step)
+    assert "predicted per rank" not in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- is the step's idea active here?

@@ -89,7 +89,8 @@ def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
     cfg = {"vocab_size": mm.VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
            "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
     run = SimpleNamespace(cfg=cfg, step="13", device=torch.device("cpu"), preset_name="tiny",
-                          batch_size=8, print=printed.append, note=notes.append)  # fmt: skip
+                          batch_size=8, print=printed.append, note=notes.append,
+                          spec=SimpleNamespace(bf16=None))  # fmt: skip
     monkeypatch.setattr("harness.device.bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
     fields = mm.announce(run, model)
@@ -97,5 +98,6 @@ def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
     assert fields["predicted_state_bytes_per_rank"] == mm.state_bytes(cfg, 1, "single")["total"]
     assert len(printed) == 1 and "predicted per rank (tiny, single" in printed[0] and not notes
     monkeypatch.setattr(mm, "capacity_bytes", lambda device: 1)
-    mm.announce(run, model)
+    monkeypatch.setenv(mm.PREDICTED_ENV, "1")  # under the sweep, which printed it before the run
+    assert mm.announce(run, model) == fields and len(printed) == 1
     assert len(notes) == 1 and "expect out-of-memory" in notes[0]

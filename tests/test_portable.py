@@ -108,6 +108,7 @@ def test_a_sweeps_records_name_no_place_of_this_machine(tmp_path, capsys, monkey
     args += ["--warmup-steps", 1, "--results-dir", results, "--no-plots"]
     code, out, err = sweep_here(capsys, *args, "--data", here / "verdict.txt")
     assert code == 0, out[-3000:] + err[-3000:]
+    assert out.count("predicted per rank (tiny") == 2  # once a run: the sweep's, not the step's
     recs = runs_of(results)
     assert [r["step"] for r in recs] == ["00", "01"]
     forbidden, host = places(tmp_path), socket.gethostname()
@@ -117,7 +118,7 @@ def test_a_sweeps_records_name_no_place_of_this_machine(tmp_path, capsys, monkey
             assert not [p for p in forbidden if p in s], s
             assert not (host and host_in(s, host)), s
         text = f"verdict.txt sha256:{file_sha256(VERDICT)[:12]}"
-        assert r["config"]["data"] == r["sweep"]["config"]["data"] == text
+        assert r["spec"]["data"] == r["sweep"]["config"]["data"] == text
         tmp = f"{TAG}/.tmp-{r['step']}-{r['sweep']['run_id'][:12]}.jsonl"
         assert r["sweep"]["command"][:2] == ["python", r["script"]]
         assert r["sweep"]["command"][-2:] == ["--results", tmp]

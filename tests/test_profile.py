@@ -297,9 +297,9 @@ def test_a_profiler_that_cannot_start_costs_the_run_nothing(monkeypatch):
 # ---------------------------------------------------------------- flags
 def test_profile_flags_are_passed_but_do_not_identify_a_run(tmp_path):
     p = cli.Parser()
-    from harness import sweep
+    from harness import sweep_cli
 
-    sweep.add_run_parser(p.add_subparsers(dest="command"))
+    sweep_cli.add_run_parser(p.add_subparsers(dest="command"))
     values = vars(p.parse_args(["run", "--profile", "--trace", str(tmp_path)]))
     assert values["profile"] == profile.PROFILE_STEPS == 3
     assert "profile" not in cli.run_config(values) and "trace" not in cli.run_config(values)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import BPE, ROOT, VERDICT
 
-from harness import cli, sweep
+from harness import cli, launch, machine, sweep, sweep_cli
 from harness.child import failure_reason
 from harness.data import stage_bpe
 from harness.errors import UserError
@@ -408,7 +408,6 @@ def test_discover_titles_and_ddp():
 
 
 def test_hardware_tag(monkeypatch):
-    from harness import machine
 
     cpu = f"cpu-{machine.cpu_tag_part(machine.cpu_model(), machine.cpu_id())}-{os.cpu_count()}c"
     assert sweep.hardware_tag("cpu", 1) == TAG == f"{cpu}-x1"
@@ -418,8 +417,8 @@ def test_hardware_tag(monkeypatch):
     assert sweep.hardware_tag("cuda", 1) == "nvidia-h200-x1"
     assert sweep.capacity("cuda") == 150 * 2**30
     assert sweep.this_machine("cuda")["device_count"] == 8
-    assert sweep.slug("NVIDIA H200") == "nvidia-h200"
-    assert sweep.slug("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
+    assert machine.slug("NVIDIA H200") == "nvidia-h200"
+    assert machine.slug("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
     assert machine.cpu_slug("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz") == (
         "intel-xeon-platinum-8375c-2-90ghz"
     )
@@ -432,7 +431,7 @@ def test_one_flag_table_gives_the_steps_and_the_sweep_their_flags():
     those records stay up to date."""
     assert sorted(vars(cli.parse_args(None, []))) == sorted(f.dest for f in cli.STEP_FLAGS)
     p = cli.Parser()
-    sweep.add_run_parser(p.add_subparsers(dest="command"))
+    sweep_cli.add_run_parser(p.add_subparsers(dest="command"))
     values = vars(p.parse_args(["run"]))
     assert cli.run_config(values) == {"preset": None, "device": "auto", "max_steps": None,
                                       "warmup_steps": None, "seed": 123, "data": None}  # fmt: skip
@@ -472,7 +471,7 @@ def test_help(capsys):
 def test_one_sweep_per_tag_folder_and_bad_data(tmp_path, capsys):
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", tmp_path, "--device", "cpu"]
     (tmp_path / TAG).mkdir()
-    with sweep.Lock(tmp_path / TAG):
+    with launch.Lock(tmp_path / TAG):
         code, _, err = sweep_here(capsys, *base, "--no-plots")
     assert code == 2 and err.startswith("error: another sweep is writing")
     assert not (tmp_path / TAG / ".lock").exists() and not runs_of(tmp_path)
@@ -486,8 +485,6 @@ def _tree_bytes(folder: Path) -> dict:
 
 
 def test_another_machines_folder_is_not_skipped_and_its_files_are_unchanged(tmp_path, capsys):
-    from harness import machine
-
     results = tmp_path / "results"
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
     base += ["--steps", "00,01"]
@@ -603,8 +600,9 @@ def test_an_out_of_memory_on_another_rank_is_oom(tmp_path, capsys):
     assert runs_of(results)[0]["status"] == "error"  # on one process: rank 0's own failure
 
 
-def test_preflight_run_length_duration_and_memory():
+def test_preflight_run_length_duration_and_memory(monkeypatch):
     from harness import memory_model, preflight
+    from harness.spec import resolve
 
     ladder = {s.num: s for s in discover(ROOT)}
     # GPU presets: a bounded measuring run; the cpu preset and explicit flags are left alone
@@ -637,13 +635,43 @@ def test_preflight_run_length_duration_and_memory():
     assert preflight.compile_seconds(ladder["10"], recs, dict(cfg, preset="cpu"), "m") is None
     assert preflight.compile_seconds(ladder["10"], [rec("08", None)], cfg, "m") is None
     # memory: the prediction's line, and a warning when it cannot fit
-    pred = preflight.predict(ladder["10"], "gpt2-xl", 1, "cuda")
+    gpu = lambda gib: (gib * 2**30, True)  # noqa: E731
+    xl = resolve({"preset": "gpt2-xl"}, "cuda", gpu(24))
+    pred = preflight.predict(ladder["10"], xl, 1)
     text, warning = preflight.memory_line(pred, "cuda", 24 * 2**30, 1)
     assert text.startswith("predicted per rank (gpt2-xl, single, 1 process")
     assert warning.startswith("predicted not to fit: ") and "24.0 GiB" in warning
     assert not memory_model.fits(pred, 24 * 2**30)
-    small = preflight.predict(ladder["10"], "gpt2-124m", 1, "cuda")
+    small = preflight.predict(ladder["10"], resolve({"preset": None}, "cuda", gpu(80)), 1)
     assert preflight.memory_line(small, "cuda", 80 * 2**30, 1)[1] is None
-    cpu = preflight.predict(ladder["11"], "cpu", 2, "cpu")
+    monkeypatch.setenv("SPEED_LADDER_BF16", "0")  # a CPU's bf16 is measured: not here
+    cpu = preflight.predict(ladder["11"], resolve({"preset": None}, "cpu"), 2)
     assert cpu.mode == "ddp" and cpu.world == 2
     assert "RAM per process" in preflight.memory_line(cpu, "cpu", 2 * 2**30, 2)[1]
+
+
+def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():
+    """sweep.config is the RunSpec's (spec.sweep_config); a record from before it holds the
+    flags the sweep passed (`preset: null`, `device: auto`), read as the step resolved them, so
+    a sweep's earlier runs stay up to date (results/cpu-amd-epyc-f25-m17-bf16-2c-x1)."""
+    from harness.spec import config_of, resolve, sweep_config
+
+    flags = {"device": "auto", "preset": None, "max_steps": None, "warmup_steps": None,
+             "data": None, "seed": 123}  # fmt: skip
+    cpu, gpu = {"cpu": {"vendor": "x"}}, {"gpus": []}
+    spec = resolve({"seed": 123}, "cpu")
+    old = {"sweep": {"config": dict(flags, nproc=2), "machine": cpu}}
+    assert config_of(old) == sweep_config(spec, 2)
+    want = {"device": "cpu", "preset": "cpu", "max_steps": 10, "warmup_steps": 2, "data": None,
+            "seed": 123, "nproc": 2}  # fmt: skip
+    assert sweep_config(spec, 2) == want
+    new = {"sweep": {"config": sweep_config(spec, 2), "machine": cpu}}
+    assert config_of(new) == sweep_config(spec, 2)  # resolving twice changes nothing
+    measuring = dict(flags, max_steps=60, warmup_steps=10)  # preflight.measuring_values'
+    on_gpu = resolve(dict(measuring, device="cuda"), "cuda")
+    assert config_of({"sweep": {"config": dict(measuring, nproc=1), "machine": gpu}}) == (
+        sweep_config(on_gpu, 1)
+    )
+    legacy = {"sweep": {"config": dict(flags, nproc=1), "machine": {"name": "AMD EPYC"}}}
+    assert config_of(legacy) == dict(flags, nproc=1)  # no device to resolve by: as it is
+    assert config_of({"sweep": {"config": {}}}) == {}
