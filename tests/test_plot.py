@@ -251,3 +251,44 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     assert "Not measured yet in any results tag." in text.split("## 14 ")[1]
     path = ladder_page.write_page(tmp_path / "LADDER.md", tags)
     assert path.read_text() == text
+
+
+NO_TORCH = """
+import sys
+
+class NoTorch:  # `import torch` (or a torch submodule) raises, as where torch is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+
+sys.meta_path.insert(0, NoTorch())
+sys.path.insert(0, sys.argv[1])
+import runpy
+
+for argv in (["--help"], sys.argv[2:]):
+    sys.argv = ["plot_results.py", *argv]
+    try:
+        runpy.run_path(sys.path[0] + "/plot_results.py", run_name="__main__")
+    except SystemExit as e:
+        assert e.code in (0, None), e.code
+assert not [m for m in sys.modules if m == "torch" or m.startswith("torch.")]
+print("drawn without torch")
+"""
+
+
+def test_plot_results_runs_without_torch(tags, tmp_path):
+    """plot_results.py (--help, and the charts, README and ladder page from runs.jsonl-less
+    summaries) imports nothing of torch: the report is drawn where torch is not installed."""
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, str(ROOT), *map(str, tags), "--readme", str(readme)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "drawn without torch" in proc.stdout and "usage: plot_results.py" in proc.stdout
+    assert (tmp_path / "results" / "comparison.png").read_bytes()[:8] == PNG
+    assert "results/cpu-fixture/tokens_per_sec.png" in readme.read_text()
