@@ -14,12 +14,29 @@ No step changes it: every step measures the same way. A step script uses it as
 and ends with `harness.main(main)`, which turns bad input into one error line.
 """
 
+from importlib import import_module
+
 from .cli import main, parse_args
-from .device import bf16_is_fast
 from .errors import UserError
-from .inactive import compile_disabled, liger_unavailable, sdpa_math_only, tf32_unavailable
 from .presets import GPT2_VOCAB
-from .run import Run
+
+# The names that need torch, imported when first used: `import harness.report` (the charts,
+# plot_results.py) runs this file and must not need torch.
+_NEEDS_TORCH = {
+    "Run": "run",
+    "bf16_is_fast": "device",
+    "compile_disabled": "inactive",
+    "liger_unavailable": "inactive",
+    "sdpa_math_only": "inactive",
+    "tf32_unavailable": "inactive",
+}
+
+
+def __getattr__(name: str):
+    if name not in _NEEDS_TORCH:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_NEEDS_TORCH[name]}", __name__), name)
+
 
 __all__ = [
     "GPT2_VOCAB",

@@ -5,10 +5,19 @@ band around 0. Bars are colored by verdict: faster / less memory green, slower /
 red, no change grey; one round is drawn without an error bar and says so; an inactive step is
 hatched and labelled "inactive here"; a step without a result says why, at 0."""
 
-import textwrap
 from pathlib import Path
 
-from .charts import FAIL_COLOR, MISSING_COLOR, _plt, _save, _step_label
+from .chart_style import (
+    FAIL_COLOR,
+    MISSING_COLOR,
+    label_after,
+    layout,
+    pyplot,
+    save,
+    shorten,
+    step_label,
+    wrap,
+)
 from .rows import busy_text, inactive, number, text
 from .summary import describe, read_summary
 
@@ -38,10 +47,11 @@ def _label(row, pct, lo, hi, verdict) -> str:
         cell += f" {verdict}"
     if busy_text(row):
         cell += "  [busy]"
-    return textwrap.shorten(cell, 80, placeholder="…")
+    return shorten(cell, 80)
 
 
-def _panel(ax, rows, prefix: str, verdict_col: str, floor_col: str, title: str) -> None:
+def _panel(ax, rows, prefix: str, verdict_col: str, floor_col: str, title: str) -> list:
+    """One panel; returns its labels (for `layout`)."""
     ys = list(range(len(rows)))
     vals = []
     for y, r in zip(ys, rows, strict=True):
@@ -64,30 +74,32 @@ def _panel(ax, rows, prefix: str, verdict_col: str, floor_col: str, title: str) 
         vals.append((pct, lo, hi, _label(r, pct, lo, hi, "inactive" if off else verdict)))
     reach = max((max(abs(v[0]), abs(v[1] or 0), abs(v[2] or 0)) for v in vals if v), default=5)
     reach = max(reach, 5.0) * 1.1
+    texts = []
     for y, r, v in zip(ys, rows, vals, strict=True):
         if v is None:
             label, color = _missing(r)
-            ax.text(0, y, " " + label, va="center", ha="left", color=color, fontsize=8)
+            texts.append(label_after(ax, 0, y, label, color=color, fontsize=8))
         else:
             x = max(0.0, v[0], v[2] if v[2] is not None else v[0])
-            ax.text(x + reach * 0.02, y, v[3], va="center", ha="left", fontsize=8)
+            texts.append(label_after(ax, x, y, v[3], fontsize=8))
     floor = next((number(r.get(floor_col)) for r in rows if number(r.get(floor_col))), None)
     if floor:
         ax.axvspan(-floor * 100, floor * 100, color="#dddddd", zorder=0,
                    label=f"noise floor ±{floor * 100:.1f}%")  # fmt: skip
         ax.legend(loc="best", fontsize=8)
     ax.axvline(0, color="#333333", lw=0.8)
-    ax.set_yticks(ys, [_step_label(r) for r in rows])
+    ax.set_yticks(ys, [step_label(r) for r in rows], fontsize=9)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(-reach, reach * 2.4)
     ax.set_xlabel("change over the previous step (%)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
+    return texts
 
 
 def plot_gains(tag_dir: Path) -> Path:
     """gain_vs_prev.png in `tag_dir`, from its summary.csv."""
-    plt = _plt()
+    plt = pyplot()
     tag_dir = Path(tag_dir)
     df = read_summary(tag_dir)
     rows = df.to_dict("records")
@@ -95,12 +107,14 @@ def plot_gains(tag_dir: Path) -> Path:
     fig, (ax, ax_mem) = plt.subplots(2, 1, figsize=(11, 0.7 * len(rows) + 3.6))
     source = next((text(r.get("noise_source")) for r in rows if text(r.get("noise_source"))), "")
     head = (
-        f"MEASURED by this project: {tag_dir.name}" + (f" ({desc})" if desc else "") + "\n"
-        + textwrap.fill("bars: median of the per-round ratios; error bars: their min-max"
-                        + (f"; noise floor from {source}" if source else ""), 110)
+        wrap(f"MEASURED by this project: {tag_dir.name}" + (f" ({desc})" if desc else ""), 95)
+        + "\n"
+        + wrap("bars: median of the per-round ratios; error bars: their min-max"
+               + (f"; noise floor from {source}" if source else ""), 95)
     )  # fmt: skip
-    _panel(ax, rows, "gain_vs_prev", "verdict", "noise_floor",
-           f"{head}\ntokens/s: each step over the previous one")  # fmt: skip
-    _panel(ax_mem, rows, "mem_vs_prev", "mem_verdict", "mem_noise_floor",
-           "peak reserved memory: each step over the previous one")  # fmt: skip
-    return _save(plt, fig, tag_dir / GAIN_CHART)
+    texts = _panel(ax, rows, "gain_vs_prev", "verdict", "noise_floor",
+                   f"{head}\ntokens/s: each step over the previous one")  # fmt: skip
+    mem_texts = _panel(ax_mem, rows, "mem_vs_prev", "mem_verdict", "mem_noise_floor",
+                       "peak reserved memory: each step over the previous one")  # fmt: skip
+    layout(fig, [(ax, texts), (ax_mem, mem_texts)])
+    return save(plt, fig, tag_dir / GAIN_CHART)

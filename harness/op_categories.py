@@ -42,9 +42,13 @@ CompiledFxGraph ...`), in other. On CUDA Inductor names each Triton kernel
 communication, attention, norm_act, optimizer, matmul), unnamed fusions are other.
 """
 
-import re
+from __future__ import annotations
 
-import torch
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only the hooks below need torch: the report imports CATEGORIES without it
+    import torch
 
 CATEGORIES = (
     "matmul",

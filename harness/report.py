@@ -11,8 +11,9 @@ bars), peak_memory.png (peak reserved GiB), mfu.png (MFU %), gain_vs_prev.png (e
 own effect over the previous step, with its interval and verdict) and, when some step was
 profiled (--profile), time_breakdown.png (where each step's time goes); a failed step is a
 "failed (oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here".
-With several tags, results/comparison.png groups every tag's tok/s per step. The published
-single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
+With several tags, results/comparison.png gives every tag's speedup over its own step 00 per
+step beside the reference's (charts.py), so that ladders of different hardware compare. The
+published single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
 results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
 panel, labelled as such: they are not this project's measurements. The README's table between
 `<!-- results:begin -->` and `<!-- results:end -->` is regenerated from the same summaries, and

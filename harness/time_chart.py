@@ -10,7 +10,7 @@ breakdown gets a label saying why, never a bar.
 
 from pathlib import Path
 
-from .charts import _no_value, _ok, _plt, _save, _step_label
+from .chart_style import is_ok, layout, no_value, pyplot, save, step_label, wrap
 from .op_categories import CATEGORIES, LABELS
 from .summary import TIME_COLUMNS, describe, number, read_summary
 
@@ -29,7 +29,7 @@ COLORS = {
 
 def shares_of(row: dict) -> dict | None:
     """A summary row's breakdown, scaled to add up to 1; None when the step has none."""
-    if not _ok(row):
+    if not is_ok(row):
         return None
     vals = {c: number(row.get(col)) for c, col in zip(CATEGORIES, TIME_COLUMNS, strict=True)}
     if all(v is None for v in vals.values()):
@@ -45,8 +45,8 @@ def has_breakdown(df) -> bool:
 
 
 def _missing(row) -> tuple[str, str]:
-    text, color = _no_value(row)
-    if _ok(row):
+    text, color = no_value(row)
+    if is_ok(row):
         text = "not profiled (run with --profile)"
     return text, color
 
@@ -54,13 +54,14 @@ def _missing(row) -> tuple[str, str]:
 def time_figure(plt, rows, heading: str):
     from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(12.5, 0.34 * len(rows) + 2.2))
+    fig, ax = plt.subplots(figsize=(12.5, 0.42 * len(rows) + 2.2))
     ys = list(range(len(rows)))
     for y, r in zip(ys, rows, strict=True):
         share = shares_of(r)
         if share is None:
             text, color = _missing(r)
-            ax.text(0.005, y, text, va="center", ha="left", color=color, fontweight="bold")
+            ax.text(0.5, y, text, va="center", ha="left", color=color, fontweight="bold",
+                    fontsize=9)  # fmt: skip
             continue
         left = 0.0
         for c in CATEGORIES:
@@ -71,18 +72,20 @@ def time_figure(plt, rows, heading: str):
             if w >= 7:
                 ax.text(left + w / 2, y, f"{w:.0f}%", va="center", ha="center", fontsize=8)
             left += w
-    ax.set_yticks(ys, [_step_label(r) for r in rows])
+    ax.set_yticks(ys, [step_label(r) for r in rows], fontsize=9)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of the profiled steps' time (%)")
     ax.grid(axis="x", alpha=0.3)
     handles = [Patch(color=COLORS[c], label=LABELS[c]) for c in CATEGORIES]  # the bars' order
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    ax.set_title(
-        f"MEASURED by this project: {heading}\nwhere the time goes per step (torch.profiler, "
-        "--profile: device time on a GPU, self CPU time on a CPU)",
-        fontsize=10,
+    what = (
+        "where the time goes per step (torch.profiler, --profile: device time on a GPU, self CPU "
+        "time on a CPU)"
     )
+    ax.set_title(wrap(f"MEASURED by this project: {heading}", 110) + "\n" + wrap(what, 110),
+                 fontsize=10)  # fmt: skip
+    layout(fig)
     return fig
 
 
@@ -94,5 +97,5 @@ def plot_time_breakdown(tag_dir: Path) -> list[Path]:
         return []
     desc = describe(df)
     heading = f"{tag_dir.name} ({desc})" if desc else tag_dir.name
-    plt = _plt()
-    return [_save(plt, time_figure(plt, df.to_dict("records"), heading), tag_dir / TIME_CHART)]
+    plt = pyplot()
+    return [save(plt, time_figure(plt, df.to_dict("records"), heading), tag_dir / TIME_CHART)]

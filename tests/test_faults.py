@@ -18,7 +18,19 @@ import pytest
 import torch
 from conftest import ROOT, VERDICT, py, records
 
-from harness import charts, cli, data, device, files, launch, readme, report, summary, sweep
+from harness import (
+    chart_style,
+    charts,
+    cli,
+    data,
+    device,
+    files,
+    launch,
+    readme,
+    report,
+    summary,
+    sweep,
+)
 from harness.errors import UserError
 from harness.ladder import discover
 from harness.runs import load_runs, recover
@@ -358,7 +370,7 @@ def test_an_impossible_mfu_is_never_shown_as_a_number(tmp_path):
     assert "| 25.0% |" in md and md.count("| invalid |") == 3
     assert "MFU not shown: step 01: MFU above 100%: the peak FLOP/s" in md
 
-    plt = charts._plt()  # the chart: a flag label, no bar
+    plt = chart_style.pyplot()  # the chart: a flag label, no bar
     fig = charts._mfu_figure(plt, back.to_dict("records"), "t")
     ax = fig.axes[0]
     assert [round(p.get_width(), 1) for p in ax.patches] == [25.0]
@@ -654,7 +666,7 @@ def test_plot_results_on_a_full_disk_is_one_line_and_leaves_no_half_chart(
     def full(path, payload):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(charts, "atomic_write_bytes", full)
+    monkeypatch.setattr(chart_style, "atomic_write_bytes", full)
     capsys.readouterr()
     assert report.main([str(tags_dir / TAG), "--no-readme"]) == 1
     line = one_line(capsys.readouterr().err)

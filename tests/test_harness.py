@@ -147,6 +147,26 @@ def test_cpu_preset_keeps_gpt2_flop_split():
     assert flop_split(PRESETS["cpu"]) <= 0.5  # the output layer must not dominate
 
 
+def test_gpt2_family_presets_are_the_literal_values():
+    """gpt2-medium, -large and -xl, built from one family base, are exactly the dictionaries
+    they were written as (key order included)."""
+    common = {"drop_rate": 0.1, "qkv_bias": False}
+    tail = {"weight_decay": 0.1, "epochs": 1, "max_steps": 30, "warmup_steps": 10,
+            "eval_freq": 0, "eval_iters": 5, "sample_tokens": 50}  # fmt: skip
+    literal = {
+        "gpt2-medium": {"context_length": 1024, "emb_dim": 1024, "n_heads": 16, "n_layers": 24,
+                        **common, "batch_size": 4, "large_batch_size": 16, "lr": 3e-4, **tail},
+        "gpt2-large": {"context_length": 1024, "emb_dim": 1280, "n_heads": 20, "n_layers": 36,
+                       **common, "batch_size": 2, "large_batch_size": 8, "lr": 2.5e-4, **tail},
+        "gpt2-xl": {"context_length": 1024, "emb_dim": 1600, "n_heads": 25, "n_layers": 48,
+                    **common, "batch_size": 1, "large_batch_size": 4, "lr": 2e-4, **tail},
+    }  # fmt: skip
+    for name, values in literal.items():
+        assert list(PRESETS[name].items()) == list(values.items()), name
+        assert all(type(PRESETS[name][k]) is type(v) for k, v in values.items()), name
+    assert PRESETS["gpt2-medium"] is not PRESETS["gpt2-large"]  # no shared, mutable dict
+
+
 def test_append_jsonl_survives_a_torn_line(tmp_path):
     f = tmp_path / "r.jsonl"
     record.append_jsonl(f, {"a": 1})

@@ -251,3 +251,169 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     assert "Not measured yet in any results tag." in text.split("## 14 ")[1]
     path = ladder_page.write_page(tmp_path / "LADDER.md", tags)
     assert path.read_text() == text
+
+
+NO_TORCH = """
+import sys
+
+class NoTorch:  # `import torch` (or a torch submodule) raises, as where torch is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+
+sys.meta_path.insert(0, NoTorch())
+sys.path.insert(0, sys.argv[1])
+import runpy
+
+for argv in (["--help"], sys.argv[2:]):
+    sys.argv = ["plot_results.py", *argv]
+    try:
+        runpy.run_path(sys.path[0] + "/plot_results.py", run_name="__main__")
+    except SystemExit as e:
+        assert e.code in (0, None), e.code
+assert not [m for m in sys.modules if m == "torch" or m.startswith("torch.")]
+print("drawn without torch")
+"""
+
+
+def test_plot_results_runs_without_torch(tags, tmp_path):
+    """plot_results.py (--help, and the charts, README and ladder page from runs.jsonl-less
+    summaries) imports nothing of torch: the report is drawn where torch is not installed."""
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, str(ROOT), *map(str, tags), "--readme", str(readme)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "drawn without torch" in proc.stdout and "usage: plot_results.py" in proc.stdout
+    assert (tmp_path / "results" / "comparison.png").read_bytes()[:8] == PNG
+    assert "results/cpu-fixture/tokens_per_sec.png" in readme.read_text()
+
+
+def _drawn_texts(fig):
+    """Every text the figure draws: titles, axis labels, the tick labels in view, the labels on
+    the axes, the legends' texts and the figure's own."""
+    from matplotlib.text import Text
+
+    texts = list(fig.texts)
+    for ax in fig.axes:
+        texts += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
+        texts += [t for t in ax.texts if isinstance(t, Text)]
+        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            lo, hi = min(lo, hi), max(lo, hi)
+            texts += [t.label1 for t in axis.get_major_ticks() if lo <= t.get_loc() <= hi]
+        if ax.get_legend() is not None:
+            texts += ax.get_legend().get_texts()
+    return [t for t in texts if t.get_visible() and t.get_text().strip()]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _whole_words_of(label: str, sources) -> bool:
+    """Whether `label` (wrapped lines, maybe ending in " …") is one of `sources` or the first
+    whole words of one."""
+    kept = _flat(label).removesuffix(" …")
+    return any(s == kept or s.startswith(kept + " ") for s in map(_flat, sources))
+
+
+def test_no_label_leaves_the_figure_or_is_cut_mid_word(tags, monkeypatch):
+    """Every chart, drawn from the committed CPU results (long inactive reasons, a time
+    breakdown, a 2-process tag) and the fixture (failed steps): each text lies inside the
+    figure, and a shortened one ends at a word ("words …"), never mid-word."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from harness.report import draw_charts
+
+    results = tags[0].parent
+    for name in ("cpu-amd-epyc-2c-x1", "cpu-amd-epyc-2c-x2"):
+        (results / name).mkdir()
+        shutil.copy(ROOT / "results" / name / "summary.csv", results / name / "summary.csv")
+    drawn = [results / "cpu-amd-epyc-2c-x1", tags[0]]
+    sources = []  # what the labels were made from: step titles, inactive reasons, reference
+    for t in [*drawn, results / "cpu-amd-epyc-2c-x2", tags[1]]:
+        for r in pd.read_csv(t / "summary.csv", dtype={"step": str}).to_dict("records"):
+            sources.append(f"{r['step']}  {r['title']}")
+            if isinstance(r.get("inactive_reason"), str):
+                sources.append(f"inactive here: {r['inactive_reason']}")
+    for r in read_reference().to_dict("records"):
+        sources.append(f"{r['step']}  {r['optimization']} ({r['hardware'].split(' (')[0]})")
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    written = draw_charts(drawn, all_tags=[*drawn, results / "cpu-amd-epyc-2c-x2", tags[1]])
+    monkeypatch.undo()
+    assert len(figures) == len(written) >= 10  # 5 + 4 charts and the comparison
+    try:
+        for path, fig in zip(written, figures, strict=True):
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            box = fig.bbox
+            texts = _drawn_texts(fig)
+            assert len(texts) > 20, path
+            for t in texts:
+                e = t.get_window_extent(renderer)
+                inside = (e.x0 >= box.x0 - 0.5 and e.x1 <= box.x1 + 0.5
+                          and e.y0 >= box.y0 - 0.5 and e.y1 <= box.y1 + 0.5)  # fmt: skip
+                assert inside, f"{path.name}: {t.get_text()!r} leaves the figure"
+                text = t.get_text()
+                assert "…" not in text.replace(" …", ""), f"{path.name}: {text!r} cut mid-word"
+            for ax in fig.axes:  # the step labels: a title's first whole words
+                for label in ax.get_yticklabels():
+                    if label.get_text() and label.get_text()[:2].isdigit():
+                        assert _whole_words_of(label.get_text(), sources), label.get_text()
+                for t in ax.texts:  # an inactive step's reason: its first whole words
+                    for line in [t.get_text().split("\n", 1)[-1]]:
+                        if line.startswith("inactive here: "):
+                            assert _whole_words_of(line, sources), line
+    finally:
+        for f in figures:
+            plt.close(f)
+
+
+def test_the_comparison_is_each_tags_speedup_over_its_own_step_00(tags, monkeypatch):
+    """comparison.png: per step, each tag's tok/s over its own step 00 (an N-process tag's over
+    its 1-process tag's), beside the reference's single-GPU speedups; a step without a
+    measurement is a label at 1x, never a bar."""
+    import matplotlib.pyplot as plt
+
+    from harness.charts import REF_LABEL, plot_comparison
+
+    x2 = tags[0].parent / "cpu-fixture-x2"  # the distributed steps only: no step 00 of its own
+    x2.mkdir()
+    lines = (tags[0] / "summary.csv").read_text().splitlines()
+    (x2 / "summary.csv").write_text("\n".join([lines[0], lines[2].replace("01,", "11,", 1)]))
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    path = plot_comparison([*tags, x2])
+    monkeypatch.undo()
+    try:
+        assert path.name == "comparison.png" and path.read_bytes()[:8] == PNG
+        (ax,) = figures[0].axes
+        assert ax.get_xscale() == "log"
+        ends = [round(p.get_x() + p.get_width(), 4) for p in ax.patches]  # bars start at 1x
+        assert all(p.get_x() == 1.0 for p in ax.patches)
+        ref = read_reference()
+        one_gpu = ref[ref["hardware"].str.startswith("1x")]["tokens_per_sec"]
+        reference = [round(v / 12525, 4) for v in one_gpu]
+        assert len(reference) == 11 and round(419259 / 12525, 4) not in ends  # no 4x A100 row
+        assert ends == [1.0, 1.2, 3.1,  # cpu-fixture over its step 00 (1000 tok/s)
+                        1.0, round(1200 / 9000, 4), round(3100 / 9000, 4),  # gpu-fixture's 9000
+                        1.2,  # cpu-fixture-x2's step 11 over cpu-fixture's step 00
+                        *reference]  # fmt: skip
+        texts = [t.get_text() for t in ax.texts]
+        for label in ("failed (oom)", "failed (error)", "not run"):
+            assert texts.count(label) == 2  # one per 1-process tag, at 1x
+        assert "3.10x" in texts and "0.34x" in texts and "11.3x" in texts
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "cpu-fixture-x2 (this project; over cpu-fixture's step 00)" in legend
+        assert f"{REF_LABEL} (1x A100)" in legend
+    finally:
+        for f in figures:
+            plt.close(f)
