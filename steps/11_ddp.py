@@ -27,12 +27,11 @@ B per parameter before activations: 2 GB on gpt2-124m, 24 GB on gpt2-xl); one al
 every gradient per step (about 2 x 4 B per parameter through each GPU's link, overlapped with
 backward bucket by bucket); and a launcher (torchrun) and a process group to set up.
 
-Run (flags shared by every step; --help lists them):
-    torchrun --nproc_per_node=4 steps/11_ddp.py  # 4 GPUs on one machine
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
-        --rdzv-id=ladder steps/11_ddp.py --batch-size 8  # on each of 2 machines; HOST: the first
-    torchrun --nproc_per_node=2 steps/11_ddp.py --device cpu --preset tiny --max-steps 5
-    python steps/11_ddp.py --preset tiny --max-steps 5 --results r.jsonl  # a world of one
+Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
+    python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
+    python <this file> --device cpu  # CPU: about 30 s of timed steps
+    python <this file> --preset tiny --max-steps 5 --results r.jsonl
+    torchrun --nproc_per_node=4 <this file>  # steps 11 and 14: 4 GPUs (README, "Several GPUs")
 """
 
 import datetime
@@ -284,16 +283,17 @@ def main():
     run = harness.Run(args, STEP, __file__)
     P = run.preset
 
-    # Config: the same keys in the same order in every step; values come from the preset.
+    # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
+    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50304,  # step 09: GPT-2's 50257 padded to a multiple of 64
-        "context_length": P["context_length"],
-        "emb_dim": P["emb_dim"],
-        "n_heads": P["n_heads"],
-        "n_layers": P["n_layers"],
-        "drop_rate": P["drop_rate"],
-        "qkv_bias": P["qkv_bias"],
-    }
+        "context_length": 1024,  # longest input, in tokens
+        "emb_dim": 768,  # embedding width
+        "n_heads": 12,  # attention heads
+        "n_layers": 12,  # transformer blocks
+        "drop_rate": 0.1,  # dropout
+        "qkv_bias": False,  # no bias in the query, key and value projections
+    } | run.model_overrides()
     SETTINGS = {
         "learning_rate": P["lr"],
         "num_epochs": P["epochs"],
