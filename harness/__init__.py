@@ -5,7 +5,7 @@ No step changes it: every step measures the same way. A step script uses it as
     args = harness.parse_args(__doc__)
     run = harness.Run(args, STEP, __file__)
     ...
-    run.inactive("02", why)                     # this step's idea does nothing here, and why
+    run.inactive("02", harness.tf32_unavailable(device))  # why step 02 does nothing here, or None
     run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start
     ...  run.step_done(loss, tokens)            # after each optimizer step
     with run.paused(): ...                      # evaluation / sampling: not timed, not in the peak
@@ -17,7 +17,14 @@ and ends with `harness.main(main)`, which turns bad input into one error line.
 from .cli import main, parse_args
 from .device import bf16_is_fast
 from .errors import UserError
-from .inactive import compile_disabled, liger_unavailable, sdpa_math_only, tf32_unavailable
+from .inactive import (
+    compile_disabled,
+    liger_unavailable,
+    pinned_memory_useless,
+    sdpa_math_only,
+    tf32_unavailable,
+    world_of_one,
+)
 from .presets import GPT2_VOCAB
 from .run import Run
 
@@ -30,6 +37,8 @@ __all__ = [
     "liger_unavailable",
     "main",
     "parse_args",
+    "pinned_memory_useless",
     "sdpa_math_only",
     "tf32_unavailable",
+    "world_of_one",
 ]

@@ -238,13 +238,10 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
-    if no_tf32:  # step 02
-        run.inactive("02", no_tf32)
+    run.inactive("02", harness.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    if not pin_memory:  # step 04
-        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+    run.inactive("04", harness.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -263,8 +260,7 @@ def main():
     )
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    if not use_bf16:  # step 05
-        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
+    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

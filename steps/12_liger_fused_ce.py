@@ -360,17 +360,12 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
-    if dist.get_world_size() == 1:  # step 11
-        run.inactive("11", "a world of one: no other process shares the batch, so this run "
-                     "measures DDP's overhead, not its gain; run it with torchrun")  # fmt: skip
+    run.inactive("11", harness.world_of_one("11"))  # step 11: one process: nothing to share
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
-    if no_tf32:  # step 02
-        run.inactive("02", no_tf32)
+    run.inactive("02", harness.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    if not pin_memory:  # step 04
-        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+    run.inactive("04", harness.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -383,8 +378,7 @@ def main():
     model = GPTModel(GPT_CONFIG).to(device)
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
-    if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
-        run.inactive("08", no_compile)
+    run.inactive("08", harness.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     # step 11: every rank built the same weights from --seed; from here each rank draws its own
@@ -399,11 +393,8 @@ def main():
     )
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    if not use_bf16:  # step 05
-        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
-    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
-    if no_fused:  # step 07
-        run.inactive("07", no_fused)
+    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
+    run.inactive("07", harness.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math path?
     fused_ce = FusedLinearCrossEntropy(run, torch.bfloat16 if use_bf16 else torch.float32, device)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
