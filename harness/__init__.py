@@ -15,7 +15,7 @@ and ends with `harness.main(main)`, which turns bad input into one error line.
 """
 
 from .cli import main, parse_args
-from .device import bf16_is_fast
+from .device import bf16_is_fast, ddp_backend
 from .errors import UserError
 from .inactive import (
     compile_disabled,
@@ -34,6 +34,7 @@ __all__ = [
     "UserError",
     "bf16_is_fast",
     "compile_disabled",
+    "ddp_backend",
     "liger_unavailable",
     "main",
     "parse_args",

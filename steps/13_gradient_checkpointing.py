@@ -287,31 +287,10 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 
 # ---------------------------------------------------------------- distributed set-up
 def ddp_setup(device):  # step 11
-    """Join the process group torchrun describes; under plain python, a world of one."""
-    backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
-    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
-    if backend not in known:
-        raise harness.UserError(
-            f"DDP_BACKEND={backend}: not a torch.distributed backend; use one of "
-            f"{', '.join(known)} (unset: nccl on CUDA, gloo elsewhere)"
-        )
-    if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
-        raise harness.UserError(
-            f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
-            f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
-        )
-    if not dist.is_backend_available(backend):
-        raise harness.UserError(
-            f"DDP_BACKEND={backend}: this torch ({torch.__version__}) was built without it; "
-            "use gloo (CPU) or nccl (CUDA)"
-        )
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT; LOCAL_RANK
+    picks this process's GPU); under plain python, a world of one."""
+    backend = harness.ddp_backend(device)  # nccl on CUDA, else gloo; $DDP_BACKEND, checked
     if device.type == "cuda":
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if local_world > torch.cuda.device_count():
-            raise harness.UserError(
-                f"{local_world} processes on this node but {torch.cuda.device_count()} GPUs "
-                "visible: use --nproc_per_node at most the GPU count"
-            )
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     # A lost peer makes collectives fail after this long instead of hanging forever.
