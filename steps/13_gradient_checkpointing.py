@@ -205,10 +205,13 @@ def chunked_linear_cross_entropy(weight, hidden, targets, chunk_rows=1024):  # s
 
 class FusedLinearCrossEntropy:  # step 12
     """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel on a CUDA GPU (or a CPU
-    through Triton's interpreter); the chunked one only where Liger cannot run."""
+    through Triton's interpreter); the chunked one only where Liger cannot run, and then
+    `fallback_reason` says why (None while Liger's kernel computes the loss)."""
 
-    def __init__(self, run, dtype, device):
-        self.run, self.dtype, self.liger = run, dtype, None
+    KERNEL = "Liger fused linear cross-entropy kernel ran (fp32 accumulation)"  # for the record
+
+    def __init__(self, dtype, device):
+        self.dtype, self.liger, self.fallback_reason = dtype, None, None
         if why := harness.liger_unavailable(device):  # a CPU runs it with TRITON_INTERPRET=1
             self.fall_back(why)
             return
@@ -223,7 +226,7 @@ class FusedLinearCrossEntropy:  # step 12
 
     def fall_back(self, why):
         warnings.warn(f"step 12: {why}; using chunked PyTorch linear+cross-entropy", stacklevel=2)
-        self.run.inactive("12", f"chunked PyTorch linear+cross-entropy ran, not Liger's ({why})")
+        self.fallback_reason = f"chunked PyTorch linear+cross-entropy ran, not Liger's ({why})"
 
     def __call__(self, weight, hidden, targets):
         hidden = hidden.to(self.dtype)  # bf16 when step 05 is on, as autocast would cast it
@@ -235,7 +238,6 @@ class FusedLinearCrossEntropy:  # step 12
         # accum_dtype: the output layer's weight gradient is summed over all rows in fp32.
         out = self.liger.apply(hidden, weight.to(self.dtype), targets, None, None, -100, 0.0,
                                0.0, "mean", None, False, torch.float32)  # fmt: skip
-        self.run.note("step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)")
         return out[0]
 
 
@@ -367,7 +369,7 @@ def main():
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
     run.inactive("07", harness.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math path?
-    fused_ce = FusedLinearCrossEntropy(run, torch.bfloat16 if use_bf16 else torch.float32, device)
+    fused_ce = FusedLinearCrossEntropy(torch.bfloat16 if use_bf16 else torch.float32, device)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):
@@ -382,6 +384,7 @@ def main():
                 hidden = model(input_batch, return_hidden=True)  # (B, T, C); step 12: no logits
             # step 12: output layer + cross-entropy in one fused, chunked op (outside compile)
             loss = fused_ce(out_head.weight, hidden.flatten(0, 1), target_batch.flatten())
+            run.inactive("12", fused_ce.fallback_reason, acted=fused_ce.KERNEL)  # step 12
             loss.backward()
             optimizer.step()
             run.step_done(loss, tokens=input_batch.numel())
