@@ -19,8 +19,9 @@ different data; rank 0 goes on with the seed's stream, so a world of one is step
 
 Batch. --batch-size is per process; the global batch is batch x processes, and the text must
 hold one: Middlemarch has 417 training windows of 1024 tokens, so 16 processes at the preset's
-32 (512) do not fit, and the two-node command below sets --batch-size 8 (128 per step, 3 steps
-per epoch). A text too short for the world size stops with the largest batch that fits.
+32 (512) do not fit, and the README's two-node command ("Several GPUs") sets --batch-size 8
+(128 per step, 3 steps per epoch). A text too short for the world size stops with the largest
+batch that fits.
 
 Costs: every process holds a whole copy of the model, its gradients and AdamW's two moments (16
 B per parameter before activations: 2 GB on gpt2-124m, 24 GB on gpt2-xl); one all-reduce of
