@@ -6,10 +6,11 @@ LayerNorm and GELU written out by hand, a causal mask registered as a buffer of 
 fp32 weights and math, torch.optim.AdamW. Every later step is this file plus one optimization;
 diff neighbours to see it (e.g. `code --diff 00_orig.py steps/01_dynamic_causal_mask.py`).
 
-Run (flags shared by every step; --help lists them):
-    python 00_orig.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
-    python 00_orig.py --device cpu  # CPU: about 30 s of timed steps
-    python 00_orig.py --preset tiny --max-steps 5 --results r.jsonl
+Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
+    python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
+    python <this file> --device cpu  # CPU: about 30 s of timed steps
+    python <this file> --preset tiny --max-steps 5 --results r.jsonl
+    torchrun --nproc_per_node=4 <this file>  # steps 11 and 14: 4 GPUs (README, "Several GPUs")
 """
 
 import sys
@@ -235,16 +236,17 @@ def main():
     run = harness.Run(args, STEP, __file__)
     P = run.preset
 
-    # Config: the same keys in the same order in every step; values come from the preset.
+    # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
+    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50257,  # GPT-2 BPE vocabulary
-        "context_length": P["context_length"],
-        "emb_dim": P["emb_dim"],
-        "n_heads": P["n_heads"],
-        "n_layers": P["n_layers"],
-        "drop_rate": P["drop_rate"],
-        "qkv_bias": P["qkv_bias"],
-    }
+        "context_length": 1024,  # longest input, in tokens
+        "emb_dim": 768,  # embedding width
+        "n_heads": 12,  # attention heads
+        "n_layers": 12,  # transformer blocks
+        "drop_rate": 0.1,  # dropout
+        "qkv_bias": False,  # no bias in the query, key and value projections
+    } | run.model_overrides()
     SETTINGS = {
         "learning_rate": P["lr"],
         "num_epochs": P["epochs"],

@@ -19,20 +19,20 @@ different data; rank 0 goes on with the seed's stream, so a world of one is step
 
 Batch. --batch-size is per process; the global batch is batch x processes, and the text must
 hold one: Middlemarch has 417 training windows of 1024 tokens, so 16 processes at the preset's
-32 (512) do not fit, and the two-node command below sets --batch-size 8 (128 per step, 3 steps
-per epoch). A text too short for the world size stops with the largest batch that fits.
+32 (512) do not fit, and the README's two-node command ("Several GPUs") sets --batch-size 8
+(128 per step, 3 steps per epoch). A text too short for the world size stops with the largest
+batch that fits.
 
 Costs: every process holds a whole copy of the model, its gradients and AdamW's two moments (16
 B per parameter before activations: 2 GB on gpt2-124m, 24 GB on gpt2-xl); one all-reduce of
 every gradient per step (about 2 x 4 B per parameter through each GPU's link, overlapped with
 backward bucket by bucket); and a launcher (torchrun) and a process group to set up.
 
-Run (flags shared by every step; --help lists them):
-    torchrun --nproc_per_node=4 steps/11_ddp.py  # 4 GPUs on one machine
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
-        --rdzv-id=ladder steps/11_ddp.py --batch-size 8  # on each of 2 machines; HOST: the first
-    torchrun --nproc_per_node=2 steps/11_ddp.py --device cpu --preset tiny --max-steps 5
-    python steps/11_ddp.py --preset tiny --max-steps 5 --results r.jsonl  # a world of one
+Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
+    python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
+    python <this file> --device cpu  # CPU: about 30 s of timed steps
+    python <this file> --preset tiny --max-steps 5 --results r.jsonl
+    torchrun --nproc_per_node=4 <this file>  # steps 11 and 14: 4 GPUs (README, "Several GPUs")
 """
 
 import datetime
@@ -240,31 +240,10 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 
 # ---------------------------------------------------------------- distributed set-up
 def ddp_setup(device):  # step 11
-    """Join the process group torchrun describes; under plain python, a world of one."""
-    backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
-    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
-    if backend not in known:
-        raise harness.UserError(
-            f"DDP_BACKEND={backend}: not a torch.distributed backend; use one of "
-            f"{', '.join(known)} (unset: nccl on CUDA, gloo elsewhere)"
-        )
-    if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
-        raise harness.UserError(
-            f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
-            f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
-        )
-    if not dist.is_backend_available(backend):
-        raise harness.UserError(
-            f"DDP_BACKEND={backend}: this torch ({torch.__version__}) was built without it; "
-            "use gloo (CPU) or nccl (CUDA)"
-        )
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT; LOCAL_RANK
+    picks this process's GPU); under plain python, a world of one."""
+    backend = harness.ddp_backend(device)  # nccl on CUDA, else gloo; $DDP_BACKEND, checked
     if device.type == "cuda":
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if local_world > torch.cuda.device_count():
-            raise harness.UserError(
-                f"{local_world} processes on this node but {torch.cuda.device_count()} GPUs "
-                "visible: use --nproc_per_node at most the GPU count"
-            )
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     # A lost peer makes collectives fail after this long instead of hanging forever.
@@ -284,16 +263,17 @@ def main():
     run = harness.Run(args, STEP, __file__)
     P = run.preset
 
-    # Config: the same keys in the same order in every step; values come from the preset.
+    # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
+    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50304,  # step 09: GPT-2's 50257 padded to a multiple of 64
-        "context_length": P["context_length"],
-        "emb_dim": P["emb_dim"],
-        "n_heads": P["n_heads"],
-        "n_layers": P["n_layers"],
-        "drop_rate": P["drop_rate"],
-        "qkv_bias": P["qkv_bias"],
-    }
+        "context_length": 1024,  # longest input, in tokens
+        "emb_dim": 768,  # embedding width
+        "n_heads": 12,  # attention heads
+        "n_layers": 12,  # transformer blocks
+        "drop_rate": 0.1,  # dropout
+        "qkv_bias": False,  # no bias in the query, key and value projections
+    } | run.model_overrides()
     SETTINGS = {
         "learning_rate": P["lr"],
         "num_epochs": P["epochs"],
@@ -305,17 +285,12 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
-    if dist.get_world_size() == 1:  # step 11
-        run.inactive("11", "a world of one: no other process shares the batch, so this run "
-                     "measures DDP's overhead, not its gain; run it with torchrun")  # fmt: skip
+    run.inactive("11", harness.world_of_one("11"))  # step 11: one process: nothing to share
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
-    if no_tf32:  # step 02
-        run.inactive("02", no_tf32)
+    run.inactive("02", harness.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    if not pin_memory:  # step 04
-        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+    run.inactive("04", harness.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -327,8 +302,7 @@ def main():
 
     model = GPTModel(GPT_CONFIG).to(device)
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
-    if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
-        run.inactive("08", no_compile)
+    run.inactive("08", harness.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     # step 11: every rank built the same weights from --seed; from here each rank draws its own
@@ -343,11 +317,8 @@ def main():
     )
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    if not use_bf16:  # step 05
-        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
-    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
-    if no_fused:  # step 07
-        run.inactive("07", no_fused)
+    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
+    run.inactive("07", harness.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math path?
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

@@ -5,7 +5,7 @@ No step changes it: every step measures the same way. A step script uses it as
     args = harness.parse_args(__doc__)
     run = harness.Run(args, STEP, __file__)
     ...
-    run.inactive("02", why)                     # this step's idea does nothing here, and why
+    run.inactive("02", harness.tf32_unavailable(device))  # why step 02 does nothing here, or None
     run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start
     ...  run.step_done(loss, tokens)            # after each optimizer step
     with run.paused(): ...                      # evaluation / sampling: not timed, not in the peak
@@ -25,10 +25,13 @@ from .presets import GPT2_VOCAB
 _NEEDS_TORCH = {
     "Run": "run",
     "bf16_is_fast": "device",
+    "ddp_backend": "device",
     "compile_disabled": "inactive",
     "liger_unavailable": "inactive",
+    "pinned_memory_useless": "inactive",
     "sdpa_math_only": "inactive",
     "tf32_unavailable": "inactive",
+    "world_of_one": "inactive",
 }
 
 
@@ -44,9 +47,12 @@ __all__ = [
     "UserError",
     "bf16_is_fast",
     "compile_disabled",
+    "ddp_backend",
     "liger_unavailable",
     "main",
     "parse_args",
+    "pinned_memory_useless",
     "sdpa_math_only",
     "tf32_unavailable",
+    "world_of_one",
 ]

@@ -8,6 +8,7 @@ identifies a sweep's run (`run_config`).
 """
 
 import argparse
+import os
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -177,6 +178,11 @@ def run_config(values: dict) -> dict:
 
 
 def parse_args(doc: str | None, argv=None) -> argparse.Namespace:
+    """The step flags; --help prints the step's docstring, whose run commands (the same in
+    every file, so that they never show in a neighbour diff) say `<this file>`: the path the
+    script was started by stands there."""
+    if doc:
+        doc = doc.replace("<this file>", shown_path(sys.argv[0]))
     p = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_step_flags(p)
     args = p.parse_args(argv)
@@ -185,6 +191,14 @@ def parse_args(doc: str | None, argv=None) -> argparse.Namespace:
     except UserError as e:
         fail(str(e))
     return args
+
+
+def shown_path(script: str) -> str:
+    """A script's path as a command line in the working folder would name it."""
+    try:
+        return os.path.relpath(script)
+    except ValueError:  # Windows: another drive
+        return script
 
 
 class FailureHandoff:

@@ -50,6 +50,40 @@ def _local_rank_gpu() -> int:
     return local_rank
 
 
+def ddp_backend(device: torch.device) -> str:
+    """The torch.distributed backend of a step's process group (steps 11-14, `ddp_setup`):
+    $DDP_BACKEND, else nccl on CUDA and gloo elsewhere; checked here, each problem one line,
+    before any process group exists: a name torch does not know, nccl without CUDA or NCCL, a
+    backend this torch was built without, and on CUDA more processes on this node than GPUs."""
+    import torch.distributed as dist
+
+    backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
+    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+    if backend not in known:
+        raise UserError(
+            f"DDP_BACKEND={backend}: not a torch.distributed backend; use one of "
+            f"{', '.join(known)} (unset: nccl on CUDA, gloo elsewhere)"
+        )
+    if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
+        raise UserError(
+            f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
+            f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
+        )
+    if not dist.is_backend_available(backend):
+        raise UserError(
+            f"DDP_BACKEND={backend}: this torch ({torch.__version__}) was built without it; "
+            "use gloo (CPU) or nccl (CUDA)"
+        )
+    if device.type == "cuda":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if local_world > torch.cuda.device_count():
+            raise UserError(
+                f"{local_world} processes on this node but {torch.cuda.device_count()} GPUs "
+                "visible: use --nproc_per_node at most the GPU count"
+            )
+    return backend
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work, so a host clock read after it is honest."""
     if device.type == "cuda":

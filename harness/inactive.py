@@ -1,8 +1,8 @@
 """Is a step's idea active here? Each function returns why a step's optimization does nothing on
-this device, or None where it acts; the step passes the reason to `run.inactive()`, and its
-record says `step_active: false` (the summary, README table and charts then show the step as
-inactive here, never as a gain or a loss). bf16 (step 05) is `device.bf16_is_fast`, which the
-memory model needs too."""
+this device, or None where it acts; the step passes it to `run.inactive()` in one line (None
+records nothing), and where there is a reason its record says `step_active: false` (the
+summary, README table and charts then show the step as inactive here, never as a gain or a
+loss). bf16 (step 05) is `device.bf16_is_fast`, which the memory model needs too."""
 
 import os
 
@@ -31,6 +31,14 @@ def tf32_unavailable(device: torch.device) -> str | None:
             "fp32 matmuls stay IEEE fp32"
         )
     return None
+
+
+def pinned_memory_useless(device: torch.device) -> str | None:
+    """Step 04: pinned (page-locked) host memory speeds host-to-GPU copies only; elsewhere the
+    batch is already where the math runs."""
+    if device.type == "cuda":
+        return None
+    return f"pinned memory speeds host-to-GPU copies: no effect on {device.type}"
 
 
 def sdpa_math_only(device: torch.device, cfg: dict, bf16: bool) -> str | None:
@@ -69,6 +77,22 @@ def compile_disabled() -> str | None:
     if torch._dynamo.config.disable:
         return "TORCH_COMPILE_DISABLE=1: torch.compile returns the model unchanged (eager)"
     return None
+
+
+WORLD_OF_ONE = {  # steps 11 and 14 in one process: what such a run measures instead
+    "11": "a world of one: no other process shares the batch, so this run measures DDP's "
+    "overhead, not its gain; run it with torchrun",
+    "14": "a world of one: nothing to shard (a rank's shard is the whole tensor), so this run "
+    "measures FSDP2's hooks, not its saving",
+}
+
+
+def world_of_one(step: str) -> str | None:
+    """Steps 11 (DDP) and 14 (FSDP2): why the step does nothing in a process group of one
+    process (plain python, or torchrun with one), or None where other ranks take part."""
+    import torch.distributed as dist
+
+    return WORLD_OF_ONE[step] if dist.get_world_size() == 1 else None
 
 
 def triton_interpreted() -> bool:

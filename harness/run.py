@@ -44,6 +44,9 @@ from .outputs import check_file
 from .record import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
 from .spec import resolve
 
+# The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
+MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
+
 
 def _dist():
     d = torch.distributed
@@ -150,15 +153,26 @@ class Run:
             if text.startswith(LIGER_RAN) and triton_interpreted():  # said where it is seen
                 self.note(LIGER_INTERPRETED)
 
-    def inactive(self, step: str, reason: str) -> None:
+    def inactive(self, step: str, reason: str | None, acted: str | None = None) -> None:
         """Step `step`'s optimization does nothing in this run, and why: TF32 or pinned memory
         on a CPU, bf16 where it is not native, Liger's fallback, compile disabled, DDP in a
         world of one. Every such note is kept (`step NN: reason`); when `step` is this run's
         own, the record says `step_active: false` and `inactive_reason`, so that a no-op is
-        never read as a gain."""
+        never read as a gain. A reason of None (the step acts here) records nothing, or the
+        note `step NN: acted` where `acted` says what ran, so that a step asks in one line:
+        `run.inactive("02", harness.tf32_unavailable(device))`. Asked again, it adds nothing."""
+        if reason is None:
+            if acted is not None:
+                self.note(f"step {step}: {acted}")
+            return
         self.note(f"step {step}: {reason}")
         if step == self.step and self.inactive_reason is None:
             self.inactive_reason = reason
+
+    def model_overrides(self) -> dict:
+        """The preset's model settings (harness/presets.py), which replace GPT-2 124M's in a
+        step's GPT_CONFIG: `GPT_CONFIG = {...124M...} | run.model_overrides()`."""
+        return {k: self.preset[k] for k in MODEL_KEYS}
 
     def tokenizer(self):
         return gpt2_tokenizer()

@@ -16,10 +16,11 @@ Costs: none in the math (the same softmax attention, up to rounding). The fused 
 conditions (dtype, head size, GPU generation; on a CPU, no dropout): where none applies PyTorch
 runs its math path, the same work as step 06, and the record says the step is inactive.
 
-Run (flags shared by every step; --help lists them):
-    python steps/07_flash_attention_sdpa.py  # CUDA: the gpt2-124m preset; otherwise the cpu preset
-    python steps/07_flash_attention_sdpa.py --device cpu  # CPU: about 30 s of timed steps
-    python steps/07_flash_attention_sdpa.py --preset tiny --max-steps 5 --results r.jsonl
+Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
+    python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
+    python <this file> --device cpu  # CPU: about 30 s of timed steps
+    python <this file> --preset tiny --max-steps 5 --results r.jsonl
+    torchrun --nproc_per_node=4 <this file>  # steps 11 and 14: 4 GPUs (README, "Several GPUs")
 """
 
 import sys
@@ -220,16 +221,17 @@ def main():
     run = harness.Run(args, STEP, __file__)
     P = run.preset
 
-    # Config: the same keys in the same order in every step; values come from the preset.
+    # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
+    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50257,  # GPT-2 BPE vocabulary
-        "context_length": P["context_length"],
-        "emb_dim": P["emb_dim"],
-        "n_heads": P["n_heads"],
-        "n_layers": P["n_layers"],
-        "drop_rate": P["drop_rate"],
-        "qkv_bias": P["qkv_bias"],
-    }
+        "context_length": 1024,  # longest input, in tokens
+        "emb_dim": 768,  # embedding width
+        "n_heads": 12,  # attention heads
+        "n_layers": 12,  # transformer blocks
+        "drop_rate": 0.1,  # dropout
+        "qkv_bias": False,  # no bias in the query, key and value projections
+    } | run.model_overrides()
     SETTINGS = {
         "learning_rate": P["lr"],
         "num_epochs": P["epochs"],
@@ -242,13 +244,10 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
-    if no_tf32:  # step 02
-        run.inactive("02", no_tf32)
+    run.inactive("02", harness.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    if not pin_memory:  # step 04
-        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+    run.inactive("04", harness.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -267,11 +266,8 @@ def main():
     )
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    if not use_bf16:  # step 05
-        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
-    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
-    if no_fused:  # step 07
-        run.inactive("07", no_fused)
+    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
+    run.inactive("07", harness.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math path?
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

@@ -15,10 +15,11 @@ Costs: time. Backward runs every block's forward again, about a third more compu
 (forward is about a third of forward plus backward), for activation memory that falls from about
 a dozen (B, T, C) tensors per block to one.
 
-Run (flags shared by every step; --help lists them):
-    python steps/13_gradient_checkpointing.py  # CUDA: the gpt2-124m preset, else the cpu preset
-    python steps/13_gradient_checkpointing.py --device cpu  # CPU: about 30 s of timed steps
-    python steps/13_gradient_checkpointing.py --preset tiny --max-steps 5 --results r.jsonl
+Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
+    python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
+    python <this file> --device cpu  # CPU: about 30 s of timed steps
+    python <this file> --preset tiny --max-steps 5 --results r.jsonl
+    torchrun --nproc_per_node=4 <this file>  # steps 11 and 14: 4 GPUs (README, "Several GPUs")
 """
 
 import datetime
@@ -204,10 +205,13 @@ def chunked_linear_cross_entropy(weight, hidden, targets, chunk_rows=1024):  # s
 
 class FusedLinearCrossEntropy:  # step 12
     """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel on a CUDA GPU (or a CPU
-    through Triton's interpreter); the chunked one only where Liger cannot run."""
+    through Triton's interpreter); the chunked one only where Liger cannot run, and then
+    `fallback_reason` says why (None while Liger's kernel computes the loss)."""
 
-    def __init__(self, run, dtype, device):
-        self.run, self.dtype, self.liger = run, dtype, None
+    KERNEL = "Liger fused linear cross-entropy kernel ran (fp32 accumulation)"  # for the record
+
+    def __init__(self, dtype, device):
+        self.dtype, self.liger, self.fallback_reason = dtype, None, None
         if why := harness.liger_unavailable(device):  # a CPU runs it with TRITON_INTERPRET=1
             self.fall_back(why)
             return
@@ -222,7 +226,7 @@ class FusedLinearCrossEntropy:  # step 12
 
     def fall_back(self, why):
         warnings.warn(f"step 12: {why}; using chunked PyTorch linear+cross-entropy", stacklevel=2)
-        self.run.inactive("12", f"chunked PyTorch linear+cross-entropy ran, not Liger's ({why})")
+        self.fallback_reason = f"chunked PyTorch linear+cross-entropy ran, not Liger's ({why})"
 
     def __call__(self, weight, hidden, targets):
         hidden = hidden.to(self.dtype)  # bf16 when step 05 is on, as autocast would cast it
@@ -234,7 +238,6 @@ class FusedLinearCrossEntropy:  # step 12
         # accum_dtype: the output layer's weight gradient is summed over all rows in fp32.
         out = self.liger.apply(hidden, weight.to(self.dtype), targets, None, None, -100, 0.0,
                                0.0, "mean", None, False, torch.float32)  # fmt: skip
-        self.run.note("step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)")
         return out[0]
 
 
@@ -286,31 +289,10 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 
 # ---------------------------------------------------------------- distributed set-up
 def ddp_setup(device):  # step 11
-    """Join the process group torchrun describes; under plain python, a world of one."""
-    backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
-    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
-    if backend not in known:
-        raise harness.UserError(
-            f"DDP_BACKEND={backend}: not a torch.distributed backend; use one of "
-            f"{', '.join(known)} (unset: nccl on CUDA, gloo elsewhere)"
-        )
-    if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
-        raise harness.UserError(
-            f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
-            f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
-        )
-    if not dist.is_backend_available(backend):
-        raise harness.UserError(
-            f"DDP_BACKEND={backend}: this torch ({torch.__version__}) was built without it; "
-            "use gloo (CPU) or nccl (CUDA)"
-        )
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT; LOCAL_RANK
+    picks this process's GPU); under plain python, a world of one."""
+    backend = harness.ddp_backend(device)  # nccl on CUDA, else gloo; $DDP_BACKEND, checked
     if device.type == "cuda":
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if local_world > torch.cuda.device_count():
-            raise harness.UserError(
-                f"{local_world} processes on this node but {torch.cuda.device_count()} GPUs "
-                "visible: use --nproc_per_node at most the GPU count"
-            )
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     # A lost peer makes collectives fail after this long instead of hanging forever.
@@ -330,16 +312,17 @@ def main():
     run = harness.Run(args, STEP, __file__)
     P = run.preset
 
-    # Config: the same keys in the same order in every step; values come from the preset.
+    # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
+    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50304,  # step 09: GPT-2's 50257 padded to a multiple of 64
-        "context_length": P["context_length"],
-        "emb_dim": P["emb_dim"],
-        "n_heads": P["n_heads"],
-        "n_layers": P["n_layers"],
-        "drop_rate": P["drop_rate"],
-        "qkv_bias": P["qkv_bias"],
-    }
+        "context_length": 1024,  # longest input, in tokens
+        "emb_dim": 768,  # embedding width
+        "n_heads": 12,  # attention heads
+        "n_layers": 12,  # transformer blocks
+        "drop_rate": 0.1,  # dropout
+        "qkv_bias": False,  # no bias in the query, key and value projections
+    } | run.model_overrides()
     SETTINGS = {
         "learning_rate": P["lr"],
         "num_epochs": P["epochs"],
@@ -351,17 +334,12 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
-    if dist.get_world_size() == 1:  # step 11
-        run.inactive("11", "a world of one: no other process shares the batch, so this run "
-                     "measures DDP's overhead, not its gain; run it with torchrun")  # fmt: skip
+    run.inactive("11", harness.world_of_one("11"))  # step 11: one process: nothing to share
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    no_tf32 = harness.tf32_unavailable(device)  # step 02: why TF32 does nothing here, or None
-    if no_tf32:  # step 02
-        run.inactive("02", no_tf32)
+    run.inactive("02", harness.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    if not pin_memory:  # step 04
-        run.inactive("04", f"pinned memory speeds host-to-GPU copies: no effect on {device.type}")
+    run.inactive("04", harness.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -374,8 +352,7 @@ def main():
     model = GPTModel(GPT_CONFIG).to(device)
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
-    if no_compile := harness.compile_disabled():  # step 08: TORCH_COMPILE_DISABLE=1: eager
-        run.inactive("08", no_compile)
+    run.inactive("08", harness.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     # step 11: every rank built the same weights from --seed; from here each rank draws its own
@@ -390,12 +367,9 @@ def main():
     )
 
     use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    if not use_bf16:  # step 05
-        run.inactive("05", f"bf16 autocast off on this {device.type}: {why}")
-    no_fused = harness.sdpa_math_only(device, GPT_CONFIG, use_bf16)  # step 07: math path here?
-    if no_fused:  # step 07
-        run.inactive("07", no_fused)
-    fused_ce = FusedLinearCrossEntropy(run, torch.bfloat16 if use_bf16 else torch.float32, device)
+    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
+    run.inactive("07", harness.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math path?
+    fused_ce = FusedLinearCrossEntropy(torch.bfloat16 if use_bf16 else torch.float32, device)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):
@@ -410,6 +384,7 @@ def main():
                 hidden = model(input_batch, return_hidden=True)  # (B, T, C); step 12: no logits
             # step 12: output layer + cross-entropy in one fused, chunked op (outside compile)
             loss = fused_ce(out_head.weight, hidden.flatten(0, 1), target_batch.flatten())
+            run.inactive("12", fused_ce.fallback_reason, acted=fused_ce.KERNEL)  # step 12
             loss.backward()
             optimizer.step()
             run.step_done(loss, tokens=input_batch.numel())

@@ -7,6 +7,8 @@ import warnings
 import torch
 from conftest import ROOT, run_script
 
+from harness.run import Run
+
 
 def test_chunked_fallback_matches_plain_cross_entropy(step12):
     torch.manual_seed(0)
@@ -42,30 +44,35 @@ def test_chunked_fallback_never_saves_the_full_logits(step12):
 
 
 class _Run:
-    """What FusedLinearCrossEntropy uses of harness.Run (for step 12)."""
+    """harness.Run's notes and step_active mark alone (its own methods): what step 12's loop
+    line reports the fused loss to."""
+
+    step = "12"
+    note, inactive = Run.note, Run.inactive
 
     def __init__(self):
         self.notes, self.inactive_reason = [], None
 
-    def note(self, text):
-        if text not in self.notes:
-            self.notes.append(text)
+    def print(self, *a, **k):
+        pass
 
-    def inactive(self, step, reason):
-        self.note(f"step {step}: {reason}")
-        if step == "12" and self.inactive_reason is None:
-            self.inactive_reason = reason
+
+def report(run, fused):
+    """Step 12's loop line, after each loss: Liger's kernel ran, or why the fallback did."""
+    run.inactive("12", fused.fallback_reason, acted=fused.KERNEL)
 
 
 def test_fused_loss_falls_back_once_with_a_note_on_cpu(step12):
     run = _Run()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fused = step12.FusedLinearCrossEntropy(run, torch.float32, torch.device("cpu"))
+        fused = step12.FusedLinearCrossEntropy(torch.float32, torch.device("cpu"))
         w, h, t = torch.randn(50, 8), torch.randn(20, 8), torch.randint(0, 50, (20,))
         first, second = fused(w, h, t), fused(w, h, t)
+    report(run, fused)
+    report(run, fused)  # the loop asks after every step: noted once
     assert len([w for w in caught if "step 12" in str(w.message)]) == 1  # warned once
-    assert fused.liger is None
+    assert fused.liger is None and "no CUDA device" in fused.fallback_reason
     assert len(run.notes) == 1 and "chunked PyTorch" in run.notes[0]
     assert "no CUDA device" in run.inactive_reason  # the record: step_active false, and why
     ref = torch.nn.functional.cross_entropy(h @ w.T, t)

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from conftest import load_step
-from test_memory_steps import _Run
+from test_memory_steps import _Run, report
 
 import harness
 from harness import cli
@@ -54,14 +54,15 @@ def test_liger_runs_on_cuda_with_fp32_accumulation(step12, monkeypatch):
     run = _Run()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning
-        fused = step12.FusedLinearCrossEntropy(run, torch.bfloat16, CUDA)
+        fused = step12.FusedLinearCrossEntropy(torch.bfloat16, CUDA)
         w, h, t = data()
         loss = fused(w, h, t)
+    report(run, fused)
     (args,) = calls
     assert args[0].dtype == args[1].dtype == torch.bfloat16  # hidden and weight as autocast
     assert args[8] == "mean" and args[11] is torch.float32  # accum_dtype: fp32 gradient sums
     assert loss.dtype == torch.bfloat16
-    assert run.inactive_reason is None  # the record says step_active: true
+    assert fused.fallback_reason is None and run.inactive_reason is None  # step_active: true
     assert any("Liger fused linear cross-entropy kernel ran" in n for n in run.notes)
 
 
@@ -75,21 +76,20 @@ def _raise(e):
 def test_a_cuda_oom_inside_liger_is_recorded_oom_not_a_fallback(step12, monkeypatch, capsys):
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (GPU 0)")
     fake_liger(monkeypatch, _raise(oom))
-    run = _Run()
-    fused = step12.FusedLinearCrossEntropy(run, torch.float32, CUDA)
+    fused = step12.FusedLinearCrossEntropy(torch.float32, CUDA)
     recorded = []
     monkeypatch.setattr(cli.on_failure, "_write", lambda s, r: recorded.append((s, r)))
     with pytest.raises(SystemExit) as e:
         cli.main(lambda: fused(*data()))
     assert e.value.code == 3
     assert recorded == [("oom", "CUDA out of memory. Tried to allocate 6.00 GiB (GPU 0)")]
-    assert run.inactive_reason is None and fused.liger is not None  # no silent fallback
+    assert fused.fallback_reason is None and fused.liger is not None  # no silent fallback
 
 
 def test_a_triton_error_inside_liger_is_recorded_error_with_its_reason(step12, monkeypatch):
     CompilationError = type("CompilationError", (Exception,), {"__module__": "triton.compiler"})
     fake_liger(monkeypatch, _raise(CompilationError("at 12:4: out of resources: shared memory")))
-    fused = step12.FusedLinearCrossEntropy(_Run(), torch.float32, CUDA)
+    fused = step12.FusedLinearCrossEntropy(torch.float32, CUDA)
     recorded = []
     monkeypatch.setattr(cli.on_failure, "_write", lambda s, r: recorded.append((s, r)))
     with pytest.raises(SystemExit) as e:
@@ -101,21 +101,19 @@ def test_a_triton_error_inside_liger_is_recorded_error_with_its_reason(step12, m
 
 def test_liger_not_installed_falls_back_and_says_so(step12, monkeypatch):
     monkeypatch.setitem(sys.modules, LIGER_OPS, None)  # import raises ModuleNotFoundError
-    run = _Run()
     with pytest.warns(UserWarning, match="step 12"):
-        fused = step12.FusedLinearCrossEntropy(run, torch.float32, CUDA)
+        fused = step12.FusedLinearCrossEntropy(torch.float32, CUDA)
     assert fused.liger is None
-    assert "liger-kernel unavailable" in run.inactive_reason
+    assert "liger-kernel unavailable" in fused.fallback_reason
 
 
 def test_without_cuda_liger_is_never_called(step12, monkeypatch):
     fake_liger(monkeypatch, _raise(AssertionError("Liger called on a CPU")))
-    run = _Run()
     with pytest.warns(UserWarning, match="step 12"):
-        fused = step12.FusedLinearCrossEntropy(run, torch.float32, torch.device("cpu"))
+        fused = step12.FusedLinearCrossEntropy(torch.float32, torch.device("cpu"))
     w, h, t = data()
     torch.testing.assert_close(fused(w, h, t), plain_ce(h, w, t)[0])
-    assert "no CUDA device" in run.inactive_reason
+    assert "no CUDA device" in fused.fallback_reason
 
 
 def test_the_installed_liger_takes_accum_dtype_where_the_step_passes_it():
