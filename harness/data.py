@@ -114,7 +114,8 @@ def gpt2_tokenizer():
         raise UserError(
             f"cannot load the GPT-2 tokenizer ({e.__class__.__name__}); offline, put its "
             f"encoder.json and vocab.bpe in TIKTOKEN_CACHE_DIR (now: {where}) under tiktoken's "
-            "cache names, see README 'Offline'; the text itself comes from --data"
+            "cache names, see docs/gpu-machines.md, 'Offline use'; the text itself comes from "
+            "--data"
         ) from None
 
 

@@ -22,6 +22,11 @@ from .summary import read_summary
 PAGE = "LADDER.md"
 GOLDEN = ROOT / "tests" / "golden"
 MAX_LINES = 10
+MEASUREMENT = "docs/measurement.md"  # how the numbers are taken, linked from the page's head
+
+
+def _rel(path: Path, base: Path) -> str:
+    return Path(os.path.relpath(path, base)).as_posix()
 
 
 def paragraphs(step: Step) -> list[str]:
@@ -178,7 +183,7 @@ def page_markdown(tag_dirs, base: Path, root: Path = ROOT) -> str:
         "*Loss parity*: its per-step training losses against the previous step's (same seed, "
         "same data), under `tests/loss_parity.json`'s rule (`harness/parity.py`); *n/c*: the "
         "rule does not hold on that preset (say, dropout masks drawn otherwise). "
-        'How the numbers are taken: README, "How we measure".',
+        f"How the numbers are taken: [docs/measurement.md]({_rel(ROOT / MEASUREMENT, base)}).",
         "",
     ]
     for step in discover(root):

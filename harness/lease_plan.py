@@ -1,11 +1,12 @@
 """A plan for a lent GPU (`tools/gpu_session.sh --plan`): which calls, which steps in each,
 and how much device time the bounded ladder should take, before any device time is spent.
 
-The lease (README "A machine lent for a while"): at most `--lease` 1800 s of device time a
-session, each fresh machine's start-up counted (`MACHINE_START_S` = 90 s: the lease says 1-2
-minutes), each command at most 600 s (the plan uses calls of `--budget` 540 s, the session
-script's own --budget, leaving 60 s for the lease's transfers), a fresh bare machine a call
-(only the packed archive survives). Target: the whole ladder in at most `--target` 1200 s.
+The lease (docs/gpu-machines.md, "A machine lent for a while"): at most `--lease` 1800 s of
+device time a session, each fresh machine's start-up counted (`MACHINE_START_S` = 90 s: the
+lease says 1-2 minutes), each command at most 600 s (the plan uses calls of `--budget` 540 s,
+the session script's own --budget, leaving 60 s for the lease's transfers), a fresh bare
+machine a call (only the packed archive survives). Target: the whole ladder in at most
+`--target` 1200 s.
 
 The timing model, per run of a step (every number is an assumption until a GPU measures it):
 - tok/s: the published A100 ladder (results/reference/published_a100_ladder.csv, steps 00-10;

@@ -1,8 +1,8 @@
 """Every documented multi-process command works on the default text, by the harness's own
 arithmetic: one global batch (per-process batch x processes) of the step's preset fits the
 training windows Middlemarch gives at the preset's context (harness.data.num_windows), and
-validation gets a window. Parsed from README.md's code blocks and every step's docstring: each
-`torchrun ...` command and each `python -m harness run ... --nproc N`.
+validation gets a window. Parsed from the code blocks of README.md and docs/*.md and from every
+step's docstring: each `torchrun ...` command and each `python -m harness run ... --nproc N`.
 """
 
 import ast
@@ -35,14 +35,26 @@ def _logical_lines(text: str):
             yield line
 
 
+def markdown_pages() -> list[Path]:
+    """README.md and the pages under docs/ that it links to."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def code_blocks(page: Path) -> list[str]:
+    return page.read_text(encoding="utf-8").split("```")[1::2]  # the fenced code blocks
+
+
 def documented_commands():
-    readme = (ROOT / "README.md").read_text()
-    blocks = readme.split("```")[1::2]  # the fenced code blocks
-    out = [("README.md", c) for b in blocks for c in _logical_lines(b)]
+    out = []
+    for page in markdown_pages():
+        where = page.relative_to(ROOT).as_posix()
+        out += [(where, c) for b in code_blocks(page) for c in _logical_lines(b)]
     scripts = [s.path for s in discover(ROOT)] + [ROOT / n for n in SUMMARIES]
     for path in scripts:
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        out += [(path.relative_to(ROOT).as_posix(), c) for c in _logical_lines(doc)]
+        rel = path.relative_to(ROOT).as_posix()
+        # the shared usage block names the file as `<this file>` (--help fills it in)
+        out += [(rel, c.replace("<this file>", rel)) for c in _logical_lines(doc)]
     return out
 
 
@@ -112,8 +124,9 @@ def test_each_documented_command_fits_one_global_batch_in_middlemarch(
 
 
 def harness_commands() -> list[str]:
-    """Every `python -m harness ...` command in README.md's code blocks (after `&&` too)."""
-    blocks = (ROOT / "README.md").read_text().split("```")[1::2]
+    """Every `python -m harness ...` command in the code blocks of README.md and docs/*.md (after
+    `&&` too)."""
+    blocks = [b for page in markdown_pages() for b in code_blocks(page)]
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
     parts = [p.strip() for line in lines for p in line.split(" #", 1)[0].split("&&")]
     return [p for p in parts if p.startswith("python -m harness ")]
