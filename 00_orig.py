@@ -21,9 +21,9 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 # The shared harness lives at the repository root; find it from wherever this file sits.
-REPO = next(p for p in Path(__file__).resolve().parents if (p / "harness").is_dir())
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "speed_ladder").is_dir())
 sys.path.insert(0, str(REPO))
-import harness  # noqa: E402
+import speed_ladder  # noqa: E402
 
 STEP = "00"
 
@@ -232,12 +232,13 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 
 # ---------------------------------------------------------------- training
 def main():
-    args = harness.parse_args(__doc__)
-    run = harness.Run(args, STEP, __file__)
+    args = speed_ladder.parse_args(__doc__)
+    run = speed_ladder.Run(args, STEP, __file__)
     P = run.preset
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
-    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
+    # step; the preset (--preset, speed_ladder/presets.py) sets the sizes it names: cpu, tiny,
+    # gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50257,  # GPT-2 BPE vocabulary
         "context_length": 1024,  # longest input, in tokens
@@ -310,4 +311,4 @@ def main():
 
 
 if __name__ == "__main__":
-    harness.main(main)
+    speed_ladder.main(main)

@@ -6,7 +6,7 @@ FLOP/s of an A100 (NVIDIA A100 whitepaper), at a relative error near 1e-3 per pr
 ladder measured 12.5K -> 27.6K tok/s on an A100 for this one line. It changes nothing on a CPU
 (PyTorch's CPU matmuls stay IEEE fp32 at "high"), on an NVIDIA GPU below compute capability 8.0
 (V100, T4: no TF32) or on an AMD GPU other than MI300 with HIPBLASLT_ALLOW_TF32=1; there the
-record says `step_active: false` and why (`harness.tf32_unavailable`).
+record says `step_active: false` and why (`speed_ladder.tf32_unavailable`).
 
 Costs: precision. TF32 rounds the matmul inputs to a 10-bit mantissa (a relative error near 1e-3
 per product, fp32 accumulation), so losses leave fp32's in the third or fourth digit
@@ -28,9 +28,9 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 # The shared harness lives at the repository root; find it from wherever this file sits.
-REPO = next(p for p in Path(__file__).resolve().parents if (p / "harness").is_dir())
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "speed_ladder").is_dir())
 sys.path.insert(0, str(REPO))
-import harness  # noqa: E402
+import speed_ladder  # noqa: E402
 
 STEP = "02"
 
@@ -238,12 +238,13 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 
 # ---------------------------------------------------------------- training
 def main():
-    args = harness.parse_args(__doc__)
-    run = harness.Run(args, STEP, __file__)
+    args = speed_ladder.parse_args(__doc__)
+    run = speed_ladder.Run(args, STEP, __file__)
     P = run.preset
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
-    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
+    # step; the preset (--preset, speed_ladder/presets.py) sets the sizes it names: cpu, tiny,
+    # gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50257,  # GPT-2 BPE vocabulary
         "context_length": 1024,  # longest input, in tokens
@@ -265,7 +266,7 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    run.inactive("02", harness.tf32_unavailable(device))  # step 02: why TF32 does nothing here
+    run.inactive("02", speed_ladder.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
@@ -318,4 +319,4 @@ def main():
 
 
 if __name__ == "__main__":
-    harness.main(main)
+    speed_ladder.main(main)

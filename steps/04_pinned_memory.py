@@ -36,9 +36,9 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 # The shared harness lives at the repository root; find it from wherever this file sits.
-REPO = next(p for p in Path(__file__).resolve().parents if (p / "harness").is_dir())
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "speed_ladder").is_dir())
 sys.path.insert(0, str(REPO))
-import harness  # noqa: E402
+import speed_ladder  # noqa: E402
 
 STEP = "04"
 
@@ -247,12 +247,13 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 
 # ---------------------------------------------------------------- training
 def main():
-    args = harness.parse_args(__doc__)
-    run = harness.Run(args, STEP, __file__)
+    args = speed_ladder.parse_args(__doc__)
+    run = speed_ladder.Run(args, STEP, __file__)
     P = run.preset
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
-    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
+    # step; the preset (--preset, speed_ladder/presets.py) sets the sizes it names: cpu, tiny,
+    # gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50257,  # GPT-2 BPE vocabulary
         "context_length": 1024,  # longest input, in tokens
@@ -274,10 +275,10 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    run.inactive("02", harness.tf32_unavailable(device))  # step 02: why TF32 does nothing here
+    run.inactive("02", speed_ladder.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    run.inactive("04", harness.pinned_memory_useless(device))  # step 04: no GPU, no copies
+    run.inactive("04", speed_ladder.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -332,4 +333,4 @@ def main():
 
 
 if __name__ == "__main__":
-    harness.main(main)
+    speed_ladder.main(main)

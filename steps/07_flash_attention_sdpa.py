@@ -7,7 +7,7 @@ score matrix to memory: O(T) memory instead of O(T^2), and far fewer bytes moved
 PyTorch's fused flash-style CPU kernel only without dropout: its checks refuse dropout > 0
 ("Both fused kernels do not support non-zero dropout", aten's sdp_utils_cpp.h), so the `cpu`
 preset (dropout 0.1) runs the math path, the same work as step 06. The step asks torch which
-kernel the training call gets (`harness.sdpa_math_only`) and, on the math path, records
+kernel the training call gets (`speed_ladder.sdpa_math_only`) and, on the math path, records
 `step_active: false` and why. The causal mask of step 01 is no longer needed. Dropout now draws
 from the kernel's own random stream, so with dropout > 0 the losses differ from step 06 by
 sampling noise, not by a bug; the `tiny` preset has dropout 0, where they agree to rounding.
@@ -31,9 +31,9 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 # The shared harness lives at the repository root; find it from wherever this file sits.
-REPO = next(p for p in Path(__file__).resolve().parents if (p / "harness").is_dir())
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "speed_ladder").is_dir())
 sys.path.insert(0, str(REPO))
-import harness  # noqa: E402
+import speed_ladder  # noqa: E402
 
 STEP = "07"
 
@@ -217,12 +217,13 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 
 # ---------------------------------------------------------------- training
 def main():
-    args = harness.parse_args(__doc__)
-    run = harness.Run(args, STEP, __file__)
+    args = speed_ladder.parse_args(__doc__)
+    run = speed_ladder.Run(args, STEP, __file__)
     P = run.preset
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
-    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
+    # step; the preset (--preset, speed_ladder/presets.py) sets the sizes it names: cpu, tiny,
+    # gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50257,  # GPT-2 BPE vocabulary
         "context_length": 1024,  # longest input, in tokens
@@ -244,10 +245,10 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    run.inactive("02", harness.tf32_unavailable(device))  # step 02: why TF32 does nothing here
+    run.inactive("02", speed_ladder.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    run.inactive("04", harness.pinned_memory_useless(device))  # step 04: no GPU, no copies
+    run.inactive("04", speed_ladder.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -265,9 +266,10 @@ def main():
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
 
-    use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
+    use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
-    run.inactive("07", harness.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math path?
+    run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math
+    # path?
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):
@@ -308,4 +310,4 @@ def main():
 
 
 if __name__ == "__main__":
-    harness.main(main)
+    speed_ladder.main(main)

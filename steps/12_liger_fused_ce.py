@@ -47,9 +47,9 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler  # step 11
 
 # The shared harness lives at the repository root; find it from wherever this file sits.
-REPO = next(p for p in Path(__file__).resolve().parents if (p / "harness").is_dir())
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "speed_ladder").is_dir())
 sys.path.insert(0, str(REPO))
-import harness  # noqa: E402
+import speed_ladder  # noqa: E402
 
 STEP = "12"
 
@@ -219,7 +219,7 @@ class FusedLinearCrossEntropy:  # step 12
 
     def __init__(self, dtype, device):
         self.dtype, self.liger, self.fallback_reason = dtype, None, None
-        if why := harness.liger_unavailable(device):  # a CPU runs it with TRITON_INTERPRET=1
+        if why := speed_ladder.liger_unavailable(device):  # a CPU runs it with TRITON_INTERPRET=1
             self.fall_back(why)
             return
         try:  # the ops module: liger_kernel.transformers imports transformers where installed
@@ -277,7 +277,7 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
         idx_cond = idx[:, -context_size:]  # (1, <=T)
         with torch.no_grad():
             logits = model(idx_cond)[:, -1, :]  # (1, V): the last position only
-        logits[:, harness.GPT2_VOCAB :] = -torch.inf  # step 09: a padded id is never picked
+        logits[:, speed_ladder.GPT2_VOCAB :] = -torch.inf  # step 09: a padded id is never picked
         idx_next = torch.argmax(logits, dim=-1, keepdim=True)  # (1, 1)
         idx = torch.cat((idx, idx_next), dim=1)
     return idx
@@ -298,7 +298,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 def ddp_setup(device):  # step 11
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT; LOCAL_RANK
     picks this process's GPU); under plain python, a world of one."""
-    backend = harness.ddp_backend(device)  # nccl on CUDA, else gloo; $DDP_BACKEND, checked
+    backend = speed_ladder.ddp_backend(device)  # nccl on CUDA, else gloo; $DDP_BACKEND, checked
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -315,12 +315,13 @@ def ddp_setup(device):  # step 11
 
 # ---------------------------------------------------------------- training
 def main():
-    args = harness.parse_args(__doc__)
-    run = harness.Run(args, STEP, __file__)
+    args = speed_ladder.parse_args(__doc__)
+    run = speed_ladder.Run(args, STEP, __file__)
     P = run.preset
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
-    # step; the preset (--preset, harness/presets.py) sets the sizes it names: cpu, tiny, gpt2-xl
+    # step; the preset (--preset, speed_ladder/presets.py) sets the sizes it names: cpu, tiny,
+    # gpt2-xl
     GPT_CONFIG = {
         "vocab_size": 50304,  # step 09: GPT-2's 50257 padded to a multiple of 64
         "context_length": 1024,  # longest input, in tokens
@@ -341,12 +342,12 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
-    run.inactive("11", harness.world_of_one("11"))  # step 11: one process: nothing to share
+    run.inactive("11", speed_ladder.world_of_one("11"))  # step 11: one process: nothing to share
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    run.inactive("02", harness.tf32_unavailable(device))  # step 02: why TF32 does nothing here
+    run.inactive("02", speed_ladder.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    run.inactive("04", harness.pinned_memory_useless(device))  # step 04: no GPU, no copies
+    run.inactive("04", speed_ladder.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -359,7 +360,7 @@ def main():
     model = GPTModel(GPT_CONFIG).to(device)
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
-    run.inactive("08", harness.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
+    run.inactive("08", speed_ladder.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     # step 11: every rank built the same weights from --seed; from here each rank draws its own
@@ -373,9 +374,10 @@ def main():
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
 
-    use_bf16, why = harness.bf16_is_fast(device)  # step 05: bf16 only where it is faster
+    use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
-    run.inactive("07", harness.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math path?
+    run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math
+    # path?
     fused_ce = FusedLinearCrossEntropy(torch.bfloat16 if use_bf16 else torch.float32, device)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
@@ -422,4 +424,4 @@ def main():
 
 
 if __name__ == "__main__":
-    harness.main(main)
+    speed_ladder.main(main)

@@ -22,8 +22,8 @@ from budget import (  # noqa: E402, F401
     pytest_sessionfinish,
 )
 
-from harness.data import read_text, stage_bpe  # noqa: E402
-from harness.files import ROOT, atomic_write_bytes, mirror  # noqa: E402
+from speed_ladder.files import ROOT, atomic_write_bytes, mirror  # noqa: E402
+from speed_ladder.measure.data import read_text, stage_bpe  # noqa: E402
 
 BPE = mirror() / "gpt2_bpe"
 # The small test text: the mirror's The Verdict (CI: ../shared), else the first 20,000 characters

@@ -1,4 +1,5 @@
-"""python -m harness check: a results folder from another machine, validated. Small synthetic tag
+"""python -m speed_ladder check: a results folder from another machine, validated. Small synthetic
+tag
 folders in tmp_path: committed records of steps 00-01 (3 rounds, with the A/A control) as
 templates, their paths stripped, their scripts pinned to HEAD, and a summary.csv written by the
 harness's own summary writer; then one thing broken at a time."""
@@ -12,9 +13,10 @@ import sys
 import pytest
 from conftest import ROOT
 
-from harness import check, ladder
-from harness.errors import UserError
-from harness.summary import SUMMARY, rebuild, write_summary
+from speed_ladder import ladder
+from speed_ladder.errors import UserError
+from speed_ladder.report import check
+from speed_ladder.report.summary import SUMMARY, rebuild, write_summary
 
 TEMPLATES = ROOT / "results" / "cpu-amd-epyc-2c-x1" / "runs.jsonl"
 
@@ -106,7 +108,8 @@ def test_a_summary_that_disagrees_with_its_records(tmp_path, records):
 def test_the_parity_cell_is_checked_and_its_detail_is_not(tmp_path, records):
     """`parity` comes from the records (and tests/loss_parity.json): a summary that says `ok`
     where they say `off` is a problem; `parity_detail`'s words are the manifest's, not checked.
-    (Step 01 is off here: step 00's round-1 run drew other dropout masks, harness/device.py.)"""
+    (Step 01 is off here: step 00's round-1 run drew other dropout masks,
+    speed_ladder/measure/device.py.)"""
     import pandas as pd
 
     tag = make_tag(tmp_path, records)
@@ -277,7 +280,7 @@ def test_the_command_line(tmp_path, records):
 
     tag = make_tag(tmp_path, records, edit)
     res = subprocess.run(
-        [sys.executable, "-m", "harness", "check", str(tag)],
+        [sys.executable, "-m", "speed_ladder", "check", str(tag)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -293,7 +296,7 @@ def test_the_command_line(tmp_path, records):
     with pytest.raises(UserError, match="no such folder"):
         check.check([str(tmp_path / "nowhere")])
     (tmp_path / "empty").mkdir()
-    from harness.__main__ import main
+    from speed_ladder.__main__ import main
 
     with pytest.raises(SystemExit) as e:
         main(["check", str(tmp_path / "empty")])

@@ -1,8 +1,9 @@
 """Every documented multi-process command works on the default text, by the harness's own
 arithmetic: one global batch (per-process batch x processes) of the step's preset fits the
-training windows Middlemarch gives at the preset's context (harness.data.num_windows), and
+training windows Middlemarch gives at the preset's context (speed_ladder.measure.data.num_windows),
+and
 validation gets a window. Parsed from the code blocks of README.md and docs/*.md and from every
-step's docstring: each `torchrun ...` command and each `python -m harness run ... --nproc N`.
+step's docstring: each `torchrun ...` command and each `python -m speed_ladder run ... --nproc N`.
 """
 
 import ast
@@ -12,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from harness.data import TRAIN_RATIO, num_windows, read_text, token_ids
-from harness.ladder import discover
-from harness.presets import PRESETS
+from speed_ladder.ladder import discover
+from speed_ladder.measure.data import TRAIN_RATIO, num_windows, read_text, token_ids
+from speed_ladder.presets import PRESETS
 
 SUMMARIES = {"01_opt_single_gpu.py": "10", "02_opt_multi_gpu_ddp.py": "11"}
 
@@ -30,7 +31,7 @@ def _logical_lines(text: str):
         line = (buf + line).split(" #", 1)[0].strip()
         buf = ""
         if line.startswith("torchrun ") or (
-            line.startswith("python -m harness run") and "--nproc" in line
+            line.startswith("python -m speed_ladder run") and "--nproc" in line
         ):
             yield line
 
@@ -83,9 +84,9 @@ def global_batches(command: str):
     if argv[0] == "torchrun":
         world = int(_flag(argv, "--nnodes", "1")) * int(_flag(argv, "--nproc_per_node", "1"))
         steps = [_step_of(next(a for a in argv if a.endswith(".py")))]
-    else:  # python -m harness run --steps SPEC --nproc N: its distributed steps, 11 on
+    else:  # python -m speed_ladder run --steps SPEC --nproc N: its distributed steps, 11 on
         world = int(_flag(argv, "--nproc"))
-        from harness.ladder import parse_steps
+        from speed_ladder.ladder import parse_steps
 
         steps = [s.num for s in parse_steps(_flag(argv, "--steps"), discover(ROOT))]
         steps = [s for s in steps if s >= "11"]
@@ -104,7 +105,7 @@ def test_the_documentation_has_the_multi_gpu_commands():
     worlds = {w for _, c in COMMANDS for *_, w in global_batches(c)}
     assert 16 in worlds  # the two-node command
     assert {2, 4} <= worlds
-    assert any(c.startswith("python -m harness run") for _, c in COMMANDS)
+    assert any(c.startswith("python -m speed_ladder run") for _, c in COMMANDS)
 
 
 @pytest.mark.parametrize("where,command", COMMANDS, ids=[f"{w}: {c[:60]}" for w, c in COMMANDS])
@@ -124,16 +125,17 @@ def test_each_documented_command_fits_one_global_batch_in_middlemarch(
 
 
 def harness_commands() -> list[str]:
-    """Every `python -m harness ...` command in the code blocks of README.md and docs/*.md (after
+    """Every `python -m speed_ladder ...` command in the code blocks of README.md and docs/*.md
+    (after
     `&&` too)."""
     blocks = [b for page in markdown_pages() for b in code_blocks(page)]
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
     parts = [p.strip() for line in lines for p in line.split(" #", 1)[0].split("&&")]
-    return [p for p in parts if p.startswith("python -m harness ")]
+    return [p for p in parts if p.startswith("python -m speed_ladder ")]
 
 
 def test_each_documented_harness_command_parses():
-    from harness.__main__ import parser
+    from speed_ladder.__main__ import parser
 
     commands = harness_commands()
     assert {c.split()[3] for c in commands} == {"run", "check"}
@@ -142,8 +144,8 @@ def test_each_documented_harness_command_parses():
 
 
 def test_a_text_too_short_for_the_world_size_names_the_batch_that_fits(tmp_path):
-    from harness.data import load_split
-    from harness.errors import UserError
+    from speed_ladder.errors import UserError
+    from speed_ladder.measure.data import load_split
 
     text = tmp_path / "short.txt"
     text.write_text((ROOT / "README.md").read_text())

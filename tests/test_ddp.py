@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import ROOT, VERDICT, records, run_script
 
-from harness import parity
+from speed_ladder import parity
 
 DDP = str(ROOT / "steps" / "11_ddp.py")
 EAGER = {"TORCH_COMPILE_DISABLE": "1"}
@@ -35,8 +35,8 @@ def seed_logger(tmp_path):
     wrapper.write_text(
         "import json, os, runpy, sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "import torch, harness.run\n"
-        "original = harness.run.Run.set_model\n"
+        "import torch, speed_ladder.measure.run\n"
+        "original = speed_ladder.measure.run.Run.set_model\n"
         "def set_model(self, model, *a, **k):\n"
         "    total = sum(p.detach().double().sum().item() for p in model.parameters())\n"
         "    line = dict(rank=int(os.environ.get('RANK', 0)), seed=torch.initial_seed(),\n"
@@ -44,7 +44,7 @@ def seed_logger(tmp_path):
         f"    with open({str(tmp_path / 'seeds.jsonl')!r}, 'a') as f:\n"
         "        f.write(json.dumps(line) + '\\n')\n"
         "    return original(self, model, *a, **k)\n"
-        "harness.run.Run.set_model = set_model\n"
+        "speed_ladder.measure.run.Run.set_model = set_model\n"
         f"sys.argv[0] = {DDP!r}\n"
         f"runpy.run_path({DDP!r}, run_name='__main__')\n"
     )
@@ -105,11 +105,11 @@ def test_a_failing_rank_ends_the_job_promptly(tmp_path):
     wrapper.write_text(
         "import os, runpy, sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "import harness.run\n"
+        "import speed_ladder.measure.run\n"
         "if os.environ.get('RANK') == '1':\n"
         "    def boom(self, *a, **k):\n"
         "        raise RuntimeError('injected failure on rank 1')\n"
-        "    harness.run.Run.set_model = boom\n"
+        "    speed_ladder.measure.run.Run.set_model = boom\n"
         f"sys.argv[0] = {DDP!r}\n"
         f"runpy.run_path({DDP!r}, run_name='__main__')\n"
     )

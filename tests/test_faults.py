@@ -18,30 +18,24 @@ import pytest
 import torch
 from conftest import ROOT, VERDICT, py, records
 
-from harness import (
-    chart_style,
-    charts,
-    cli,
-    data,
-    device,
-    files,
-    launch,
-    readme,
-    report,
-    summary,
-    sweep,
-)
-from harness.errors import UserError
-from harness.ladder import discover
-from harness.runs import load_runs, recover
+from speed_ladder import files
+from speed_ladder import flags as cli
+from speed_ladder.errors import UserError
+from speed_ladder.ladder import discover
+from speed_ladder.measure import data, device
+from speed_ladder.report import chart_style, charts, readme, summary
+from speed_ladder.report import redraw as report
+from speed_ladder.store import load_runs, recover
+from speed_ladder.sweep import driver as sweep
+from speed_ladder.sweep import launch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TAG = sweep.hardware_tag("cpu", 1)
 
 
 def sweep_here(capsys, *args) -> tuple[int, str, str]:
-    """`python -m harness run ARGS` in this process; returns (exit code, stdout, stderr)."""
-    from harness.__main__ import main
+    """`python -m speed_ladder run ARGS` in this process; returns (exit code, stdout, stderr)."""
+    from speed_ladder.__main__ import main
 
     capsys.readouterr()
     try:
@@ -119,9 +113,9 @@ def test_unusable_lines_are_skipped_with_one_warning_each_and_never_rewritten(tm
         assert "not UTF-8" in warnings[1] and "not JSON" in warnings[6]
         assert runs.read_bytes().startswith(before)  # appended to, never rewritten
         assert all(b in runs.read_bytes() for b in bad)
-        import harness.runs
+        import speed_ladder.store
 
-        harness.runs._WARNED.clear()  # a new sweep process warns again
+        speed_ladder.store._WARNED.clear()  # a new sweep process warns again
     assert [r["step"] for r in load_runs(results / TAG)] == ["00", "01"]
 
 
@@ -249,7 +243,7 @@ def test_a_peak_measured_on_a_busy_machine_is_used_once_and_not_cached(
 ):
     """Another process sharing the cores lowers the measured rate; caching it would understate
     the peak (and overstate MFU) on every later run of this machine."""
-    from harness import load
+    from speed_ladder.measure import cpu_load as load
 
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     monkeypatch.setattr(device, "_matmul_rate", lambda d, dtype, n=1024: 3e10)
@@ -303,7 +297,7 @@ class Args:
 
 
 def test_an_mfu_above_100_percent_is_flagged_in_the_record(tmp_path, monkeypatch, capsys):
-    from harness.run import Run
+    from speed_ladder.measure.run import Run
 
     monkeypatch.setattr(device, "peak_flops", lambda d: (1e3, "a 1e3 FLOP/s peak"))
     args = type("A", (Args,), {"results": str(tmp_path / "r.jsonl")})
@@ -408,8 +402,8 @@ def _long(tmp_path):
     ids=["a folder", "under a file", "name too long", "unwritable"],
 )
 def test_results_location_is_checked_before_the_model_is_built(where, expected, tmp_path):
-    from harness import outputs
-    from harness.run import Run
+    from speed_ladder import outputs
+    from speed_ladder.measure.run import Run
 
     (tmp_path / "file.txt").write_text("x")
     path = where(tmp_path)
@@ -423,7 +417,7 @@ def test_results_location_is_checked_before_the_model_is_built(where, expected, 
 
 
 def test_a_full_disk_is_found_at_start_up(tmp_path, monkeypatch):
-    from harness import outputs
+    from speed_ladder import outputs
 
     monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=4096))
     with pytest.raises(UserError, match=r"--results .*: the disk is full \(4 KiB free"):
@@ -461,7 +455,7 @@ def test_sweep_output_locations_are_checked_before_any_step(case, tmp_path, caps
 
 
 def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch):
-    from harness.run import Run
+    from speed_ladder.measure.run import Run
 
     (tmp_path / "cache").write_text("x")
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path / "cache"))
@@ -500,7 +494,7 @@ def test_tiktoken_cache_dir_that_is_a_file_is_named(tmp_path, monkeypatch):
 
 
 def test_an_empty_results_name_is_refused(tmp_path):
-    from harness.run import Run
+    from speed_ladder.measure.run import Run
 
     with pytest.raises(UserError, match=r"^--results '': no name given$"):
         Run(type("A", (Args,), {"results": ""}), "00", str(ROOT / "00_orig.py"))
@@ -516,7 +510,7 @@ def test_plot_results_checks_its_readme_before_drawing(tags_dir, capsys):
 @pytest.fixture
 def read_only_checkout(tmp_path, monkeypatch):
     """A checkout whose files cannot be written (EROFS for anything in it)."""
-    from harness import outputs
+    from speed_ladder import outputs
 
     checkout = tmp_path / "checkout"
     (checkout / "data").mkdir(parents=True)
@@ -575,7 +569,7 @@ def test_user_cache_folder_follows_the_platform(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------- out of memory on a CPU
 def _main_exit(capsys, fn):
-    """harness.main(fn): (exit code, stderr, the failure recorded)."""
+    """speed_ladder.main(fn): (exit code, stderr, the failure recorded)."""
     recorded = []
     cli.on_failure.register(lambda status, reason: recorded.append((status, reason)))
     try:
@@ -624,7 +618,7 @@ def test_os_errors_of_the_environment_are_one_line(capsys):
 
 
 def test_a_record_that_cannot_be_written_is_printed_not_lost(capsys, monkeypatch):
-    from harness.run import Run
+    from speed_ladder.measure.run import Run
 
     monkeypatch.setattr(device, "peak_flops", lambda d: (1e11, "a fixed peak"))
     args = type("A", (Args,), {"results": "/dev/full"})  # every write: ENOSPC
@@ -703,8 +697,8 @@ def _close_after_first_line(cmd, env=None, lines=1):
 def test_a_step_whose_stdout_is_closed_exits_quietly(tmp_path):
     script = tmp_path / "chatty.py"
     script.write_text(
-        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport harness\n"
-        "harness.main(lambda: [print('line', i, flush=True) for i in range(10**7)])\n"
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport speed_ladder\n"
+        "speed_ladder.main(lambda: [print('line', i, flush=True) for i in range(10**7)])\n"
     )
     code, first, err = _close_after_first_line([sys.executable, script])
     assert first == "line 0\n" and code == 1
@@ -712,7 +706,7 @@ def test_a_step_whose_stdout_is_closed_exits_quietly(tmp_path):
 
 
 def test_a_sweep_whose_stdout_is_closed_keeps_its_records(tmp_path):
-    cmd = [sys.executable, "-m", "harness", "run", "--ladder-dir", FIXTURES / "ladder_ok",
+    cmd = [sys.executable, "-m", "speed_ladder", "run", "--ladder-dir", FIXTURES / "ladder_ok",
            "--results-dir", tmp_path, "--device", "cpu", "--no-plots"]  # fmt: skip
     code, first, err = _close_after_first_line(cmd, env={"SWEEP_FIXTURE_SLEEP": "0.3"})
     assert first.startswith("sweep ") and code == 1
@@ -765,7 +759,9 @@ def test_plot_results_on_a_bad_summary_is_one_line(how, tags_dir, capsys):
     err = capsys.readouterr().err
     assert code == 2
     line = one_line(err)
-    assert line.startswith(f"error: {bad / 'summary.csv'}: ") and "python -m harness run" in line
+    assert (
+        line.startswith(f"error: {bad / 'summary.csv'}: ") and "python -m speed_ladder run" in line
+    )
     assert "old" in readme_md.read_text() and not list((tags_dir / TAG).glob("*.png"))
 
 
@@ -804,7 +800,7 @@ def test_compile_failures_are_named_with_their_fix():
     from torch._dynamo.exc import BackendCompilerFailed
     from torch._inductor import exc
 
-    from harness.errors import compile_failure_line, out_of_memory_line
+    from speed_ladder.errors import compile_failure_line, out_of_memory_line
 
     cases = {
         "no working C++ compiler (Compiler: cl is not found.)": exc.InvalidCxxCompiler("cl"),

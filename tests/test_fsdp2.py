@@ -1,4 +1,4 @@
-"""Step 14 (FSDP2) on CPU with gloo, and the memory model (harness/memory_model.py).
+"""Step 14 (FSDP2) on CPU with gloo, and the memory model (speed_ladder/measure/memory_model.py).
 
 Two processes on `tiny` check the record and the losses against step 13 under the same two
 processes; rank 0's state (local shards of params, grads and AdamW moments) is measured inside
@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import ROOT, VERDICT, records, run_script
 
-from harness import memory_model as mm
-from harness import parity
-from harness.presets import PRESETS
+from speed_ladder import parity
+from speed_ladder.measure import memory_model as mm
+from speed_ladder.presets import PRESETS
 
 STEP13 = str(ROOT / "steps" / "13_gradient_checkpointing.py")
 STEP14 = str(ROOT / "steps" / "14_fsdp2.py")
@@ -32,8 +32,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 MEASURE = """import runpy, sys
 sys.path.insert(0, {root!r})
 import torch
-from harness import memory_model
-from harness.run import Run
+from speed_ladder.measure import memory_model
+from speed_ladder.measure.run import Run
 seen = {{}}
 set_model, finish, adamw = Run.set_model, Run.finish, torch.optim.AdamW.__init__
 def set_model_(self, model, *a, **k):

@@ -1,11 +1,12 @@
-"""harness.gains: each step's effect over the previous one, its interval, verdict and the noise
+"""speed_ladder.gains: each step's effect over the previous one, its interval, verdict and the noise
 floor; the summary's columns from old and new records. In-process, milliseconds."""
 
 import pytest
 
-from harness import gains, summary
-from harness.ladder import Step
-from harness.rows import busy_text, effect_text, inactive
+from speed_ladder import gains
+from speed_ladder.ladder import Step
+from speed_ladder.report import summary
+from speed_ladder.report.rows import busy_text, effect_text, inactive
 
 
 def test_effect_verdicts():
@@ -102,7 +103,7 @@ def test_rebuild_a_summary_from_old_records(tmp_path):
     import json
     from pathlib import Path
 
-    from harness.ladder import discover
+    from speed_ladder.ladder import discover
 
     root = Path(__file__).resolve().parent / "fixtures" / "ladder_ok"
     steps = discover(root)

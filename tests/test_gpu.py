@@ -37,9 +37,9 @@ pytestmark = [
 sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 
-from harness import device as dev  # noqa: E402
-from harness import inactive  # noqa: E402
-from harness.presets import PRESETS  # noqa: E402
+from speed_ladder.measure import device as dev  # noqa: E402
+from speed_ladder.measure import inactive  # noqa: E402
+from speed_ladder.presets import PRESETS  # noqa: E402
 
 STEPS = [p.relative_to(ROOT).as_posix() for p in ladder.ladder()]
 SUMMARIES = list(ladder.SUMMARIES)
@@ -67,7 +67,7 @@ def run_on_cuda(script, out, *extra, launcher=(sys.executable,), data=VERDICT, e
 def middlemarch() -> Path:
     """The default text (gpt2-124m needs more windows than the test text has): data/, the
     offline mirror (SPEED_LADDER_SHARED, as tools/gpu_session.sh sets it) or Gutenberg."""
-    from harness.data import read_text
+    from speed_ladder.measure.data import read_text
 
     return read_text(None)[1]
 
@@ -104,7 +104,7 @@ def test_the_peak_table_resolves_this_gpu():
 
 @pytest.mark.limit(30)
 def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
-    from harness.spec import fit_batch
+    from speed_ladder.spec import fit_batch
 
     total, bf16 = dev.gpu_memory(GPU)
     rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], total, bf16)

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness import device as dev
-from harness import inactive
-from harness.errors import UserError
+from speed_ladder.errors import UserError
+from speed_ladder.measure import device as dev
+from speed_ladder.measure import inactive
 
 GB = 10**9
 
@@ -67,7 +67,10 @@ def test_an_unknown_gpu_gets_no_mfu_and_says_how_to_add_it(fake_gpu):
     d = fake_gpu(props("NVIDIA GeForce GTX 1080", 6, 1, 20))
     flops, desc = dev.peak_flops(d)
     assert flops is None
-    assert "MFU left empty" in desc and "add a row to GPU_PEAKS in harness/gpus.py" in desc
+    assert (
+        "MFU left empty" in desc
+        and "add a row to GPU_PEAKS in speed_ladder/measure/gpus.py" in desc
+    )
 
 
 def test_a_mig_slice_without_its_sm_count_gets_no_whole_gpu_peak(fake_gpu):
@@ -142,8 +145,8 @@ A100_40, A100_80 = 42_505_273_344, 85_051_572_224
     ],
 )
 def test_the_batch_rule_picks_a_batch_that_fits_and_keeps_step_10s_4x(memory, bf16, batches):
-    from harness.presets import PRESETS
-    from harness.spec import fit_batch
+    from speed_ladder.presets import PRESETS
+    from speed_ladder.spec import fit_batch
 
     rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], memory, bf16)
     if batches is None:
@@ -156,8 +159,8 @@ def test_the_batch_rule_picks_a_batch_that_fits_and_keeps_step_10s_4x(memory, bf
 
 
 def test_where_no_batch_fits_the_preset_is_kept_and_said():
-    from harness.presets import PRESETS
-    from harness.spec import fit_batch
+    from speed_ladder.presets import PRESETS
+    from speed_ladder.spec import fit_batch
 
     rule = fit_batch("gpt2-xl", PRESETS["gpt2-xl"], RTX_4090, True)  # 26 GB of state alone
     assert (rule["batch"], rule["large_batch"]) == (1, 4)
@@ -176,7 +179,7 @@ def _run_args(**kw):
 
 @pytest.mark.parametrize("memory,batch", [(RTX_4090, 4), (V100_16, 2), (A100_80, 8)])
 def test_every_step_makes_the_same_choice_prints_it_and_records_it(memory, batch, fake_gpu, capsys):
-    from harness.run import Run
+    from speed_ladder.measure.run import Run
 
     major = 7 if memory == V100_16 else 8
     fake_gpu(props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory))
@@ -193,7 +196,7 @@ def test_every_step_makes_the_same_choice_prints_it_and_records_it(memory, batch
 
 
 def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
-    from harness.run import Run
+    from speed_ladder.measure.run import Run
 
     fake_gpu(props("NVIDIA GeForce RTX 4090", 8, 9, 128, memory=RTX_4090))
     run = Run(_run_args(batch_size=8), "00", __file__)
@@ -203,15 +206,17 @@ def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
 @pytest.mark.parametrize("memory,major,batch", [(RTX_4090, 8, 4), (V100_16, 7, 2)])
 def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch, fake_gpu,
                                                            monkeypatch, capsys):  # fmt: skip
-    """One RunSpec (harness.spec): on a GPU too small for the preset's batch, the sweep's plan
+    """One RunSpec (speed_ladder.spec): on a GPU too small for the preset's batch, the sweep's plan
     resolves the batch the step will run with, and the memory it predicts before the run is
     the prediction the step records; printed once (the step leaves it to the sweep)."""
     from dataclasses import asdict
 
-    from harness import memory_model, preflight, sweep
-    from harness.files import ROOT
-    from harness.ladder import discover
-    from harness.run import Run
+    from speed_ladder.files import ROOT
+    from speed_ladder.ladder import discover
+    from speed_ladder.measure import memory_model
+    from speed_ladder.measure.run import Run
+    from speed_ladder.sweep import driver as sweep
+    from speed_ladder.sweep import preflight
 
     p = props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory)
     fake_gpu(p)
@@ -258,7 +263,7 @@ def test_tf32_is_inactive_where_the_gpu_has_none(p, rocm, env, expected, fake_gp
 
 
 def test_sdpa_on_a_cpu_with_dropout_runs_the_math_path():
-    from harness.presets import PRESETS
+    from speed_ladder.presets import PRESETS
 
     cpu = torch.device("cpu")
     why = inactive.sdpa_math_only(cpu, PRESETS["cpu"], bf16=False)  # dropout 0.1
@@ -280,7 +285,7 @@ def test_only_the_running_steps_own_number_sets_step_active(fake_gpu):
 
     from conftest import VERDICT
 
-    from harness.run import Run
+    from speed_ladder.measure.run import Run
 
     args = argparse.Namespace(device="cpu", preset="tiny", epochs=None, max_steps=None,
                               warmup_steps=None, batch_size=None, data=str(VERDICT),

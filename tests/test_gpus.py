@@ -1,4 +1,5 @@
-"""harness.gpus: every GPU the issue names resolves to its datasheet figure, and no other.
+"""speed_ladder.measure.gpus: every GPU the issue names resolves to its datasheet figure, and no
+other.
 
 The names are torch.cuda.get_device_name() strings as public code and reports print them:
 llm.c's llmc/mfu.h (V100, A100, RTX A6000, RTX 3090/3090 Ti/4090, H100 PCIe, "NVIDIA H100 80GB
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import gpus
+from speed_ladder.measure import gpus
 
 # name, multi_processor_count (None: not passed), expected dense TFLOP/s, precision, label
 SAMPLES = [
@@ -135,7 +136,7 @@ def test_an_unknown_gpu_gets_no_peak_and_a_note_on_how_to_add_it(name):
     flops, note = gpus.peak_flops(name, 100)
     assert flops is None
     assert repr(name) in note and "MFU left empty" in note
-    assert "add a row to GPU_PEAKS in harness/gpus.py" in note and "sparsity" in note
+    assert "add a row to GPU_PEAKS in speed_ladder/measure/gpus.py" in note and "sparsity" in note
 
 
 def test_the_h100_sxm_is_the_datasheets_sparse_figure_halved():

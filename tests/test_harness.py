@@ -11,9 +11,10 @@ import pytest
 import torch
 from conftest import ROOT, VERDICT, py, records
 
-from harness import data, device, record
-from harness.errors import UserError
-from harness.presets import GPT2_VOCAB, PRESETS, flop_split
+from speed_ladder import records as record
+from speed_ladder.errors import UserError
+from speed_ladder.measure import data, device
+from speed_ladder.presets import GPT2_VOCAB, PRESETS, flop_split
 
 
 def test_middlemarch_download_is_atomic_and_cached(tmp_path, monkeypatch):
@@ -114,7 +115,7 @@ def test_mfu_flops_per_token_gpt2_124m():
         )
         data, results, seed = None, None, 1
 
-    from harness.run import Run
+    from speed_ladder.measure.run import Run
 
     run = Run(Args, "00", str(ROOT / "00_orig.py"))
     total = sum(t.numel() for t in model.parameters())

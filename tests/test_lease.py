@@ -13,12 +13,14 @@ import time
 import pytest
 from test_sweep import FIXTURES, TAG, _alive, runs_of, summary_of, sweep_here
 
-from harness import machine, preflight, sweep
-from harness.errors import UserError
-from harness.readme import results_markdown
-from harness.record import read_jsonl
-from harness.rows import pooled_text
-from harness.runs import TMP_GLOB
+from speed_ladder import machine
+from speed_ladder.errors import UserError
+from speed_ladder.records import read_jsonl
+from speed_ladder.report.readme import results_markdown
+from speed_ladder.report.rows import pooled_text
+from speed_ladder.store import TMP_GLOB
+from speed_ladder.sweep import driver as sweep
+from speed_ladder.sweep import preflight
 
 BASE = ["--ladder-dir", FIXTURES / "ladder_ok", "--device", "cpu", "--no-plots"]
 

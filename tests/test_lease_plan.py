@@ -1,4 +1,5 @@
-"""harness/lease_plan.py (tools/gpu_session.sh --plan): the bounded ladder fits a lent GPU's
+"""speed_ladder/sweep/lease_plan.py (tools/gpu_session.sh --plan): the bounded ladder fits a lent
+GPU's
 20-minute target, checked on the plan and on a simulated session against a simulated clock."""
 
 import json
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import lease_plan as lp
-from harness.ladder import discover
+from speed_ladder.ladder import discover
+from speed_ladder.sweep import lease_plan as lp
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, LEASE, BUDGET = 1200.0, 1800.0, 540.0
@@ -180,4 +181,4 @@ def test_gpu_session_plan_prints_the_plan_and_exits():
         ["bash", ROOT / "tools" / "gpu_session.sh", "--plan", "--gpu", "no such GPU"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable},
     )  # fmt: skip
-    assert bad.returncode == 2 and "not in harness/gpus.py" in bad.stderr
+    assert bad.returncode == 2 and "not in speed_ladder/measure/gpus.py" in bad.stderr

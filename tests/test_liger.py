@@ -25,7 +25,7 @@ from conftest import ROOT, VERDICT, records, run_script
 sys.path.insert(0, str(ROOT / "tests"))
 import liger_cases  # noqa: E402
 
-from harness import parity  # noqa: E402
+from speed_ladder import parity  # noqa: E402
 
 # found, not imported: importing liger here would import triton in pytest's process
 for _mod in ("liger_kernel", "triton", "numpy"):
@@ -81,7 +81,7 @@ def test_step12_end_to_end_through_the_interpreter_keeps_step11s_loss(tmp_path):
 def test_step12_without_the_interpreter_on_a_cpu_keeps_the_fallback():
     import torch
 
-    from harness.inactive import liger_unavailable
+    from speed_ladder.measure.inactive import liger_unavailable
 
     assert "no CUDA device" in liger_unavailable(torch.device("cpu"))
 
@@ -91,7 +91,7 @@ def test_step12_without_the_interpreter_on_a_cpu_keeps_the_fallback():
 GRAD = """import os, runpy, sys
 sys.path.insert(0, {root!r})
 import torch
-from harness.run import Run
+from speed_ladder.measure.run import Run
 step_done = Run.step_done
 def step_done_(self, loss, *a, **k):
     if self.steps_done == 0:

@@ -1,4 +1,5 @@
-"""harness.load: other processes' CPU use during a run (other_load), the sweep's busy check and
+"""speed_ladder.measure.cpu_load: other processes' CPU use during a run (other_load), the sweep's
+busy check and
 --wait-quiet. Real CPU burners (`yes`) for a few seconds; the rest with fake samples and clocks."""
 
 import os
@@ -10,7 +11,7 @@ import time
 import pytest
 from conftest import ROOT, records
 
-from harness import load
+from speed_ladder.measure import cpu_load as load
 
 linux = pytest.mark.skipif(not load.supported(), reason="needs Linux /proc")
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -85,8 +86,8 @@ def test_a_run_under_burners_records_its_other_load_and_says_unreliable(
     children, which a real step would not have.)"""
     import torch
 
-    from harness import device
-    from harness.run import Run
+    from speed_ladder.measure import device
+    from speed_ladder.measure.run import Run
 
     class Args:
         device, preset, max_steps, epochs, warmup_steps, batch_size = "cpu", "tiny", 3, 1, 1, None

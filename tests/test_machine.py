@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from harness import machine, sweep
-from harness.runs import foreign
-from harness.summary import rebuild
+from speed_ladder import machine
+from speed_ladder.report.summary import rebuild
+from speed_ladder.store import foreign
+from speed_ladder.sweep import driver as sweep
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -129,7 +130,7 @@ def test_records_from_before_the_new_fingerprint_keep_the_old_rule(cpu_as):
     olds = {json.dumps(r["sweep"]["machine"], sort_keys=True) for r in recs}
     assert len(olds) == 1 and set(json.loads(olds.pop())) == {
         "device_name", "device_count", "host_id", "torch_version"}  # fmt: skip
-    from harness.ladder import discover
+    from speed_ladder.ladder import discover
 
     df, _ = rebuild(tag, discover(ROOT))
     assert (df["status"] == "ok").all() and (df["runs"] == 3).all()
@@ -162,7 +163,7 @@ def test_a_sweep_on_another_cpu_with_the_same_machine_id_touches_no_committed_fi
     info.write_text(ZEN4)
     env = {**os.environ, machine.CPUINFO_ENV: str(info), "SPEED_LADDER_CHECK_S": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--ladder-dir", FIXTURES / "ladder_ok",
+        [sys.executable, "-m", "speed_ladder", "run", "--ladder-dir", FIXTURES / "ladder_ok",
          "--device", "cpu", "--steps", "00,01"],
         cwd=clone, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -1,4 +1,5 @@
-"""harness/memory_model.py: the prediction against a direct count of the ladder's model, the
+"""speed_ladder/measure/memory_model.py: the prediction against a direct count of the ladder's
+model, the
 GPT-2 family's sizes, and the "largest preset that fits" table (predicted)."""
 
 import functools
@@ -8,8 +9,8 @@ import pytest
 import torch
 from conftest import run_script
 
-from harness import memory_model as mm
-from harness.presets import PRESETS
+from speed_ladder.measure import memory_model as mm
+from speed_ladder.presets import PRESETS
 
 
 @functools.cache
@@ -65,7 +66,7 @@ def test_fit_table_grows_with_sharding():
 
 
 def test_memory_model_command_prints_the_table():
-    proc = run_script([sys.executable, "-m", "harness.memory_model"], timeout=120)
+    proc = run_script([sys.executable, "-m", "speed_ladder.measure.memory_model"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "PREDICTED" in proc.stdout and "| 14 |" in proc.stdout
     assert proc.stdout.count("predicted per rank") == 4
@@ -91,7 +92,7 @@ def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
     run = SimpleNamespace(cfg=cfg, step="13", device=torch.device("cpu"), preset_name="tiny",
                           batch_size=8, print=printed.append, note=notes.append,
                           spec=SimpleNamespace(bf16=None))  # fmt: skip
-    monkeypatch.setattr("harness.device.bf16_is_fast", lambda device: (False, "test"))
+    monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
     fields = mm.announce(run, model)
     assert fields["memory_model"]["mode"] == "single" and fields["memory_model"]["act_bytes"] == 4

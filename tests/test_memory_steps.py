@@ -7,7 +7,7 @@ import warnings
 import torch
 from conftest import ROOT, run_script
 
-from harness.run import Run
+from speed_ladder.measure.run import Run
 
 
 def test_chunked_fallback_matches_plain_cross_entropy(step12):
@@ -44,7 +44,7 @@ def test_chunked_fallback_never_saves_the_full_logits(step12):
 
 
 class _Run:
-    """harness.Run's notes and step_active mark alone (its own methods): what step 12's loop
+    """speed_ladder.Run's notes and step_active mark alone (its own methods): what step 12's loop
     line reports the fused loss to."""
 
     step = "12"

@@ -1,8 +1,9 @@
-"""The summary's loss parity (harness/parity.py): each step's losses against the previous step's,
+"""The summary's loss parity (speed_ladder/parity.py): each step's losses against the previous
+step's,
 round with round, under tests/loss_parity.json's rule for the step and the runs' regimes, and
 `not comparable` where the rule does not hold on the preset. Synthetic records: milliseconds."""
 
-from harness import parity
+from speed_ladder import parity
 
 BASE = [11.0, 10.4, 10.0, 9.6]
 

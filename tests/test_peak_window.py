@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import VERDICT
 
-from harness import device as dev
-from harness.presets import PRESETS
-from harness.run import Run
+from speed_ladder.measure import device as dev
+from speed_ladder.measure.run import Run
+from speed_ladder.presets import PRESETS
 
 GIB = 2**30
 

@@ -1,4 +1,5 @@
-"""plot_results.py (harness.report): headless charts from a summary.csv, the README table,
+"""plot_results.py (speed_ladder.report.redraw): headless charts from a summary.csv, the README
+table,
 completeness."""
 
 import os
@@ -10,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from harness.charts import CHARTS, plot_tag, read_reference
-from harness.ladder import discover
-from harness.readme import update_readme
-from harness.report import TAG_CHARTS, check_complete, expected_steps
-from harness.summary import find_tags
+from speed_ladder.ladder import discover
+from speed_ladder.report.charts import CHARTS, plot_tag, read_reference
+from speed_ladder.report.readme import update_readme
+from speed_ladder.report.redraw import TAG_CHARTS, check_complete, expected_steps
+from speed_ladder.report.summary import find_tags
 
 FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -217,8 +218,8 @@ def test_committed_results_are_complete(tag):
 
 
 def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
-    from harness import ladder_page
-    from harness.ladder import discover
+    from speed_ladder.ladder import discover
+    from speed_ladder.report import ladder_page
 
     by = {s.num: s for s in discover(ROOT)}
     assert ladder_page.change(by["02"])[0].startswith(
@@ -329,7 +330,7 @@ def test_no_label_leaves_the_figure_or_is_cut_mid_word(tags, monkeypatch):
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from harness.report import draw_charts
+    from speed_ladder.report.redraw import draw_charts
 
     results = tags[0].parent
     for name in ("cpu-amd-epyc-2c-x1", "cpu-amd-epyc-2c-x2"):
@@ -383,7 +384,7 @@ def test_the_comparison_is_each_tags_speedup_over_its_own_step_00(tags, monkeypa
     measurement is a label at 1x, never a bar."""
     import matplotlib.pyplot as plt
 
-    from harness.charts import REF_LABEL, plot_comparison
+    from speed_ladder.report.charts import REF_LABEL, plot_comparison
 
     x2 = tags[0].parent / "cpu-fixture-x2"  # the distributed steps only: no step 00 of its own
     x2.mkdir()

@@ -15,10 +15,10 @@ import pytest
 from conftest import BPE, ROOT, VERDICT
 from test_sweep import TAG, runs_of, sweep_here
 
-from harness.files import data_id, portable_path
-from harness.ladder import discover
-from harness.launch import recorded_command, step_command
-from harness.record import file_sha256
+from speed_ladder.files import data_id, portable_path
+from speed_ladder.ladder import discover
+from speed_ladder.records import file_sha256
+from speed_ladder.sweep.launch import recorded_command, step_command
 
 
 def strings(value):

@@ -1,4 +1,4 @@
-"""Where the time goes (`--profile`: harness.profile, op_categories, breakdown): the
+"""Where the time goes (`--profile`: speed_ladder.measure.profile, op_categories, breakdown): the
 categories, backward attribution, the device-time path, the Run's schedule (after the window;
 after the warm-up without --max-steps; data running out), the flags, the sweep, the summary and
 the chart; a real step, and (slow) every step, 11 and 14 in 2 processes too.
@@ -18,11 +18,12 @@ from conftest import ROOT, VERDICT, load_script, py, records
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
-from harness import breakdown, cli, op_categories, profile
-from harness import device as dev
-from harness.errors import UserError
-from harness.presets import PRESETS
-from harness.run import Run
+from speed_ladder import flags as cli
+from speed_ladder.errors import UserError
+from speed_ladder.measure import breakdown, op_categories, profile
+from speed_ladder.measure import device as dev
+from speed_ladder.measure.run import Run
+from speed_ladder.presets import PRESETS
 
 # the tiny preset's model with a small vocabulary: steps of milliseconds
 MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
@@ -297,7 +298,7 @@ def test_a_profiler_that_cannot_start_costs_the_run_nothing(monkeypatch):
 # ---------------------------------------------------------------- flags
 def test_profile_flags_are_passed_but_do_not_identify_a_run(tmp_path):
     p = cli.Parser()
-    from harness import sweep_cli
+    from speed_ladder.sweep import command as sweep_cli
 
     sweep_cli.add_run_parser(p.add_subparsers(dest="command"))
     values = vars(p.parse_args(["run", "--profile", "--trace", str(tmp_path)]))
@@ -318,8 +319,8 @@ def test_a_profiled_sweep_reruns_steps_without_a_breakdown_and_charts_it(tmp_pat
     README links."""
     from test_sweep import FIXTURES, runs_of, summary_of, sweep_here
 
-    from harness.readme import results_markdown
-    from harness.time_chart import TIME_CHART
+    from speed_ladder.report.readme import results_markdown
+    from speed_ladder.report.time_chart import TIME_CHART
 
     results = tmp_path / "results"
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
@@ -347,8 +348,8 @@ def test_time_chart_bars_only_profiled_steps(tmp_path, monkeypatch):
     import pandas as pd
     from test_plot import FIXTURE_TAG
 
-    from harness.summary import TIME_COLUMNS
-    from harness.time_chart import plot_time_breakdown
+    from speed_ladder.report.summary import TIME_COLUMNS
+    from speed_ladder.report.time_chart import plot_time_breakdown
 
     tag = tmp_path / "cpu-fixture"
     tag.mkdir()
@@ -407,7 +408,7 @@ def test_a_real_step_records_its_breakdown_and_trace(tmp_path):
 def test_every_step_profiles_on_cpu(tmp_path):
     """Steps 00-14 on tiny with --profile (08 compiled; 09-14 eager to save the compiles), and
     11 and 14 in 2 processes, where communication shows."""
-    from harness.ladder import discover
+    from speed_ladder.ladder import discover
 
     no_compile = {"TORCH_COMPILE_DISABLE": "1"}
     for s in discover(ROOT):

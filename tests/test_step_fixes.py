@@ -15,8 +15,8 @@ import torch
 from conftest import load_step
 from test_memory_steps import _Run, report
 
-import harness
-from harness import cli
+import speed_ladder
+from speed_ladder import flags as cli
 
 LIGER_OPS = "liger_kernel.ops.fused_linear_cross_entropy"
 
@@ -137,7 +137,7 @@ def test_a_bad_ddp_backend_is_one_clear_line(backend, words, monkeypatch):
     monkeypatch.setenv("DDP_BACKEND", backend)
     if backend == "mpi" and torch.distributed.is_mpi_available():
         pytest.skip("this torch has MPI")
-    with pytest.raises(harness.UserError, match=words):
+    with pytest.raises(speed_ladder.UserError, match=words):
         step11.ddp_setup(torch.device("cpu"))
     assert not torch.distributed.is_initialized()
 

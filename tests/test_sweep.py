@@ -1,4 +1,4 @@
-"""`python -m harness run`: records, summary, charts, skip/force, kill -9 and resume, failures.
+"""`python -m speed_ladder run`: records, summary, charts, skip/force, kill -9 and resume, failures.
 
 Real steps (00-02 on `tiny`) check the whole path once; the runner's handling of crashes,
 timeouts, OOM records, torchrun and kills uses fixture scripts (tests/fixtures/ladder_*), which
@@ -17,14 +17,18 @@ from pathlib import Path
 import pytest
 from conftest import BPE, ROOT, VERDICT
 
-from harness import cli, launch, machine, sweep, sweep_cli
-from harness.child import failure_reason
-from harness.data import stage_bpe
-from harness.errors import UserError
-from harness.ladder import discover, parse_steps
-from harness.record import append_jsonl
-from harness.runs import load_runs, recover
-from harness.summary import NUMBER_COLUMNS
+from speed_ladder import flags as cli
+from speed_ladder import machine
+from speed_ladder.errors import UserError
+from speed_ladder.ladder import discover, parse_steps
+from speed_ladder.measure.data import stage_bpe
+from speed_ladder.records import append_jsonl
+from speed_ladder.report.summary import NUMBER_COLUMNS
+from speed_ladder.store import load_runs, recover
+from speed_ladder.sweep import command as sweep_cli
+from speed_ladder.sweep import driver as sweep
+from speed_ladder.sweep import launch
+from speed_ladder.sweep.child import failure_reason
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TAG = sweep.hardware_tag("cpu", 1)
@@ -42,7 +46,7 @@ def env(tmp_path_factory):
 
 def harness_run(*args, env, timeout=600):
     return subprocess.run(
-        [sys.executable, "-m", "harness", "run", *map(str, args)],
+        [sys.executable, "-m", "speed_ladder", "run", *map(str, args)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -52,9 +56,9 @@ def harness_run(*args, env, timeout=600):
 
 
 def sweep_here(capsys, *args) -> tuple[int, str, str]:
-    """`python -m harness run ARGS` in this process (no interpreter start, torch is loaded);
+    """`python -m speed_ladder run ARGS` in this process (no interpreter start, torch is loaded);
     the steps still run as child processes. Returns (exit code, stdout, stderr)."""
-    from harness.__main__ import main
+    from speed_ladder.__main__ import main
 
     capsys.readouterr()
     try:
@@ -248,7 +252,7 @@ def test_killed_sweep_keeps_finished_records_and_resumes(tmp_path, capsys, monke
     results, pids = tmp_path / "results", tmp_path / "pids"
     sweep_args = ["--ladder-dir", FIXTURES / "ladder_ok", "--steps", "00,01,03"]
     sweep_args += ["--results-dir", results, "--device", "cpu", "--no-plots"]
-    args = [sys.executable, "-m", "harness", "run", *sweep_args]
+    args = [sys.executable, "-m", "speed_ladder", "run", *sweep_args]
     env = dict(os.environ, SWEEP_FIXTURE_SLEEP="1.5", SWEEP_FIXTURE_PIDS=str(pids))
     proc = subprocess.Popen(
         [str(a) for a in args],
@@ -456,7 +460,7 @@ def test_failure_reason():
 
 
 def test_help(capsys):
-    from harness.__main__ import main
+    from speed_ladder.__main__ import main
 
     for argv in (["--help"], ["run", "--help"]):
         with pytest.raises(SystemExit) as e:
@@ -519,7 +523,7 @@ def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, c
     step's beyond its rule (tests/loss_parity.json) is `off` in the summary, named in the
     closing status line and shown in the README table and LADDER.md; the others are `ok`; the
     exit code stays 0 (information, not a failure)."""
-    from harness import ladder_page, readme
+    from speed_ladder.report import ladder_page, readme
 
     results = tmp_path / "results"
     monkeypatch.setenv("SWEEP_FIXTURE_LOSS_OFF", "03:0.01")  # 03 (close, fp32: 1e-4) is off
@@ -601,8 +605,9 @@ def test_an_out_of_memory_on_another_rank_is_oom(tmp_path, capsys):
 
 
 def test_preflight_run_length_duration_and_memory(monkeypatch):
-    from harness import memory_model, preflight
-    from harness.spec import resolve
+    from speed_ladder.measure import memory_model
+    from speed_ladder.spec import resolve
+    from speed_ladder.sweep import preflight
 
     ladder = {s.num: s for s in discover(ROOT)}
     # GPU presets: a bounded measuring run; the cpu preset and explicit flags are left alone
@@ -654,7 +659,7 @@ def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():
     """sweep.config is the RunSpec's (spec.sweep_config); a record from before it holds the
     flags the sweep passed (`preset: null`, `device: auto`), read as the step resolved them, so
     a sweep's earlier runs stay up to date (results/cpu-amd-epyc-f25-m17-bf16-2c-x1)."""
-    from harness.spec import config_of, resolve, sweep_config
+    from speed_ladder.spec import config_of, resolve, sweep_config
 
     flags = {"device": "auto", "preset": None, "max_steps": None, "warmup_steps": None,
              "data": None, "seed": 123}  # fmt: skip

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.cli import positive  # noqa: E402
-from harness.data import load_split  # noqa: E402
-from harness.files import ROOT  # noqa: E402
-from harness.presets import GPT2_VOCAB, PRESETS  # noqa: E402
+from speed_ladder.files import ROOT  # noqa: E402
+from speed_ladder.flags import positive  # noqa: E402
+from speed_ladder.measure.data import load_split  # noqa: E402
+from speed_ladder.presets import GPT2_VOCAB, PRESETS  # noqa: E402
 
 
 def state_bytes(model, opt):

@@ -27,7 +27,7 @@ QUICK = dict(CFG, context_length=32, emb_dim=64, n_layers=2), 2, 1  # config, ba
 def measure(step_file: str, quick: bool = False) -> dict:
     import torch
 
-    from harness import device as dev
+    from speed_ladder.measure import device as dev
 
     cfg, batch, timed = QUICK if quick else (CFG, BATCH, TIMED)
     spec = importlib.util.spec_from_file_location("step", step_file)

@@ -10,7 +10,8 @@ CUDA), and prints one JSON line per set-up (rank 0's view, per-rank lists where 
 It reports the per-step losses and the largest |loss - ddp's|, the median step time, each rank's
 peak memory over the steps after the first (CUDA: max allocated; CPU: peak RSS), the measured
 bytes of state a rank holds (local params, grads and AdamW moments) against
-harness.memory_model's prediction, and the bytes each rank puts into collectives per step
+speed_ladder.measure.memory_model's prediction, and the bytes each rank puts into collectives per
+step
 (all-reduce for DDP, all-gather and reduce-scatter for FSDP2).
 
     python tools/fsdp2_evidence.py --nproc 2 --device cpu          # tiny, 8 steps
@@ -50,10 +51,10 @@ def one(a) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     sys.path.insert(0, str(ROOT))
-    from harness import device as dev
-    from harness import memory_model as mm
-    from harness.data import load_split
-    from harness.presets import PRESETS
+    from speed_ladder.measure import device as dev
+    from speed_ladder.measure import memory_model as mm
+    from speed_ladder.measure.data import load_split
+    from speed_ladder.presets import PRESETS
 
     s14 = load_step14()
     device = dev.resolve(a.device)

@@ -9,7 +9,7 @@
 #   tools/gpu_session.sh OUT [--data FILE] [--bpe DIR] [--wheels DIR] [--no-tests] [--no-sweep]
 #                            [--slow-tests] [--budget SECONDS] [--resume PATH] [--pack FILE]
 #                            [--pack-limit MIB]
-#                            [any `python -m harness run` flag: --steps, --device, --preset, ...]
+#                            [any `python -m speed_ladder run` flag: --steps, --device, --preset, ...]
 #
 #   --data FILE   the training text (default: data/middlemarch.txt, or the offline mirror)
 #   --bpe DIR     GPT-2's BPE files for tiktoken: encoder.json + vocab.bpe, or a tiktoken cache
@@ -28,7 +28,7 @@
 #   --resume PATH an earlier call's --pack archive, its OUT folder, or its OUT/results: its
 #                 results (the sweep resumes them), its test state (only the tests that did not
 #                 finish run) and its compile caches are copied in first. Where every call is a
-#                 fresh machine of one kind, set SPEED_LADDER_HOST_ID=NAME (harness/machine.py)
+#                 fresh machine of one kind, set SPEED_LADDER_HOST_ID=NAME (speed_ladder/machine.py)
 #   --pack FILE   everything in OUT (less the staged inputs) in one .tar.gz at the end, also
 #                 when the budget ran out or a signal stopped the call; for a machine that
 #                 hands back only a few files. The compile caches (OUT/cache: inductor's and
@@ -37,7 +37,7 @@
 #   tools/gpu_session.sh --plan [--gpu NAME] [--preset P] [--budget S] [--steps A-B] [--lease S]
 #                               [--tests-budget S] [--results DIR] [--target S] [--slower X]
 #   prints the calls a lent GPU needs for the bounded ladder and their expected device time,
-#   then exits (0: within the 20-minute target, 1: over; harness/lease_plan.py says the model)
+#   then exits (0: within the 20-minute target, 1: over; speed_ladder/sweep/lease_plan.py says the model)
 #
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
@@ -51,9 +51,9 @@ trap '' PIPE
 
 usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
-if [ "$1" = --plan ]; then  # the plan only: harness/lease_plan.py, before any other work
+if [ "$1" = --plan ]; then  # the plan only: speed_ladder/sweep/lease_plan.py, before any other work
     shift; cd "$(dirname "$0")/.." || exit 2
-    exec "${PYTHON:-python3}" -m harness.lease_plan "$@"
+    exec "${PYTHON:-python3}" -m speed_ladder.sweep.lease_plan "$@"
 fi
 case "$1" in -h|--help) usage ;; -*) echo "error: OUT first (a folder), then flags" >&2; exit 2 ;; esac
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "error: cannot make $1" >&2; exit 2; }
@@ -134,7 +134,7 @@ PARTIAL=0
 trap 'exec >>"$OUT/session.log" 2>&1; echo "session: stopped by a signal" >>"$OUT/status.txt"
       pack; exit 1' TERM INT
 
-# ---- offline inputs: a mirror folder the harness and the tests read (harness/files.py mirror())
+# ---- offline inputs: a mirror folder the harness and the tests read (speed_ladder/files.py mirror())
 MIRROR="$OUT/offline/data"
 STAGED=0
 mkdir -p "$MIRROR"
@@ -148,7 +148,7 @@ if [ -n "$BPE" ]; then
         STAGED=1
         export TIKTOKEN_CACHE_DIR="$OUT/offline/tiktoken"
         "$PY" -c "import sys; from pathlib import Path; sys.path.insert(0, '.');
-from harness.data import stage_bpe; stage_bpe(Path('$BPE'), Path('$TIKTOKEN_CACHE_DIR'))" \
+from speed_ladder.measure.data import stage_bpe; stage_bpe(Path('$BPE'), Path('$TIKTOKEN_CACHE_DIR'))" \
             || { echo "error: cannot stage the BPE files from $BPE" >&2; exit 2; }
     else
         export TIKTOKEN_CACHE_DIR="$BPE"  # already tiktoken's cache folder
@@ -242,8 +242,8 @@ if [ $RUN_SWEEP = 1 ] && [ -n "$BUDGET" ] && [ "$(left)" -lt 60 ]; then
     SWEEP_LEFT=1
 elif [ $RUN_SWEEP = 1 ]; then
     [ -n "$BUDGET" ] && SWEEP+=(--budget "$(left)")
-    echo "== python -m harness run --results-dir $OUT/results ${SWEEP[*]}"
-    "$PY" -m harness run --results-dir "$OUT/results" "${SWEEP[@]}" 2>&1 | tee -a "$OUT/sweep.log"
+    echo "== python -m speed_ladder run --results-dir $OUT/results ${SWEEP[*]}"
+    "$PY" -m speed_ladder run --results-dir "$OUT/results" "${SWEEP[@]}" 2>&1 | tee -a "$OUT/sweep.log"
     rc=${PIPESTATUS[0]}
     said() { grep "^$1" "$OUT/sweep.log" | tail -n 1 | cut -c1-400; }  # the sweep's closing lines
     case $rc in

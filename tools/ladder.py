@@ -17,15 +17,15 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.files import ROOT  # noqa: E402
-from harness.ladder import discover  # noqa: E402
+from speed_ladder.files import ROOT  # noqa: E402
+from speed_ladder.ladder import discover  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden"
 SUMMARIES = {"01_opt_single_gpu.py": "10", "02_opt_multi_gpu_ddp.py": "11"}
 
 
 def ladder() -> list[Path]:
-    """00_orig.py, then steps/NN_*.py in order (harness.ladder's discovery)."""
+    """00_orig.py, then steps/NN_*.py in order (speed_ladder.ladder's discovery)."""
     return [step.path for step in discover(ROOT)]
 
 

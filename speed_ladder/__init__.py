@@ -1,0 +1,60 @@
+"""Speed Ladder's shared harness: flags, data, timing, memory, MFU and results records.
+
+No step changes it: every step measures the same way. A step script uses it as
+
+    args = speed_ladder.parse_args(__doc__)
+    run = speed_ladder.Run(args, STEP, __file__)
+    ...
+    run.inactive("02", speed_ladder.tf32_unavailable(device))  # why step 02 does nothing here, or
+    None
+    run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start
+    ...  run.step_done(loss, tokens)            # after each optimizer step
+    with run.paused(): ...                      # evaluation / sampling: not timed, not in the peak
+    run.finish(train_loss, val_loss)
+
+and ends with `speed_ladder.main(main)`, which turns bad input into one error line.
+"""
+
+from importlib import import_module
+
+from speed_ladder.errors import UserError
+from speed_ladder.flags import main, parse_args
+from speed_ladder.presets import GPT2_VOCAB
+
+# The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
+# charts,
+# plot_results.py) runs this file and must not need torch.
+_NEEDS_TORCH = {
+    "Run": "measure.run",
+    "bf16_is_fast": "measure.device",
+    "ddp_backend": "measure.device",
+    "compile_disabled": "measure.inactive",
+    "liger_unavailable": "measure.inactive",
+    "pinned_memory_useless": "measure.inactive",
+    "sdpa_math_only": "measure.inactive",
+    "tf32_unavailable": "measure.inactive",
+    "world_of_one": "measure.inactive",
+}
+
+
+def __getattr__(name: str):
+    if name not in _NEEDS_TORCH:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_NEEDS_TORCH[name]}", __name__), name)
+
+
+__all__ = [
+    "GPT2_VOCAB",
+    "Run",
+    "UserError",
+    "bf16_is_fast",
+    "compile_disabled",
+    "ddp_backend",
+    "liger_unavailable",
+    "main",
+    "parse_args",
+    "pinned_memory_useless",
+    "sdpa_math_only",
+    "tf32_unavailable",
+    "world_of_one",
+]

@@ -1,0 +1,160 @@
+"""Where things live (the repository, its results, the offline mirror, the cache), how a record
+names a path (`portable_path`, `data_id`: never where this machine keeps it) and the one atomic
+write every file the harness replaces goes through."""
+
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from speed_ladder import outputs
+from speed_ladder.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository: 00_orig.py, steps/, speed_ladder/
+RESULTS = ROOT / "results"
+
+
+def _relative(path: str | Path, base: str | Path) -> str | None:
+    """`path` relative to the folder `base` (POSIX separators), or None when it is outside."""
+    p, b = Path(os.path.abspath(path)), Path(os.path.abspath(base))
+    for q, a in ((p, b), (p.resolve(), b.resolve())):  # as written, then links followed
+        try:
+            return q.relative_to(a).as_posix()
+        except ValueError:
+            pass
+    return None
+
+
+def portable_path(path: str | Path, base: str | Path | None = None) -> str:
+    """How a record names a path, the same on every machine: relative to the checkout (ROOT)
+    when inside it (`steps/11_ddp.py`), else relative to `base` when given and inside it
+    (`cpu-x1/.tmp-00-....jsonl` for the results folder), else the file's name alone. Never
+    absolute, never the home folder or the host: the machine is the fingerprint's business."""
+    for anchor in (ROOT, base):
+        rel = None if anchor is None else _relative(path, anchor)
+        if rel is not None:
+            return rel
+    return Path(path).name
+
+
+def data_id(path: str | Path | None) -> str | None:
+    """What identifies a training text (--data) in a run's configuration: None for the default
+    text, its path relative to the checkout when inside it, else its name and the first 12 hex
+    digits of its sha256 (`middlemarch.txt sha256:1a2b3c4d5e6f`): the same text anywhere is the
+    same configuration, two texts are not. An unreadable file is its name alone."""
+    if path is None:
+        return None
+    rel = _relative(path, ROOT)
+    if rel is not None:
+        return rel
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return Path(path).name
+    return f"{Path(path).name} sha256:{digest.hexdigest()[:12]}"
+
+
+def mirror() -> Path:
+    """An offline mirror: SPEED_LADDER_SHARED, else a `shared/` folder beside the checkout,
+    holding data/middlemarch.txt and data/gpt2_bpe/{encoder.json,vocab.bpe}."""
+    return Path(os.environ.get("SPEED_LADDER_SHARED", ROOT.parent / "shared")) / "data"
+
+
+def user_cache_dir() -> Path:
+    """The platform's per-user cache folder for this project: $XDG_CACHE_HOME/speed-ladder or
+    ~/.cache/speed-ladder (Linux), ~/Library/Caches/speed-ladder (macOS),
+    %LOCALAPPDATA%\\speed-ladder (Windows); a temp folder when there is no home."""
+    try:
+        home = Path.home()
+        if not home.is_absolute():
+            home = None
+    except (RuntimeError, KeyError, OSError):  # no HOME and no passwd entry (containers)
+        home = None
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or (home and str(home / "AppData" / "Local"))
+    elif sys.platform == "darwin":
+        base = home and str(home / "Library" / "Caches")
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        base = xdg if os.path.isabs(xdg) else (home and str(home / ".cache"))
+    if not base:
+        return _temp_cache()
+    return Path(base) / "speed-ladder"
+
+
+def _temp_cache() -> Path:
+    """A per-user folder in the system's temp folder: the cache of last resort."""
+    user = str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return Path(tempfile.gettempdir()) / f"speed-ladder-{user}"
+
+
+_CACHE_CHOICE: dict[str, Path] = {}
+
+
+def cache_dir() -> Path:
+    """Where token ids, the CPU peak and the staged tokenizer go: SPEED_LADDER_CACHE (tests use
+    a temp dir), else data/cache in the checkout, else, when the checkout is read-only (a shared
+    install), the user's cache folder (`user_cache_dir`), said once in a line."""
+    env = os.environ.get("SPEED_LADDER_CACHE")
+    if env:
+        return Path(env)  # the user's choice: checked, never replaced (see check_cache_dir)
+    repo = ROOT / "data" / "cache"
+    if str(repo) not in _CACHE_CHOICE:
+        why = outputs.problem(repo, "dir")
+        chosen = repo
+        if why is not None:
+            chosen = user_cache_dir()
+            if outputs.problem(chosen, "dir") is not None:
+                chosen = _temp_cache()
+            print(
+                f"note: cannot cache in {repo} ({why}); caching in {chosen} instead "
+                "(SPEED_LADDER_CACHE=DIR chooses)",
+                file=sys.stderr,
+                flush=True,
+            )
+        _CACHE_CHOICE[str(repo)] = chosen
+    return _CACHE_CHOICE[str(repo)]
+
+
+def check_cache_dir() -> Path:
+    """The cache folder, checked before the work (a SPEED_LADDER_CACHE that is a file, or
+    read-only, is one error line)."""
+    path = cache_dir()
+    why = outputs.problem(path, "dir")
+    if why is not None:
+        env = os.environ.get("SPEED_LADDER_CACHE")
+        what = f"SPEED_LADDER_CACHE={env}" if env else f"the cache folder {path}"
+        raise UserError(f"{what}: {why}; point SPEED_LADDER_CACHE at a writable folder")
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    """Write to a temp file beside `path`, fsync, then rename: readers never see half a file.
+
+    The file gets the mode an ordinary write would (0666 less the umask), not mkstemp's 0600.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file
+            e.filename = str(path)
+        raise

@@ -1,0 +1,255 @@
+"""The flags every step script shares, defined once, and `speed_ladder.main`, the wrapper that turns
+bad input into one line (and the step's failure record).
+
+`STEP_FLAGS` is the one table of the step flags. From it come the step scripts' parser
+(`parse_args`), the flags the sweep passes through to every step (`add_step_flags(...,
+passed_only=True)`), a step's argv in the sweep (`child_argv`) and the configuration that
+identifies a sweep's run (`run_config`).
+"""
+
+import argparse
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+from speed_ladder.errors import (
+    UserError,
+    broken_pipe,
+    compile_failure_line,
+    fail,
+    flush_stdout,
+    is_environment_os_error,
+    os_error_line,
+    out_of_memory_line,
+)
+from speed_ladder.files import data_id
+from speed_ladder.presets import PRESETS, check_name
+
+PROFILE_STEPS = 3  # --profile without a number (speed_ladder.measure.profile)
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+class Parser(argparse.ArgumentParser):
+    """A parser whose errors are one line: `error: <message> (see --help)`, exit status 2."""
+
+    def error(self, message):
+        fail(f"{message} (see --help)")
+
+
+def _int_at_least(lowest: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {value}")
+        return value
+
+    return parse
+
+
+positive, non_negative = _int_at_least(1), _int_at_least(0)
+
+MAX_SEED = 2**63 - 1
+
+
+def seed(text: str) -> int:
+    """A seed from 0 to 2**63-1: torch.manual_seed takes a uint64 (a negative one wraps around
+    to another seed), DistributedSampler adds the epoch to it (overflowing near 2**64), and
+    records keep it as an int64 (pandas, JSON readers)."""
+    value = non_negative(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be at most 2**63-1 = {MAX_SEED}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One step flag: its name, help, argparse options, whether the sweep passes it to every
+    step, and whether it then identifies a sweep's run (the passed flags do, unless they change
+    nothing that is measured, as --profile, which runs after the timed window)."""
+
+    name: str
+    help: str
+    options: dict = field(default_factory=dict)  # argparse's type, default, choices, metavar
+    passed: bool = False
+    identifies: bool = True
+
+    @property
+    def dest(self) -> str:
+        return self.name[2:].replace("-", "_")
+
+
+STEP_FLAGS = (
+    Flag(
+        "--device",
+        "where to train (default: cuda, else mps, else cpu)",
+        {"choices": DEVICES, "default": "auto"},
+        passed=True,
+    ),
+    Flag(
+        "--preset",
+        f"one of {', '.join(PRESETS)} (default: gpt2-124m on CUDA, cpu elsewhere)",
+        {"metavar": "NAME"},
+        passed=True,
+    ),
+    Flag(
+        "--max-steps",
+        "stop after N optimizer steps, warm-up included, and skip the epoch-end sample "
+        "(default: the preset's)",
+        {"type": positive, "metavar": "N"},
+        passed=True,
+    ),
+    Flag("--epochs", "epochs over the text", {"type": positive, "metavar": "N"}),
+    Flag(
+        "--warmup-steps",
+        "steps left out of the timed window (default: the preset's)",
+        {"type": non_negative, "metavar": "N"},
+        passed=True,
+    ),
+    Flag(
+        "--batch-size",
+        "sequences per step and process (default: the preset's)",
+        {"type": positive, "metavar": "N"},
+    ),
+    Flag(
+        "--data",
+        "training text (default: data/middlemarch.txt, downloaded once)",
+        {"metavar": "PATH"},
+        passed=True,
+    ),
+    Flag(
+        "--results",
+        "append one JSON record of this run (a measuring run: no epoch-end sample)",
+        {"metavar": "FILE"},
+    ),
+    Flag(
+        "--seed",
+        "seed for weights and data order, 0 to 2**63-1 (default: 123)",
+        {"type": seed, "default": 123, "metavar": "N"},
+        passed=True,
+    ),
+    Flag(
+        "--profile",
+        f"after the timed window (without --max-steps: after the warm-up) profile N more steps "
+        f"(default {PROFILE_STEPS}) with torch.profiler and record where their time goes "
+        "(time_breakdown); profiled steps are never timed",
+        {"type": positive, "nargs": "?", "const": PROFILE_STEPS, "metavar": "N"},
+        passed=True,
+        identifies=False,
+    ),
+    Flag(
+        "--trace",
+        "also write the profiled steps' Chrome/Perfetto trace into DIR (implies --profile)",
+        {"metavar": "DIR"},
+        passed=True,
+        identifies=False,
+    ),
+)
+
+
+def add_step_flags(parser: argparse.ArgumentParser, passed_only: bool = False) -> None:
+    """Every step flag (a step script's parser), or only those the sweep passes through to every
+    step, their help saying so (the sweep's parser)."""
+    for f in STEP_FLAGS:
+        if f.passed or not passed_only:
+            help = f"{f.help}; passed to each step" if passed_only else f.help
+            parser.add_argument(f.name, help=help, **f.options)
+
+
+def child_argv(values: dict) -> list[str]:
+    """The passed-through flags with a value, as a step's command line: `--device auto ...`."""
+    out = []
+    for f in STEP_FLAGS:
+        if f.passed and values.get(f.dest) is not None:
+            out += [f.name, str(values[f.dest])]
+    return out
+
+
+def run_config(values: dict) -> dict:
+    """The passed-through flags' values by name: what identifies a sweep's run (with nproc). The
+    text is named by files.data_id, as the step's record names it: where it lives is not part
+    of the configuration, what it holds is."""
+    out = {f.dest: values.get(f.dest) for f in STEP_FLAGS if f.passed and f.identifies}
+    return dict(out, data=data_id(out["data"])) if "data" in out else out
+
+
+def parse_args(doc: str | None, argv=None) -> argparse.Namespace:
+    """The step flags; --help prints the step's docstring, whose run commands (the same in
+    every file, so that they never show in a neighbour diff) say `<this file>`: the path the
+    script was started by stands there."""
+    if doc:
+        doc = doc.replace("<this file>", shown_path(sys.argv[0]))
+    p = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_flags(p)
+    args = p.parse_args(argv)
+    try:
+        check_name(args.preset)
+    except UserError as e:
+        fail(str(e))
+    return args
+
+
+def shown_path(script: str) -> str:
+    """A script's path as a command line in the working folder would name it."""
+    try:
+        return os.path.relpath(script)
+    except ValueError:  # Windows: another drive
+        return script
+
+
+class FailureHandoff:
+    """The hand-off from a step's `Run` to `speed_ladder.main`: the Run registers the function that
+    writes its failure record when it is made (`Run.__init__`), and `speed_ladder.main` calls it
+    when
+    the step dies of bad input, an OOM or a crash. Before a Run exists (bad flags) there is
+    nothing to record. The last Run registered is the one recorded."""
+
+    def __init__(self):
+        self._write = None
+
+    def register(self, write) -> None:
+        self._write = write
+
+    def __call__(self, status: str, reason: str) -> None:
+        if self._write is not None:
+            self._write(status, reason)
+
+
+on_failure = FailureHandoff()
+
+
+def main(fn) -> None:
+    """Run a step's main(): bad input, out of memory (any device), a torch.compile that cannot
+    compile here, a full or read-only disk and a closed stdout each become one line, a record
+    (where one can still be written) and a non-zero exit; only a bug shows its traceback."""
+    try:
+        try:
+            fn()
+        finally:
+            flush_stdout()  # `--help | head`: a closed pipe is caught below, not at exit
+    except UserError as e:
+        on_failure("error", str(e))
+        fail(str(e))
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    except BrokenPipeError:
+        on_failure("error", "stdout was closed (broken pipe)")
+        broken_pipe("stdout was closed (broken pipe): training stopped")
+    except Exception as e:
+        oom = out_of_memory_line(e)
+        if oom is not None:
+            on_failure("oom", oom)
+            fail(f"out of memory: {oom}", code=3)
+        line = compile_failure_line(e)
+        if line is None and is_environment_os_error(e):
+            line = os_error_line(e)
+        if line is not None:
+            on_failure("error", line)
+            fail(line, code=1)
+        traceback.print_exc()
+        on_failure("error", f"{e.__class__.__name__}: {e}")
+        sys.exit(1)

@@ -1,0 +1,182 @@
+"""Each step's own effect: its tokens/s and peak memory against the previous step's, round by
+round, with an interval, a verdict, and the noise floor that verdict is judged against.
+
+- **Pairs.** `python -m speed_ladder run --repeats K` runs K rounds (every step once per round), so
+  a step and its predecessor are measured minutes apart in each round. A record's round is
+  `sweep.round` (`sweep.repeat` in records from before rounds: then the i-th run of each step).
+  The previous step is the one before it in the tag that has results (normally NN-1; in a
+  `-xN` tag, the previous distributed step).
+- **gain_vs_prev** is the median over rounds of (this step's tok/s / the previous step's tok/s,
+  same round); `mem_vs_prev` the same for peak reserved memory.
+- **Interval** `[lo, hi]`: the min and max of those per-round ratios (not a bootstrap). With K
+  rounds the true median ratio lies inside the min-max of K independent ratios with probability
+  1 - 2^(1-K): 75% for 3 rounds, 88% for 4, 94% for 5. One round has no interval, and says so.
+- **Verdict**: `faster` / `slower` (memory: `less` / `more`) when the interval excludes 1.0
+  and the median effect is larger than the noise floor and than `MIN_EFFECT` (1%: a smaller
+  effect is not a rung of a speed ladder, and peak memory, often exact to the byte from run to
+  run, would otherwise call 0.1% "more"); otherwise `no change`. A step whose
+  records say `step_active: false` (it does nothing on this device) is `inactive`.
+- **Noise floor**: what two runs of the same script differ by. With the A/A control (the
+  sweep's default from 2 rounds on: the first step run twice in each round, right after itself)
+  it is the largest |A/A ratio - 1| over the rounds; without one, the median over steps of a
+  step's max/min - 1 across its rounds (which includes drift between rounds, so it is larger).
+- **Scaling efficiency** (a `-xN` tag): N-process tok/s / (N x the same step's 1-process tok/s
+  in the `-x1` tag), round by round, with its interval.
+"""
+
+import math
+import statistics
+from dataclasses import dataclass
+
+NO_CHANGE, ONE_ROUND, INACTIVE = "no change", "one round: no interval", "inactive"
+MIN_EFFECT = 0.01  # |ratio - 1| below this is "no change", however tight the interval
+INTERVAL = "min-max of the per-round ratios"
+TPS, MEM = "tokens_per_sec", "peak_mem_reserved_bytes"
+
+
+def _num(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) and v > 0 else None
+
+
+def round_of(rec: dict, position: int) -> int:
+    """The round a record ran in: `sweep.round`, else `sweep.repeat`, else its position."""
+    sw = rec.get("sweep") or {}
+    for key in ("round", "repeat"):
+        v = sw.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return position + 1
+
+
+def per_round(runs: list[dict], key: str) -> dict[int, float]:
+    """{round: value} of the runs that have a positive number under `key` (later runs win); a
+    run through Triton's interpreter (`interpreted: true`) is left out: it measured nothing."""
+    out = {}
+    for i, r in enumerate(runs):
+        if r.get("interpreted") is True:  # Triton's interpreter ran Liger: no measurement
+            continue
+        v = _num(r.get(key))
+        if v is not None:
+            out[round_of(r, i)] = v
+    return out
+
+
+@dataclass
+class Effect:
+    ratio: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    rounds: int = 0
+    verdict: str = ""
+
+
+def effect(before: dict, after: dict, floor: float | None, up: str, down: str, scale=1.0):
+    """after / (scale x before), round by round: the median, its min-max and the verdict."""
+    ratios = [after[r] / (scale * before[r]) for r in sorted(set(before) & set(after))]
+    if not ratios:
+        return Effect()
+    med = statistics.median(ratios)
+    if len(ratios) == 1:
+        return Effect(med, None, None, 1, ONE_ROUND)
+    lo, hi = min(ratios), max(ratios)
+    quiet = lo <= 1.0 <= hi or abs(med - 1.0) <= max(floor or 0.0, MIN_EFFECT)
+    return Effect(med, lo, hi, len(ratios), NO_CHANGE if quiet else up if med > 1 else down)
+
+
+# ---------------------------------------------------------------- the noise floor
+@dataclass
+class Floor:
+    tps: float | None
+    mem: float | None
+    source: str
+
+
+def _control_floor(first: list[dict], control: list[dict], key: str) -> tuple[float | None, int]:
+    a, b = per_round(first, key), per_round(control, key)
+    pairs = [abs(b[r] / a[r] - 1.0) for r in set(a) & set(b)]
+    return (max(pairs) if pairs else None), len(pairs)
+
+
+def _spread_floor(used: dict[str, list[dict]], key: str) -> tuple[float | None, int]:
+    spreads = []
+    for runs in used.values():
+        vals = list(per_round(runs, key).values())
+        if len(vals) >= 2:
+            spreads.append(max(vals) / min(vals) - 1.0)
+    return (statistics.median(spreads) if spreads else None), len(spreads)
+
+
+def noise_floor(used: dict[str, list[dict]], control: list[dict], first: str | None) -> Floor:
+    """The floor from the A/A control runs of step `first` when there are any, else from the
+    spread of each step's runs (see the module doc)."""
+    if control and first in used:
+        tps, n = _control_floor(used[first], control, TPS)
+        mem, _ = _control_floor(used[first], control, MEM)
+        if tps is not None:
+            return Floor(tps, mem, f"A/A control: step {first} run twice per round, largest "
+                         f"|ratio - 1| over {n} round(s)")  # fmt: skip
+    tps, n = _spread_floor(used, TPS)
+    mem, _ = _spread_floor(used, MEM)
+    if tps is None:
+        return Floor(None, None, "no repeated runs: no noise floor")
+    return Floor(tps, mem, f"spread: median over {n} step(s) of max/min - 1 across rounds")
+
+
+# ---------------------------------------------------------------- the summary's columns
+COLUMNS = [
+    "prev_step",
+    "gain_vs_prev",
+    "gain_vs_prev_lo",
+    "gain_vs_prev_hi",
+    "verdict",
+    "mem_vs_prev",
+    "mem_vs_prev_lo",
+    "mem_vs_prev_hi",
+    "mem_verdict",
+    "noise_floor",
+    "mem_noise_floor",
+    "noise_source",
+    "scaling_efficiency",
+    "scaling_efficiency_lo",
+    "scaling_efficiency_hi",
+]
+NUMBERS = [c for c in COLUMNS if c not in ("prev_step", "verdict", "mem_verdict", "noise_source")]
+
+
+def add_effects(rows: list[dict], used: dict[str, list[dict]], control: list[dict]) -> Floor:
+    """Fill each summary row's effect columns from the runs it summarizes (`used`, by step)."""
+    first = next((r["step"] for r in rows if r["step"] in used), None)
+    floor = noise_floor(used, control, first)
+    prev = None
+    for row in rows:
+        runs = used.get(row["step"])
+        row.update(noise_floor=floor.tps, mem_noise_floor=floor.mem, noise_source=floor.source)
+        if not runs or row.get("status") != "ok":
+            continue
+        if prev is not None:
+            g = effect(per_round(used[prev], TPS), per_round(runs, TPS), floor.tps,
+                       "faster", "slower")  # fmt: skip
+            m = effect(per_round(used[prev], MEM), per_round(runs, MEM), floor.mem, "more", "less")
+            row.update(prev_step=prev, gain_vs_prev=g.ratio, gain_vs_prev_lo=g.lo,
+                       gain_vs_prev_hi=g.hi, verdict=g.verdict, mem_vs_prev=m.ratio,
+                       mem_vs_prev_lo=m.lo, mem_vs_prev_hi=m.hi, mem_verdict=m.verdict)  # fmt: skip
+        if row.get("step_active") is False:
+            row["verdict"] = INACTIVE
+        prev = row["step"]
+    return floor
+
+
+def add_scaling(rows: list[dict], used: dict, single: dict[str, list[dict]], nproc: int) -> None:
+    """Scaling efficiency of each step of a `-xN` tag against its runs in the `-x1` tag."""
+    for row in rows:
+        runs, base = used.get(row["step"]), single.get(row["step"])
+        if not runs or not base or row.get("status") != "ok":
+            continue
+        one, many = per_round(base, TPS), per_round(runs, TPS)
+        e = effect(one, many, None, "", "", scale=nproc)
+        if e.ratio is None and one and many:  # no round in common: the medians
+            e = Effect(statistics.median(many.values()) / (nproc * statistics.median(one.values())))
+        row.update(scaling_efficiency=e.ratio, scaling_efficiency_lo=e.lo,
+                   scaling_efficiency_hi=e.hi)  # fmt: skip

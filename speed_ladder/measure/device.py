@@ -1,0 +1,435 @@
+"""Device choice, clocks, memory and peak FLOP/s: everything that differs between CPU and GPUs."""
+
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from speed_ladder import machine
+from speed_ladder.errors import UserError, warn
+from speed_ladder.files import atomic_write_bytes, cache_dir
+from speed_ladder.measure import cpu_load as load
+from speed_ladder.measure import gpus
+
+
+def resolve(name: str) -> torch.device:
+    """--device auto|cpu|cuda|mps -> a torch.device (cuda: the LOCAL_RANK's GPU)."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            name = "cuda"
+        elif torch.backends.mps.is_available():
+            name = "mps"
+        else:
+            name = "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(
+                f"--device cuda: no CUDA GPU visible (torch {torch.__version__}, "
+                f"built for CUDA {torch.version.cuda}); use --device cpu"
+            )
+        return torch.device("cuda", _local_rank_gpu())
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UserError("--device mps: MPS is not available here; use --device cpu")
+    return torch.device(name)
+
+
+def _local_rank_gpu() -> int:
+    """This process's GPU index (torchrun's LOCAL_RANK), checked against the visible GPUs before
+    anything asks for its name or properties (they assert on a missing device)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        local_world = os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1))
+        raise UserError(
+            f"{local_world} processes on this node but {count} GPU{'s' * (count != 1)} visible "
+            f"(LOCAL_RANK {local_rank} has none): use --nproc_per_node at most {count}, or "
+            "check CUDA_VISIBLE_DEVICES"
+        )
+    return local_rank
+
+
+def ddp_backend(device: torch.device) -> str:
+    """The torch.distributed backend of a step's process group (steps 11-14, `ddp_setup`):
+    $DDP_BACKEND, else nccl on CUDA and gloo elsewhere; checked here, each problem one line,
+    before any process group exists: a name torch does not know, nccl without CUDA or NCCL, a
+    backend this torch was built without, and on CUDA more processes on this node than GPUs."""
+    import torch.distributed as dist
+
+    backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
+    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+    if backend not in known:
+        raise UserError(
+            f"DDP_BACKEND={backend}: not a torch.distributed backend; use one of "
+            f"{', '.join(known)} (unset: nccl on CUDA, gloo elsewhere)"
+        )
+    if backend == "nccl" and (device.type != "cuda" or not dist.is_nccl_available()):
+        raise UserError(
+            f"DDP backend nccl needs CUDA GPUs and a torch built with NCCL (device "
+            f"{device.type}, NCCL built: {dist.is_nccl_available()}); use DDP_BACKEND=gloo"
+        )
+    if not dist.is_backend_available(backend):
+        raise UserError(
+            f"DDP_BACKEND={backend}: this torch ({torch.__version__}) was built without it; "
+            "use gloo (CPU) or nccl (CUDA)"
+        )
+    if device.type == "cuda":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if local_world > torch.cuda.device_count():
+            raise UserError(
+                f"{local_world} processes on this node but {torch.cuda.device_count()} GPUs "
+                "visible: use --nproc_per_node at most the GPU count"
+            )
+    return backend
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so a host clock read after it is honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"Apple MPS ({platform.machine()})"
+    return machine.cpu_model()
+
+
+# ---------------------------------------------------------------- peak memory
+def _vm_hwm() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> str | None:
+    """Start a peak-memory window; returns a note when the device cannot reset its peak."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return None
+    if device.type == "cpu":
+        try:  # "5" resets the peak resident set size (VmHWM) to the current RSS (Linux >= 4.0)
+            Path("/proc/self/clear_refs").write_text("5")
+            return None
+        except OSError:
+            return (
+                "peak RSS is since process start, evaluation included: /proc/self/clear_refs "
+                "not writable here"
+            )
+    return None  # MPS: no counter to reset; PeakWindow samples it at every step's end
+
+
+def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
+    """(reserved, allocated) peak bytes since the reset. CPU: peak RSS, allocated unknown.
+    MPS: what the driver holds now (MPS keeps no peak; PeakWindow samples it per step).
+
+    torch.cuda.max_memory_* return 0 silently on a CPU-only run, so they are only asked on CUDA.
+    """
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory(), torch.mps.current_allocated_memory()
+    hwm = _vm_hwm()
+    if hwm is None:  # macOS and friends: ru_maxrss, bytes on macOS
+        try:
+            import resource
+        except ImportError:  # Windows: no peak RSS without extra packages
+            return None, None
+        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return hwm, None
+
+
+def _malloc_trim() -> None:
+    """Hand the C heap's free pages back to the OS (glibc), so the RSS after an evaluation is
+    what training holds, not what evaluation freed. A no-op where libc has no malloc_trim."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # musl, macOS, Windows
+        pass
+
+
+def release_cached(device: torch.device) -> None:
+    """Return freed memory that the allocator keeps cached (after an evaluation)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()
+    else:
+        _malloc_trim()
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+class PeakWindow:
+    """Peak memory of the timed window's training steps: evaluation and sampling never count.
+
+    The device counters know only "the peak since the last reset", so the window keeps its own
+    running peak. At a pause (`Run.paused()`: evaluation, sampling, the final evaluation) it
+    folds the counters' peak so far into a Python max; when the pause ends it releases what the
+    pause left cached (CUDA: torch.cuda.empty_cache(), else evaluation's cached blocks stay
+    reserved; CPU: malloc_trim(0) where glibc has it) and resets the counters to the memory in
+    use then (CUDA: reset_peak_memory_stats(); Linux: /proc/self/clear_refs "5" sets VmHWM to
+    the current RSS). MPS keeps no peak: the driver's allocation (the allocator's cache
+    included) is sampled at every step's end. Evaluation at batch 32 on gpt2-124m holds 6 GiB
+    of full logits: counted, it would hide what steps 12-13 save.
+
+    Without a resettable counter (macOS and Windows CPU: peak RSS since process start) the
+    evaluation does count; `start()` returns a note saying so.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.open = False
+        self.reserved: int | None = None
+        self.allocated: int | None = None
+
+    def _fold(self) -> None:
+        r, a = peak_memory(self.device)
+        self.reserved, self.allocated = _max(self.reserved, r), _max(self.allocated, a)
+
+    def start(self) -> str | None:
+        """Open the window (the first timed step); returns a note when it cannot reset."""
+        self.open, self.reserved, self.allocated = True, None, None
+        return reset_peak_memory(self.device)
+
+    def step_end(self) -> None:
+        if self.open and self.device.type == "mps":
+            self._fold()
+
+    def pause(self) -> None:
+        """Before an evaluation or a sample: keep the training peak so far."""
+        if self.open:
+            self._fold()
+
+    def resume(self) -> None:
+        """After it: drop what it cached and start the counters again from here."""
+        if self.open:
+            release_cached(self.device)
+            reset_peak_memory(self.device)
+
+    def peak(self) -> tuple[int | None, int | None]:
+        """(reserved, allocated) peak bytes of the window's training steps."""
+        if self.open and self.device.type != "mps":
+            self._fold()  # since the last pause: the steps after it (or what is held now)
+        return self.reserved, self.allocated
+
+
+# ---------------------------------------------------------------- peak FLOP/s
+def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024) -> float:
+    """Best of 5 timed bursts of n^3 matmuls: a busy moment lowers one burst, not the best.
+    Where one n^3 matmul takes over 0.25 s (an emulated dtype: bf16 on a CPU without native
+    bf16 runs at about 1 GFLOP/s, 2 s a call at n = 1024), n halves, down to 256, so that
+    measuring a slow dtype takes a few seconds instead of half a minute; such a dtype's rate
+    barely depends on n. (Not predicted from a small probe: under load a 256^3 matmul can run
+    30x below a 1024^3 one, its threads waiting for each other.) The operands come from a
+    generator of their own, so measuring leaves the process's random state as it was.
+    """
+    # its own generator: drawn from the global one, these would move the run's random stream
+    # (the first run of a sweep measures, then trains: other dropout masks than every later run)
+    gen = torch.Generator().manual_seed(0)
+    while True:
+        a = torch.randn(n, n, generator=gen).to(device, dtype)
+        b = torch.randn(n, n, generator=gen).to(device, dtype)
+        synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        synchronize(device)
+        if n <= 256 or time.perf_counter() - t0 <= 0.25:
+            break
+        n //= 2
+    best = 0.0
+    for _ in range(5):
+        synchronize(device)
+        reps, t0 = 0, time.perf_counter()
+        while reps < 2 or time.perf_counter() - t0 < 0.2:
+            a @ b
+            reps += 1
+        synchronize(device)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t0))
+    return best
+
+
+def rates_key(device: torch.device) -> str:
+    return (
+        f"{device.type}|{name(device)}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    )
+
+
+# What a 1024^3 matmul can plausibly reach, FLOP/s: a cached or measured rate outside this is
+# wrong (a busy machine, a hand-edited or corrupt cache) and is measured again, never divided by.
+# The faster of fp32 and bf16 (the MFU peak) must reach the floor; each must stay below the top.
+# CPU: at least 1e8 (0.1 GFLOP/s: below a single 2012 phone core; a 1024^3 matmul would take 20 s)
+# and at most 1e13 per thread (an AMX core's bf16 peak is 2048 FLOP/cycle, 8e12 at 4 GHz).
+# MPS: 1e9 to 1e14 (Apple's largest GPU, M3 Ultra, is about 28 TFLOP/s fp32).
+PLAUSIBLE_PEAK = {"cpu": (1e8, 1e13), "mps": (1e9, 1e14)}
+
+
+def plausible_range(device: torch.device) -> tuple[float, float]:
+    low, high = PLAUSIBLE_PEAK.get(device.type, (1e8, 1e16))
+    if device.type == "cpu":
+        high *= max(1, torch.get_num_threads())
+    return low, high
+
+
+def rates_problem(device: torch.device, rates) -> str | None:
+    """Why cached or measured matmul rates cannot be this device's, or None when they can."""
+    if not isinstance(rates, dict):
+        return f"{type(rates).__name__}, not {{'fp32': FLOP/s, 'bf16': FLOP/s}}"
+    low, high = plausible_range(device)
+    for k in ("fp32", "bf16"):
+        v = rates.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{k} rate {v!r} is not a number"
+        if not math.isfinite(v) or not 0 < v <= high:
+            return f"{k} rate {v:.3g} FLOP/s is outside 0..{high:.0e}, the plausible range here"
+    best = max(rates["fp32"], rates["bf16"])  # the MFU peak; bf16 alone may be slow (emulated)
+    if best < low:
+        return f"peak {best:.3g} FLOP/s is below {low:.0e}, the least plausible for a {device.type}"
+    return None
+
+
+def _read_table(path: Path) -> dict:
+    """The cache's table of rates by key; anything else (not JSON, not an object) is empty."""
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warn(f"{path} is unreadable ({e.__class__.__name__}); measuring the matmul peak again")
+        return {}
+    if not isinstance(table, dict):
+        warn(f"{path} is not a JSON object; measuring the matmul peak again")
+        return {}
+    return table
+
+
+def measured_matmul_rates(device: torch.device) -> dict:
+    """{"fp32": FLOP/s, "bf16": FLOP/s} of a 1024^3 matmul, measured once and cached per
+    device name, thread count and torch version (CPU/MPS have no datasheet table here).
+
+    A cached entry outside the device's plausible range (see PLAUSIBLE_PEAK), or of the wrong
+    type, is measured again; a measurement outside it, or one taken while other processes kept
+    a CPU busy (load.py's threshold), is returned but not cached.
+    """
+    key = rates_key(device)
+    path = cache_dir() / "matmul_peak.json"
+    table = _read_table(path)
+    if key in table:
+        why = rates_problem(device, table[key])
+        if why is None:
+            return table[key]
+        warn(f"{path}: the cached matmul peak is implausible ({why}); measuring it again")
+    meter = load.Meter()  # other processes' CPU use while measuring (Linux; else unknown)
+    meter.start()
+    rates = {
+        "fp32": _matmul_rate(device, torch.float32),
+        "bf16": _matmul_rate(device, torch.bfloat16),
+    }
+    others = meter.stop()["other_load"] if device.type == "cpu" else None
+    if load.is_busy(others):  # a shared core lowers the rate: use it this run, never cache it
+        warn(
+            f"the {device.type} matmul peak was measured while other processes used "
+            f"{others:.2f} CPU cores: not cached, measured again next run"
+        )
+    elif rates_problem(device, rates) is None:
+        table[key] = rates
+        try:
+            atomic_write_bytes(path, json.dumps(table, indent=1).encode())
+        except OSError as e:
+            warn(f"matmul peak not cached in {path} ({e.strerror}); measuring again next run")
+    return rates
+
+
+def is_rocm() -> bool:
+    """ROCm builds report AMD GPUs through torch.cuda (torch.version.hip is set)."""
+    return getattr(torch.version, "hip", None) is not None
+
+
+def peak_flops(device: torch.device) -> tuple[float | None, str]:
+    """The MFU denominator for one device and where it comes from.
+
+    CUDA/ROCm: the vendor's dense bf16 peak (fp16 on V100/T4) from speed_ladder.measure.gpus' table,
+    by the
+    device's name, SM count (a MIG slice gets its share) and AMD arch; an unknown GPU gets None
+    and a note saying how to add it. CPU/MPS: the best matmul rate measured here.
+    """
+    if device.type == "cuda":
+        return gpus.peak_for(torch.cuda.get_device_properties(device))
+    rates = measured_matmul_rates(device)
+    why = rates_problem(device, rates)
+    if why is not None:
+        return None, f"measured {device.type} matmul peak implausible ({why}): MFU left empty"
+    best = max(rates, key=rates.get)
+    return rates[best], (
+        f"measured {device.type} matmul peak {rates[best] / 1e9:.0f} GFLOP/s ({best}; "
+        f"fp32 {rates['fp32'] / 1e9:.0f}, bf16 {rates['bf16'] / 1e9:.0f})"
+    )
+
+
+def gpu_memory(device: torch.device) -> tuple[int, bool] | None:
+    """(total memory in bytes, native bf16) of a CUDA device, for the batch rule
+    (spec.fit_batch); None on other devices."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return props.total_memory, gpus.bf16_for(props, is_rocm())[0]
+
+
+BF16_ENV = "SPEED_LADDER_BF16"  # 1/on or 0/off: step 05's rule forced, e.g. by the tests
+BF16_USED: dict[str, bool] = {}  # device type -> what bf16_is_fast answered (parity.regime)
+
+
+def bf16_forced() -> bool | None:
+    """$SPEED_LADDER_BF16 as True/False, or None when unset (or `auto`)."""
+    raw = os.environ.get(BF16_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise UserError(f"{BF16_ENV}={raw!r}: use 1 (bf16 on), 0 (off) or auto")
+
+
+def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
+    """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step), unless
+    $SPEED_LADDER_BF16 forces the answer: the CPU tests run both numeric regimes on any CPU
+    (emulated bf16 is slow, but `tiny` is small). The answer is kept in BF16_USED, so that the
+    record says which regime the run computed in (speed_ladder.parity).
+
+    CUDA: compute capability >= 8.0 (Ampere on), where bf16 runs on tensor cores; not
+    torch.cuda.is_bf16_supported(), which says True on a V100 or T4 too, where bf16 is emulated
+    (slower than fp32). ROCm: by the AMD arch (speed_ladder.measure.gpus.has_native_bf16).
+    """
+    forced = bf16_forced()
+    if forced is not None:
+        ok, why = forced, f"forced {'on' if forced else 'off'} by {BF16_ENV}"
+    elif device.type == "cuda":
+        ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
+        why = f"{name(device)}: {why}"
+    else:
+        r = measured_matmul_rates(device)
+        problem = rates_problem(device, r)
+        if problem is not None:
+            ok, why = False, f"measured matmul rates implausible ({problem})"
+        else:
+            ok = r["bf16"] > r["fp32"]
+            why = f"measured matmul: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f}"
+            why += " GFLOP/s"
+    BF16_USED[device.type] = ok
+    return ok, why

@@ -1,0 +1,398 @@
+"""Predict a rank's memory before a run: model state, communication buffers, activations.
+
+State is what training keeps between steps, and in this ladder all of it is fp32 (step 05's
+autocast keeps fp32 master weights): 4 bytes each for a parameter, its gradient and AdamW's two
+moments, 16 bytes per parameter (ZeRO, Rajbhandari et al. 2020, section 3.1).
+
+- one process, DDP (steps 00-13): every rank holds all 16 B/param. DDP adds 4 B/param of
+  gradient buckets (its flat all-reduce buffers; `gradient_as_bucket_view=False`, the default).
+- FSDP2 (step 14): each parameter is split on dim 0 into world_size shards (rank 0 holds the
+  largest, ceil(rows / W) rows), so a rank holds 16 B/param / W. What it gathers comes on top:
+  the root (embeddings, final norm, out_head) stays gathered from its forward to the end of
+  backward, with its full gradient (8 B per root parameter); a block is gathered for its forward
+  and again for its backward, the next one prefetched meanwhile (2 blocks of params, 1 of grads).
+
+Activations (saved for backward) follow Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", eq. 1: per layer s*b*h*(34 + 5*a*s/h) bytes with
+16-bit activations and 1-byte dropout masks (s context, b batch, h width, a heads). Its 34 is 16
+activation tensors of s*b*h elements plus 2 dropout masks; 5*a*s/h is the attention scores,
+softmax, its dropout mask and output, which a fused attention kernel (step 07's SDPA on CUDA)
+never stores. Activations are e bytes per element: 2 under bf16 autocast, 4 in fp32. The output
+layer adds the (B*T, V) logits plus one fp32 tensor of that size at a time (the log-softmax in
+forward, the gradient in backward; steps <= 11): with the blocks' term this is within 10% of the
+published A100 peaks of the reference ladder at steps 09-10 (5.9 and 22.5 GB, bf16 weights). The
+fused loss (12+) keeps one chunk of 1024 rows instead (logits, softmax, gradient in fp32);
+checkpointing (13+) keeps each block's input only (the fp32 residual stream) plus one block's
+full activations while it is recomputed.
+
+The sum state + buffers + activations is an upper bound of the peak (gradients are created as
+activations are freed); on CPU the process itself adds about 0.5 GiB. `python -m
+speed_ladder.measure.memory_model` prints the prediction per preset and the largest GPT-2 preset
+that fits
+per GPU for steps 10-14 (docs/memory.md, "How big can you go"): predicted, not measured.
+"""
+
+import argparse
+import math
+import os
+from dataclasses import asdict, dataclass
+
+from speed_ladder.presets import GPT2_VOCAB, PRESETS
+
+VOCAB = 50304  # step 09 on: GPT-2's 50257 padded to a multiple of 64
+FP32 = 4
+CHUNK_ROWS = 1024  # step 12's chunked loss (and Liger's chunking is no larger)
+GIB = 2**30
+GPT2_FAMILY = ["gpt2-124m", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+GPU_GB = [24, 40, 80]
+CUDA_OVERHEAD = GIB  # CUDA context, cuBLAS/cuDNN workspaces: outside the allocator's peak
+HEADROOM = 0.10  # allocator fragmentation: reserved exceeds allocated by some percent
+
+
+# ---------------------------------------------------------------- parameters
+def param_counts(cfg: dict, vocab: int = VOCAB) -> dict:
+    """Parameters of the ladder's GPTModel, per group: root (embeddings, final norm, out_head;
+    out_head is not tied to the token embedding) and one transformer block."""
+    C, T = cfg["emb_dim"], cfg["context_length"]
+    qkv = 3 * (C * C + (C if cfg.get("qkv_bias") else 0))
+    attn = qkv + C * C + C  # W_query/W_key/W_value, out_proj (with bias)
+    ff = C * 4 * C + 4 * C + 4 * C * C + C
+    block = attn + ff + 2 * 2 * C  # + norm1, norm2 (scale and shift)
+    root = vocab * C + T * C + 2 * C + vocab * C
+    return {"root": root, "block": block, "total": root + cfg["n_layers"] * block}
+
+
+def _shapes(cfg: dict, vocab: int = VOCAB) -> list[tuple[int, int]]:
+    """(rows, numel) of every parameter: FSDP2 shards each on dim 0."""
+    C, T = cfg["emb_dim"], cfg["context_length"]
+    block = [(C, C * C)] * 3 + [(C, C)] * (3 if cfg.get("qkv_bias") else 0)
+    block += [(C, C * C), (C, C), (4 * C, 4 * C * C), (4 * C, 4 * C), (C, 4 * C * C), (C, C)]
+    block += [(C, C)] * 4
+    root = [(vocab, vocab * C), (T, T * C), (C, C), (C, C), (vocab, vocab * C)]
+    return root + block * cfg["n_layers"]
+
+
+def shard_numel(cfg: dict, world: int, vocab: int = VOCAB) -> int:
+    """Elements of rank 0's FSDP2 shards (the largest): ceil(rows / world) rows per parameter."""
+    return sum(math.ceil(rows / world) * (numel // rows) for rows, numel in _shapes(cfg, vocab))
+
+
+# ---------------------------------------------------------------- state
+def state_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB) -> dict:
+    """Per-rank bytes of params, grads and AdamW moments (fp32), for mode ddp/single or fsdp2."""
+    if mode not in ("single", "ddp", "fsdp2"):
+        raise ValueError(f"mode {mode!r}: single, ddp or fsdp2")
+    n = shard_numel(cfg, world, vocab) if mode == "fsdp2" else param_counts(cfg, vocab)["total"]
+    out = {"params": FP32 * n, "grads": FP32 * n, "optimizer": 2 * FP32 * n}
+    out["total"] = sum(out.values())
+    return out
+
+
+def buffer_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB) -> int:
+    """Communication buffers and gathered copies on top of the state (see the module doc)."""
+    pc = param_counts(cfg, vocab)
+    if mode == "ddp":
+        return FP32 * pc["total"]  # gradient buckets
+    if mode == "fsdp2":
+        root = 2 * FP32 * pc["root"]  # gathered root params + their full grads
+        blocks = (2 + 1) * FP32 * pc["block"] if cfg["n_layers"] else 0
+        return root + blocks
+    return 0
+
+
+# ---------------------------------------------------------------- activations
+ACTIVATION_KINDS = ("logits", "fused", "checkpointed")
+
+
+def step_kind(step: str) -> str:
+    """How a ladder step keeps activations: full logits (<= 11), fused loss (12), checkpointed."""
+    return "checkpointed" if step >= "13" else "fused" if step >= "12" else "logits"
+
+
+def activation_bytes(
+    cfg: dict,
+    batch: int,
+    kind: str,
+    act_bytes: int = 2,
+    flash: bool = True,
+    vocab: int = VOCAB,
+) -> int:
+    """Korthikanti et al. 2022 eq. 1 per layer, generalized to e = act_bytes per element; plus
+    the output layer's logits by `kind` (see the module doc)."""
+    if kind not in ACTIVATION_KINDS:
+        raise ValueError(f"kind {kind!r}: one of {ACTIVATION_KINDS}")
+    s, b, h, a, L = cfg["context_length"], batch, cfg["emb_dim"], cfg["n_heads"], cfg["n_layers"]
+    mask = 1 if cfg.get("drop_rate", 0) > 0 else 0
+    layer = s * b * h * (16 * act_bytes + 2 * mask)
+    if not flash:  # scores, softmax, dropout mask and output, per head: (B, H, T, T)
+        layer += a * s * s * b * (2 * act_bytes + mask)
+    rows = b * s
+    if kind == "logits":
+        out = rows * vocab * (act_bytes + FP32)  # logits + one fp32 (B*T, V) at a time
+    else:
+        out = min(rows, CHUNK_ROWS) * vocab * 3 * FP32  # one chunk's logits, softmax, gradient
+    if kind == "checkpointed":
+        return L * s * b * h * FP32 + layer + out  # block inputs (fp32) + one recomputed block
+    return L * layer + out
+
+
+# ---------------------------------------------------------------- one prediction
+@dataclass
+class Prediction:
+    preset: str
+    world: int
+    mode: str
+    kind: str
+    batch: int
+    act_bytes: int
+    params: int
+    state_bytes: int
+    buffer_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.buffer_bytes + self.activation_bytes
+
+    def line(self) -> str:
+        g = lambda x: f"{x / GIB:.2f} GiB"
+        return (
+            f"predicted per rank ({self.preset}, {self.mode}, {self.world} process"
+            f"{'es' if self.world > 1 else ''}, batch {self.batch}): state {g(self.state_bytes)}"
+            f" (params, grads, AdamW: 16 B x {self.params / 1e6:.0f}M params"
+            f"{f' / {self.world}' if self.mode == 'fsdp2' else ''}), buffers "
+            f"{g(self.buffer_bytes)}, activations {g(self.activation_bytes)} ({self.kind}), "
+            f"total {g(self.total_bytes)}"
+        )
+
+
+def mode_of_step(step: str) -> str:
+    """single (00-10), ddp (11-13) or fsdp2 (14)."""
+    if step >= "14":
+        return "fsdp2"
+    return "ddp" if step >= "11" else "single"
+
+
+def predict(
+    preset: str | dict,
+    world: int = 1,
+    step: str = "14",
+    batch: int | None = None,
+    act_bytes: int = 2,
+    flash: bool = True,
+    mode: str | None = None,
+    vocab: int = VOCAB,
+) -> Prediction:
+    """The prediction for one ladder step on one preset (name or dict) and world size."""
+    cfg = PRESETS[preset] if isinstance(preset, str) else preset
+    name = preset if isinstance(preset, str) else "custom"
+    mode = mode or mode_of_step(step)
+    kind = step_kind(step)
+    if batch is None:
+        batch = cfg["large_batch_size"] if step >= "10" else cfg["batch_size"]
+    return Prediction(
+        preset=name,
+        world=world,
+        mode=mode,
+        kind=kind,
+        batch=batch,
+        act_bytes=act_bytes,
+        params=param_counts(cfg, vocab)["total"],
+        state_bytes=state_bytes(cfg, world, mode, vocab)["total"],
+        buffer_bytes=buffer_bytes(cfg, world, mode, vocab),
+        activation_bytes=activation_bytes(cfg, batch, kind, act_bytes, flash, vocab),
+    )
+
+
+def fits(pred: Prediction, gpu_bytes: float) -> bool:
+    """A GPU of gpu_bytes holds the prediction with the CUDA context and 10% headroom."""
+    return pred.total_bytes * (1 + HEADROOM) + CUDA_OVERHEAD <= gpu_bytes
+
+
+def largest_fit(step: str, gpus: int, gpu_gb: int) -> str | None:
+    """The largest GPT-2 family preset (its own batch) step `step` trains on gpus x gpu_gb GB."""
+    if step < "11" and gpus > 1:
+        return None  # a single-process step: more GPUs do not change it
+    best = None
+    for name in GPT2_FAMILY:
+        if fits(predict(name, gpus, step), gpu_gb * GIB):  # a "24 GB" card has 24 GiB
+            best = name
+    return best
+
+
+def fit_table(steps=("10", "11", "12", "13", "14"), gpus=(1, 4), sizes=GPU_GB) -> str:
+    """Markdown: the largest GPT-2 preset that fits per GPU, by step, GPU count and size."""
+    head = "| step | " + " | ".join(f"{n}x {g} GB" for n in gpus for g in sizes) + " |"
+    rows = [head, "|---|" + "---|" * (len(gpus) * len(sizes))]
+    for s in steps:
+        cells = []
+        for n in gpus:
+            for g in sizes:
+                if s < "11" and n > 1:
+                    cells.append("(1 process)")
+                else:
+                    cells.append(largest_fit(s, n, g) or "none")
+        rows.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def breakdown_table(steps=("13", "14"), gpus=(1, 4)) -> str:
+    """Markdown: predicted GiB per rank, state + buffers + activations, per GPT-2 preset."""
+    rows = ["| preset | params | batch | " + " | ".join(f"step {s} x{n}" for s in steps
+            for n in gpus) + " |", "|---|--:|--:|" + "--:|" * (len(steps) * len(gpus))]  # fmt: skip
+    for name in GPT2_FAMILY:
+        cells = []
+        for s in steps:
+            for n in gpus:
+                p = predict(name, n, s)
+                cells.append(
+                    f"{p.state_bytes / GIB:.1f} + {p.buffer_bytes / GIB:.1f} + "
+                    f"{p.activation_bytes / GIB:.1f} = **{p.total_bytes / GIB:.1f}**"
+                )
+        p = predict(name, 1, steps[0])
+        rows.append(f"| {name} | {p.params / 1e6:.0f}M | {p.batch} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- for the harness
+PREDICTED_ENV = "SPEED_LADDER_PREDICTED"  # set by the sweep, which printed the prediction itself
+
+
+def act_bytes_of(step: str, bf16: bool | None, device_type: str) -> int:
+    """Bytes per activation element in ladder step `step`: 2 under step 05's bf16 autocast, else
+    4. bf16: RunSpec.bf16 (None on a CPU or MPS: device.bf16_is_fast measures it, cached)."""
+    if step < "05":
+        return 4
+    if bf16 is None:
+        import torch
+
+        from speed_ladder.measure.device import bf16_is_fast
+
+        bf16 = bf16_is_fast(torch.device(device_type))[0]
+    return 2 if bf16 else 4
+
+
+def predict_run(shape: dict, step: str, world: int, batch: int, bf16: bool | None,
+                device_type: str, mode: str | None = None, vocab: int | None = None,
+                name: str = "custom") -> Prediction:  # fmt: skip
+    """The prediction for one run of ladder step `step` (the sweep's before it, the step's own):
+    activations in bf16 as step 05 decides (`act_bytes_of`), flash attention from step 07 (on a
+    CPU only without dropout: SDPA's math path otherwise), GPT-2's vocabulary padded from step
+    09; the mode from the step unless the model says (`detect_mode`)."""
+    act = act_bytes_of(step, bf16, device_type)
+    drop = (shape.get("drop_rate") or 0) > 0
+    flash = step >= "07" and (device_type == "cuda" or not drop)  # CPU + dropout: math SDPA
+    if vocab is None:
+        vocab = GPT2_VOCAB if step < "09" else VOCAB
+    p = predict(shape, world, step, batch, act, flash, mode, vocab)
+    p.preset = name
+    return p
+
+
+def announce(run, model) -> dict:
+    """Called by Run.set_model before the first step: print the prediction for this run (from
+    the preset's shape, its RunSpec's bf16; the mode from the model: FSDP2, DDP or one process;
+    not printed again under the sweep, which printed it before the run), note when it exceeds
+    the device's memory, and return the record's fields."""
+    cfg, step, device = run.cfg, run.step, run.device
+    shape = {**PRESETS[run.preset_name], **cfg}
+    vocab = cfg.get("vocab_size", VOCAB)  # every step passes it; a bare test config may not
+    p = predict_run(shape, step, _world(), run.batch_size, run.spec.bf16, device.type,
+                    detect_mode(model), vocab, run.preset_name)  # fmt: skip
+    if not os.environ.get(PREDICTED_ENV):
+        run.print(f"[{step}] {p.line()}")
+    cap = capacity_bytes(device)
+    if cap and p.total_bytes > cap:
+        run.note(
+            f"predicted {p.total_bytes / GIB:.1f} GiB per rank exceeds this {device.type}'s "
+            f"{cap / GIB:.1f} GiB: expect out-of-memory "
+            "(python -m speed_ladder.measure.memory_model)"
+        )
+    return {
+        "predicted_state_bytes_per_rank": p.state_bytes,
+        "predicted_peak_bytes_per_rank": p.total_bytes,
+        "memory_model": asdict(p),
+    }
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def detect_mode(model) -> str:
+    """fsdp2 when parameters are DTensors, ddp under DistributedDataParallel, else single."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed
+        DTensor = ()
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return "fsdp2"
+    from torch.nn.parallel import DistributedDataParallel
+
+    return "ddp" if isinstance(model, DistributedDataParallel) else "single"
+
+
+def local_state_bytes(model, optimizer) -> int:
+    """Measured: bytes this rank holds of params, grads and optimizer state (local shards)."""
+    import torch
+
+    def local(t):
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    total = 0
+    for p in model.parameters():
+        total += local(p) + (local(p.grad) if p.grad is not None else 0)
+    for st in optimizer.state.values():
+        total += sum(local(v) for v in st.values() if torch.is_tensor(v) and v.dim())
+    return total
+
+
+def capacity_bytes(device) -> int | None:
+    """Memory a rank may use: its GPU's total, else the machine's RAM over the local ranks."""
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024 // max(1, _local_world())
+    except OSError:
+        pass
+    return None
+
+
+def _local_world() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+# ---------------------------------------------------------------- command line
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m speed_ladder.measure.memory_model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--preset", help="one preset (default: the GPT-2 family)")
+    ap.add_argument("--world", type=int, default=1, help="processes (default 1)")
+    ap.add_argument("--step", default="14", help="ladder step (default 14)")
+    ap.add_argument("--fp32", action="store_true", help="fp32 activations (no bf16 autocast)")
+    a = ap.parse_args(argv)
+    step = a.step.zfill(2)
+    for name in [a.preset] if a.preset else GPT2_FAMILY:
+        print(predict(name, a.world, step, act_bytes=4 if a.fp32 else 2).line())
+    print()
+    print("Predicted GiB per rank, state + buffers + activations (bf16 autocast):")
+    print(breakdown_table())
+    print()
+    print("Largest GPT-2 preset that fits per GPU (PREDICTED, its preset batch, bf16 autocast):")
+    print(fit_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,259 @@
+"""Where the time goes: profile a few training steps with torch.profiler and split their time
+into categories (`--profile [N]`, `--trace DIR`). This module is the run's profiler;
+speed_ladder.measure.op_categories has the categories (which op is which, the module ranges) and
+speed_ladder.measure.breakdown turns the profiled events into each category's share (the
+denominator,
+backward attribution).
+
+When. The profiled steps are never timed. With `--max-steps` (a measuring run, as in the sweep)
+they come after the timed window: the run trains N more steps (default 3) under the profiler and
+only then reports finished; the window's peak memory is read before the profiler starts (its
+buffers raise a CPU process's RSS). Without `--max-steps` (a tutorial run over epochs) the end
+is not known in advance, so the N steps right after the warm-up are profiled and the timed
+window starts after them (on a CPU its peak RSS may then include memory the profiler freed but
+the process still holds; a note says so). A run whose data runs out first keeps the whole
+steps it profiled (a note says so). Evaluation inside `run.paused()` during the profiled steps
+is left out, as it is from the timing.
+
+The record gets `time_breakdown` ({category: share}), `time_breakdown_basis`, `profiled_steps`,
+`profiled_ms` and, with `--trace DIR`, `trace`: the Chrome/Perfetto trace of the profiled steps
+(`DIR/<step>-<start time>.json`, one per rank under torchrun: `-rank<r>`), for
+chrome://tracing or https://ui.perfetto.dev. Under torchrun every rank is profiled (so that no
+rank waits for a slower profiled one) and rank 0's breakdown is recorded.
+"""
+
+import os
+import re
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+from speed_ladder.errors import os_error_why
+from speed_ladder.files import portable_path
+from speed_ladder.flags import PROFILE_STEPS
+from speed_ladder.measure.breakdown import PAUSED_RANGE, STEP_RANGE, breakdown, describe, shares
+from speed_ladder.measure.op_categories import ModuleRanges, is_compiled
+
+
+class StepProfiler:
+    """Profiles `steps` training steps for a `Run` (see the module docstring for when)."""
+
+    def __init__(self, run, steps: int, trace_dir: str | None):
+        self.run, self.steps, self.trace_dir = run, steps, trace_dir
+        p = run.preset
+        self.measuring = p["max_steps"] is not None
+        # the step after which profiling starts: the window's end, or the warm-up's
+        self.starts_after = p["max_steps"] if self.measuring else p["warmup_steps"]
+        self.state = "waiting"  # -> running -> done; or failed
+        self.model = None
+        self.prof = None
+        self.hooks = None
+        self.range = None
+        self.first = self.profiled = 0
+        self.started = True  # False once a start failed: nothing was profiled
+        self.result: dict = {}
+        self.trace: str | None = None
+
+    # -- the Run's schedule
+    @property
+    def wants_more(self) -> bool:
+        """A measuring run is not finished while its profiled steps are to come."""
+        return self.state in ("waiting", "running")
+
+    @property
+    def window_delay(self) -> int:
+        """Steps the timed window starts later: the profiled ones, without --max-steps."""
+        return 0 if self.measuring or not self.started else self.steps
+
+    def attach(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def start(self, first_step: int) -> None:
+        """Begin profiling with step `first_step` (at a step boundary, after the device sync)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = self.run.device.type == "cuda"
+        activities = [ProfilerActivity.CPU]
+        if cuda:
+            activities.append(ProfilerActivity.CUDA)
+        self.first = first_step
+        last = first_step + self.steps - 1
+        when = "after the timed window" if self.measuring else "after the warm-up, before it"
+        self.run.note(f"profiled steps {first_step}-{last} {when}: not timed (--profile)")
+        try:
+            if self.model is not None and not is_compiled(self.model):
+                self.hooks = ModuleRanges(self.model)
+                self.hooks.install()
+            elif self.model is not None:
+                self.run.note(
+                    "profile: compiled model, no module ranges: its fused kernels' time is in "
+                    "'other' where their names do not say what they fuse"
+                )
+            self.prof = profile(activities=activities)
+            self.prof.start()
+        except Exception as e:  # never lose a measuring run to the profiler
+            self.started = False
+            self._fail(f"could not start torch.profiler: {e.__class__.__name__}: {e}")
+            return
+        self.state = "running"
+        self._open(first_step)
+
+    def _open(self, n: int) -> None:
+        from torch.autograd.profiler import record_function
+
+        self.range = record_function(f"{STEP_RANGE}{n}")
+        self.range.__enter__()
+
+    def step_ended(self, n: int) -> bool:
+        """Step `n` ended (its device work synchronized): True if it was a profiled step."""
+        if self.state != "running":
+            return False
+        self.range.__exit__(None, None, None)
+        self.range = None
+        self.profiled += 1
+        if self.profiled >= self.steps:
+            self._stop()
+        else:
+            self._open(n + 1)
+        return True
+
+    @contextmanager
+    def excluded(self):
+        """`run.paused()` during the profiled steps: left out of the breakdown."""
+        if self.state != "running":
+            yield
+            return
+        from torch.autograd.profiler import record_function
+
+        with record_function(PAUSED_RANGE):
+            yield
+
+    def close(self) -> None:
+        """At the run's end: a profile still running (the data ran out) keeps its whole steps."""
+        if self.state == "running":
+            if self.range is not None:
+                self.range.__exit__(None, None, None)  # a step that never ended: not counted
+                self.range = None
+            self.run.note(
+                f"profile: the data ran out after {self.profiled} of {self.steps} profiled steps"
+            )
+            self._stop()
+        elif self.state == "waiting":
+            self.run.note(
+                f"profile: the run ended after {self.run.steps_done} steps, before step "
+                f"{self.starts_after + 1}, the first to profile: no time breakdown"
+            )
+            self.state = "failed"
+
+    def _stop(self) -> None:
+        self.state = "done"
+        t0 = time.perf_counter()
+        try:
+            self.prof.stop()
+        except Exception as e:
+            self._fail(f"torch.profiler failed to stop: {e.__class__.__name__}: {e}")
+            return
+        finally:
+            if self.hooks is not None:
+                self.hooks.remove()
+                self.hooks = None
+        if self.profiled:
+            try:
+                self._analyse()
+            except Exception as e:
+                self.run.note(f"profile: no breakdown: {e.__class__.__name__}: {e}")
+            if self.trace_dir is not None:
+                self._export()
+        self.prof = None
+        if not self.measuring and self.run.device.type != "cuda":
+            self.run.note(
+                "profile: the timed window starts right after the profiled steps, and peak RSS "
+                "may include memory the profiler freed but the process still holds (about "
+                "0.1 GiB on tiny); --max-steps profiles after the window instead"
+            )
+        self.run.print(
+            f"[{self.run.step}] profile analysed in {time.perf_counter() - t0:.1f} s"
+            + (f"; trace: {self.trace}" if self.trace else "")
+        )
+
+    def _analyse(self) -> None:
+        use_device = self.run.device.type == "cuda"
+        res = breakdown(self.prof.events(), self.profiled, use_device)
+        if use_device and res and res["basis"] != "device time":
+            self.run.note("profile: no device activity recorded (CUPTI?): self CPU time instead")
+        if not res:
+            self.run.note("profile: no profiled step found in the profile: no breakdown")
+            return
+        share = shares(res["seconds"])
+        self.result = {
+            "time_breakdown": share,
+            "time_breakdown_basis": f"{res['basis']}, share of {res['steps']} profiled steps' "
+            "wall time (the uncovered rest is data and host)",
+            "profiled_steps": res["steps"],
+            "profiled_ms": round(res["wall_s"] * 1000, 3),
+        }
+        self.run.print(f"[{self.run.step}] where the time goes: {describe(share, 8)}")
+
+    def _export(self) -> None:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        stamp = re.sub(r"[^0-9]", "", self.run.started_at[:19])
+        name = f"{self.run.step}-{stamp[:8]}T{stamp[8:]}Z"
+        if world > 1:
+            name += f"-rank{rank}"
+        path = Path(self.trace_dir) / f"{name}.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.prof.export_chrome_trace(str(path))
+        except (OSError, RuntimeError) as e:
+            why = os_error_why(e) if isinstance(e, OSError) else e  # str(e) names the path
+            where = portable_path(path, self.trace_dir)  # the record names no place of this host
+            self.run.note(f"profile: trace not written to {where}: {why}")
+            return
+        self.trace = str(path)
+
+    def _fail(self, why: str) -> None:
+        self.state = "failed"
+        if self.hooks is not None:
+            self.hooks.remove()
+            self.hooks = None
+        self.run.note(f"profile: {why}; no time breakdown")
+
+    def fields(self) -> dict:
+        """The record's fields: the breakdown (None when there is none) and the trace."""
+        out = {"time_breakdown": None, **self.result}
+        if self.trace_dir is not None:
+            out["trace"] = portable_path(self.trace, self.trace_dir) if self.trace else None
+        return out
+
+
+def from_args(args, run) -> StepProfiler | None:
+    """The run's profiler when `--profile` (or `--trace`, which implies it) is given; the trace
+    folder is checked now, before the model is built."""
+    steps = getattr(args, "profile", None)
+    trace = getattr(args, "trace", None)
+    if steps is None and trace is None:
+        return None
+    if trace is not None:
+        from speed_ladder.outputs import check_dir
+
+        check_dir(trace, "--trace")
+    return StepProfiler(run, steps or PROFILE_STEPS, trace)
+
+
+def excluded(profiler: StepProfiler | None):
+    """`run.paused()`'s part: what runs inside is left out of a running profile."""
+    return nullcontext() if profiler is None else profiler.excluded()
+
+
+def profiled_runs(records: list[dict]) -> int:
+    """How many of a step's latest records in a row are ok and have a time breakdown: the runs
+    a profiled sweep (`python -m speed_ladder run --profile`) counts as done."""
+    n = 0
+    for r in reversed(records):
+        if r.get("status") != "ok" or not isinstance(r.get("time_breakdown"), dict):
+            break
+        n += 1
+    return n

@@ -1,0 +1,448 @@
+"""`Run`: what a step calls to time its steps and write its record (device, preset and data too).
+
+The timed window: the first `warmup_steps` optimizer steps are left out (allocator warm-up,
+cuDNN/oneDNN plans, torch.compile). At the window start the device is synchronized and the
+peak-memory counters are reset. Every step ends with a device synchronize before the clock is
+read; a step's time is end-to-end, from the previous step's end (data loading included) to its
+own. Evaluation and sampling run inside `run.paused()`, which restarts the clock after them, so
+they are never timed, and leaves them out of the peak memory (device.PeakWindow: on CUDA, MPS
+and Linux CPUs the recorded peak is the training steps' alone, the final evaluation's neither).
+tokens/s = tokens per step (all ranks) / median step time. Over the same window rank 0 measures
+`other_load`, the CPU cores other processes used (load.py), and the record carries this
+machine's fingerprint (`machine`, machine.py). With --profile, N more steps after the window
+(without --max-steps: right after the warm-up) run under torch.profiler, never timed, and the
+record says where their time goes (speed_ladder.measure.profile).
+
+MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
+(embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
+(PaLM, Chowdhery et al. 2022, app. B). The peak is the device's dense bf16 peak for every step,
+fp32 steps included (speed_ladder.measure.gpus' datasheet table; CPU and MPS: the best matmul rate
+measured
+here).
+"""
+
+import datetime as dt
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from speed_ladder import machine, parity
+from speed_ladder.errors import UserError, os_error_why
+from speed_ladder.files import ROOT, check_cache_dir, portable_path
+from speed_ladder.flags import on_failure
+from speed_ladder.measure import cpu_load as load
+from speed_ladder.measure import device as dev
+from speed_ladder.measure import profile
+from speed_ladder.measure.data import gpt2_tokenizer, load_split
+from speed_ladder.measure.inactive import (
+    LIGER_INTERPRETED,
+    LIGER_RAN,
+    interpreted,
+    triton_interpreted,
+)
+from speed_ladder.outputs import check_file
+from speed_ladder.records import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
+from speed_ladder.spec import resolve
+
+# The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
+MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
+
+
+def _dist():
+    d = torch.distributed
+    return d if d.is_available() and d.is_initialized() else None
+
+
+@dataclass
+class Measured:
+    """A run's numbers from its timed window: one process's, or after `across_ranks` the job's."""
+
+    tokens: int  # per step
+    step_time: float  # median, seconds
+    reserved: int | None  # peak bytes
+    allocated: int | None
+    losses: list[float]
+    train_loss: float | None
+    val_loss: float | None
+    reserved_per_rank: list[int | None] = field(default_factory=list)
+
+
+def across_ranks(m: Measured, device: torch.device) -> Measured:
+    """The job's numbers from every rank's: global tokens, the slowest rank's step time, each
+    rank's peak memory (the max is the job's), the mean losses. One process: its own."""
+    d = _dist()
+    if d is None:
+        return replace(m, reserved_per_rank=[m.reserved])
+    on = device if device.type == "cuda" else torch.device("cpu")
+    s = torch.tensor([float(m.tokens)], dtype=torch.float64, device=on)
+    d.all_reduce(s)
+    per_rank = torch.zeros(d.get_world_size(), dtype=torch.float64, device=on)
+    per_rank[d.get_rank()] = m.reserved or 0
+    d.all_reduce(per_rank)  # each rank's own peak, gathered
+    reserved_per_rank = [int(v) for v in per_rank.tolist()]
+    mx = torch.tensor([m.step_time, m.allocated or -1], dtype=torch.float64, device=on)
+    d.all_reduce(mx, op=d.ReduceOp.MAX)
+    lt = torch.tensor(
+        m.losses + [m.train_loss or 0.0, m.val_loss or 0.0], dtype=torch.float64, device=on
+    )
+    d.all_reduce(lt)
+    lt = (lt / d.get_world_size()).tolist()
+    return Measured(
+        tokens=int(s.item()),
+        step_time=mx[0].item(),
+        reserved=max(reserved_per_rank) if m.reserved is not None else None,
+        allocated=int(mx[1].item()) if m.allocated is not None else None,
+        losses=lt[:-2],
+        train_loss=lt[-2] if m.train_loss is not None else None,
+        val_loss=lt[-1] if m.val_loss is not None else None,
+        reserved_per_rank=reserved_per_rank,
+    )
+
+
+class Run:
+    def __init__(self, args, step: str, script: str):
+        self.args, self.step = args, step
+        self.script = Path(script).resolve()
+        self.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.t_begin = time.time()
+        self.is_rank0 = int(os.environ.get("RANK", "0")) == 0
+        self.notes: list[str] = []
+        self.inactive_reason: str | None = None  # why this step's own optimization did nothing
+        self.device = dev.resolve(args.device)
+        # every place this run writes, checked now rather than after the training
+        if args.results is not None and self.is_rank0:
+            check_file(args.results, "--results")
+        check_cache_dir()
+
+        # the run's settings, as the sweep resolved them for its plan (speed_ladder.spec)
+        self.spec = resolve(vars(args), self.device.type, dev.gpu_memory(self.device))
+        self.preset, self.preset_name = self.spec.settings, self.spec.preset
+        self.print(f"[{step}] preset {self.spec.preset} ({self.spec.why}); device "
+                   f"{self.device.type}: {dev.name(self.device)}")  # fmt: skip
+        if self.preset["batch_rule"] is not None:  # a GPU too small for the preset's batch
+            self.note(f"batch rule: {self.preset['batch_rule']['reason']}")
+
+        self.steps_done = 0
+        self.losses: list[float] = []
+        self.step_times: list[float] = []
+        self.tokens_per_step = 0
+        self.flops_per_token = None
+        self.cfg, self.batch_size = None, None
+        self._t_last = None
+        self._t_print = 0.0
+        self._window_note = None
+        self._load = load.Meter()  # other processes' CPU use over the timed window
+        self._busy: dict | None = None  # load.Meter.stop(), at the window's end
+        self._memory = dev.PeakWindow(self.device)  # the timed steps' peak, pauses left out
+        self._written = False
+        self.memory_prediction: dict = {}  # memory_model.announce, before the first step
+        self._window_peak = None  # (reserved, allocated) at the window's end, when work follows
+        self.profiler = profile.from_args(args, self)  # --profile/--trace, else None
+        on_failure.register(self.write_failure)  # from here on, a failure can be recorded
+
+    # ------------------------------------------------------------ helpers for the step
+    def print(self, *a, **k) -> None:
+        if self.is_rank0:
+            print(*a, **k, flush=True)
+
+    def note(self, text: str) -> None:
+        """A remark for the record, e.g. why an optimization does nothing on this device."""
+        if text not in self.notes:
+            self.notes.append(text)
+            self.print(f"[{self.step}] note: {text}")
+            if text.startswith(LIGER_RAN) and triton_interpreted():  # said where it is seen
+                self.note(LIGER_INTERPRETED)
+
+    def inactive(self, step: str, reason: str | None, acted: str | None = None) -> None:
+        """Step `step`'s optimization does nothing in this run, and why: TF32 or pinned memory
+        on a CPU, bf16 where it is not native, Liger's fallback, compile disabled, DDP in a
+        world of one. Every such note is kept (`step NN: reason`); when `step` is this run's
+        own, the record says `step_active: false` and `inactive_reason`, so that a no-op is
+        never read as a gain. A reason of None (the step acts here) records nothing, or the
+        note `step NN: acted` where `acted` says what ran, so that a step asks in one line:
+        `run.inactive("02", speed_ladder.tf32_unavailable(device))`. Asked again, it adds
+        nothing."""
+        if reason is None:
+            if acted is not None:
+                self.note(f"step {step}: {acted}")
+            return
+        self.note(f"step {step}: {reason}")
+        if step == self.step and self.inactive_reason is None:
+            self.inactive_reason = reason
+
+    def model_overrides(self) -> dict:
+        """The preset's model settings (speed_ladder/presets.py), which replace GPT-2 124M's in a
+        step's GPT_CONFIG: `GPT_CONFIG = {...124M...} | run.model_overrides()`."""
+        return {k: self.preset[k] for k in MODEL_KEYS}
+
+    def tokenizer(self):
+        return gpt2_tokenizer()
+
+    def load_tokens(self, context_length: int, batch_size: int):
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return load_split(self.args.data, context_length, batch_size, world)
+
+    def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
+        """Count FLOPs per token and start the clock (call right before the training loop)."""
+        self.cfg, self.batch_size = cfg, batch_size
+        from speed_ladder.measure.memory_model import announce  # lazy: python -m
+        # speed_ladder.measure.memory_model
+        # runs it
+
+        self.memory_prediction = announce(self, model)
+        emb = {
+            id(p)
+            for m in model.modules()
+            if isinstance(m, torch.nn.Embedding)
+            for p in m.parameters()
+        }
+        n = sum(p.numel() for p in model.parameters() if id(p) not in emb)
+        L, H, T = cfg["n_layers"], cfg["n_heads"], cfg["context_length"]
+        Q = cfg["emb_dim"] // H
+        self.flops_per_token = 6 * n + 12 * L * H * Q * T
+        self.peak, self.peak_source = dev.peak_flops(self.device)  # cached after the first run
+        if self.profiler is not None:
+            self.profiler.attach(model)
+        self._profile_or_window()
+        self._t_last = self._now()
+
+    @property
+    def finished(self) -> bool:
+        m = self.preset["max_steps"]
+        more = self.profiler is not None and self.profiler.wants_more  # profiled steps to come
+        return m is not None and self.steps_done >= m and not more
+
+    def eval_due(self) -> bool:
+        f = self.preset["eval_freq"]
+        return bool(f) and self.steps_done % f == 0
+
+    def sample_due(self) -> bool:
+        """Epoch-end samples belong to tutorial runs; a measuring run (--max-steps or
+        --results given, as in the sweep) skips them: they take time and measure nothing."""
+        return self.args.max_steps is None and self.args.results is None
+
+    @contextmanager
+    def paused(self):
+        """Evaluation, sampling and printing inside this block are not timed, and the memory
+        they take is not in the recorded peak (device.PeakWindow)."""
+        dev.synchronize(self.device)
+        self._memory.pause()
+        try:
+            with profile.excluded(self.profiler):  # nor profiled
+                yield
+        finally:
+            dev.synchronize(self.device)
+            self._memory.resume()
+            self._t_last = self._now()
+
+    # ------------------------------------------------------------ timing
+    def _now(self) -> float:
+        dev.synchronize(self.device)
+        return time.perf_counter()
+
+    def _start_window(self) -> None:
+        dev.synchronize(self.device)
+        self._window_note = self._memory.start()
+        if self.is_rank0:
+            self._load.start()
+
+    def _stop_load(self) -> dict:
+        """Other processes' CPU use over the timed window (once: at the window's end)."""
+        if self._busy is None:
+            self._busy = self._load.stop()
+        return self._busy
+
+    def _end_window(self) -> None:
+        """The timed window's peak memory and other processes' load, read at its end, before
+        the profiled steps (whose profiler buffers raise a CPU process's RSS); finish()
+        reports them."""
+        dev.synchronize(self.device)
+        self._window_peak = self._memory.peak()
+        if self.is_rank0:
+            self._stop_load()
+
+    def _profile_or_window(self) -> bool:
+        """At a step boundary: start the profiled steps (see speed_ladder.measure.profile) or the
+        timed
+        window when they are due; True if either started."""
+        started = False
+        p = self.profiler
+        if p is not None and p.state == "waiting" and self.steps_done == p.starts_after:
+            if p.measuring:
+                self._end_window()
+            p.start(self.steps_done + 1)
+            started = True
+        delay = p.window_delay if p is not None else 0
+        if self.steps_done == self.preset["warmup_steps"] + delay:
+            self._start_window()
+            started = True
+        return started
+
+    def step_done(self, loss: torch.Tensor, tokens: int) -> None:
+        """Call after optimizer.step(): syncs, clocks the step, logs progress."""
+        now = self._now()
+        self._memory.step_end()
+        self.steps_done += 1
+        # a profiled step (speed_ladder.measure.profile) is never timed
+        profiled = self.profiler is not None and self.profiler.step_ended(self.steps_done)
+        self.losses.append(loss.item())
+        warm = self.steps_done <= self.preset["warmup_steps"]
+        if not warm and not profiled:
+            self.step_times.append(now - self._t_last)
+            self.tokens_per_step = tokens
+        if self._profile_or_window():
+            now = self._now()
+        self._t_last = now
+        if self.is_rank0 and (now - self._t_print > 2.0 or self.finished):
+            self._t_print = now
+            total = self.preset["max_steps"] or "?"
+            if self.step_times:
+                rate = f"{tokens * self._world() / statistics.median(self.step_times):,.0f} tok/s"
+            else:
+                rate = "warm-up"
+            print(
+                f"  step {self.steps_done:>5}/{total}  loss {self.losses[-1]:.3f}  {rate}",
+                flush=True,
+            )
+
+    def _world(self) -> int:
+        d = _dist()
+        return d.get_world_size() if d else 1
+
+    # ------------------------------------------------------------ the record
+    def _base_record(self, status: str) -> dict:
+        cuda = self.device.type == "cuda"
+        return {
+            "step": self.step,
+            "script": portable_path(self.script),
+            "status": status,
+            "device": self.device.type,
+            "device_name": dev.name(self.device),
+            "world_size": self._world(),
+            "preset": self.preset_name,
+            "batch_size": self.batch_size,
+            "context_length": (self.cfg or {}).get("context_length"),
+            "torch_version": torch.__version__,
+            "cuda_version": torch.version.cuda if cuda else None,
+            "git_sha": git_sha(ROOT),
+            "script_sha256": file_sha256(self.script),
+            "started_at": self.started_at,
+            "duration_s": round(time.time() - self.t_begin, 2),
+            "notes": self.notes,
+            "machine": machine.of_device(self.device),
+            "step_active": self.inactive_reason is None,
+            "inactive_reason": self.inactive_reason,
+            "interpreted": interpreted(self.notes),  # Liger through Triton's interpreter
+            "regime": parity.regime(self.device),  # fp32, tf32, bf16 (+ -compiled): parity.py
+            "compiles": parity.compiles(),  # torch.compile's graphs, frames, seconds; or None
+            "batch_rule": self.preset["batch_rule"],
+            "spec": self.spec.record(),  # the one configuration (speed_ladder.spec)
+            **self.memory_prediction,
+        }
+
+    def finish(self, train_loss: float | None, val_loss: float | None) -> dict:
+        """Reduce across ranks, print the summary and append the record (rank 0)."""
+        if self.profiler is not None:
+            self.profiler.close()  # a profile the data cut short keeps its whole steps
+        if not self.step_times:
+            but = ""
+            if self.profiler is not None and self.profiler.profiled:
+                but = f" ({self.profiler.profiled} profiled)"
+            raise UserError(
+                f"no timed steps: the run ended after {self.steps_done} steps, all warm-up{but}; "
+                "raise --max-steps/--epochs or lower --warmup-steps"
+            )
+        reserved, allocated = self._window_peak or self._memory.peak()
+        busy = self._stop_load() if self.is_rank0 else {}
+        if self._window_note:
+            self.note(self._window_note)
+        if load.busy_note(busy.get("other_load")):
+            self.note(load.busy_note(busy["other_load"]))
+        m = across_ranks(
+            Measured(
+                tokens=self.tokens_per_step,
+                step_time=statistics.median(self.step_times),
+                reserved=reserved,
+                allocated=allocated,
+                losses=list(self.losses),
+                train_loss=train_loss,
+                val_loss=val_loss,
+            ),
+            self.device,
+        )
+        tps = m.tokens / m.step_time
+        world = self._world()
+        mfu = None
+        if self.peak:
+            mfu = tps * self.flops_per_token / (self.peak * world)
+        self.note(f"MFU over {self.peak_source}")
+        mfu_invalid = None
+        why = mfu_problem(mfu)
+        if why is not None:  # never a number: e.g. a CPU peak measured on a busy machine
+            value = mfu if isinstance(mfu, (int, float)) and math.isfinite(mfu) else str(mfu)
+            mfu_invalid, mfu = {"value": value, "reason": why}, None
+            again = ""
+            if self.device.type != "cuda":
+                again = "; delete matmul_peak.json in the cache folder to measure it again"
+            self.note(f"{why}: MFU left empty{again}")
+        rec = self._base_record("ok")
+        rec.update(
+            tokens_per_sec=round(tps, 1),
+            step_time_ms=round(m.step_time * 1000, 3),
+            peak_mem_reserved_bytes=m.reserved,
+            peak_mem_allocated_bytes=m.allocated,
+            mfu=round(mfu, 5) if mfu is not None else None,
+            train_loss=m.train_loss,
+            val_loss=m.val_loss,
+            losses=m.losses,
+            timed_steps=len(self.step_times),
+            tokens_per_step=m.tokens,
+            flops_per_token=self.flops_per_token,
+            peak_mem_reserved_per_rank=m.reserved_per_rank,
+            **busy,
+        )
+        if mfu_invalid is not None:
+            rec["mfu_invalid"] = mfu_invalid
+        if self.profiler is not None:
+            rec.update(self.profiler.fields())  # time_breakdown, trace
+            # (speed_ladder.measure.profile)
+        rec = {k: rec[k] for k in FIELDS} | {k: v for k, v in rec.items() if k not in FIELDS}
+        gib = (m.reserved or 0) / 2**30
+        self.print(
+            f"[{self.step}] done: {tps:,.0f} tok/s ({world} x {self.batch_size} x "
+            f"{rec['context_length']} tokens / {m.step_time * 1000:.1f} ms median over "
+            f"{len(self.step_times)} timed steps)  peak mem {gib:.2f} GiB  "
+            f"MFU {'invalid' if mfu_invalid else '-' if mfu is None else f'{mfu:.1%}'}  train loss "
+            f"{'-' if m.train_loss is None else f'{m.train_loss:.3f}'}  val loss "
+            f"{'-' if m.val_loss is None else f'{m.val_loss:.3f}'}"
+        )
+        self._write(rec)
+        return rec
+
+    def _write(self, rec: dict) -> None:
+        if self.args.results and self.is_rank0 and not self._written:
+            self._written = True  # one try: a failure record would fail the same way
+            try:
+                append_jsonl(self.args.results, rec)
+            except OSError as e:  # a disk that filled up during the run: keep the record
+                print(json.dumps(rec), flush=True)
+                raise UserError(
+                    f"cannot write the record to {self.args.results}: {os_error_why(e)}; the "
+                    "record is printed on stdout above: append that line to the file by hand"
+                ) from None
+
+    def write_failure(self, status: str, reason: str) -> None:
+        try:
+            rec = self._base_record(status)
+            rec["reason"] = reason
+            self._write(rec)
+        except Exception as e:  # never hide the original error behind this one
+            print(f"(could not write the failure record: {e})", file=sys.stderr)

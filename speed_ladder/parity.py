@@ -1,0 +1,208 @@
+"""Loss parity: the numeric regime a run computed in, and whether a step's losses agree with the
+previous step's under the tolerance stated for it (tests/loss_parity.json).
+
+Every step of a sweep or of the tests trains with the same seed and data, so neighbours' first
+losses compare. How close they must be depends on what the step changes and on the numbers it
+computes with, its **regime**, which every record keeps (`regime`):
+
+- `fp32`: IEEE fp32 matmuls (a CPU; a GPU before step 02 or without TF32);
+- `tf32`: fp32 matmuls on TF32 tensor cores (CUDA, compute capability >= 8.0, step 02 on);
+- `bf16`: step 05's bf16 autocast is on (where bf16 is native, or forced by SPEED_LADDER_BF16);
+- any of them with `-compiled`: torch.compile generated the training graph (step 08 on).
+
+On a CPU (and MPS) a step's rule is `exact` (the same floats) or `close`; a close step's
+tolerance is the looser of the two runs' regimes' (`regimes` in the manifest), or its own
+`atol` where the step itself changes the numbers more (bf16 on, a new init, a larger batch).
+On CUDA every rule is close, with a tolerance per step (`cuda`): atomics make no rerun exact.
+
+The rules were measured on `tiny`, whose dropout is 0. A sweep on another preset is held to
+them too (`judge`: the summary's `parity` column), except where a step says its runs do not
+compare there: `dropout` (with dropout > 0 it draws other dropout masks: torch.compile's
+inductor has its own random stream) and `presets` (its own tolerance holds on those presets
+only: a larger batch sees other data, and how far its losses part depends on the preset).
+Such a pair is `not comparable`, with the reason, never `ok` or `off`.
+"""
+
+import json
+import math
+import sys
+from functools import cache
+
+from speed_ladder.files import ROOT
+
+MANIFEST = ROOT / "tests" / "loss_parity.json"
+
+
+def regime(device) -> str:
+    """The regime this process computed in (see the module docstring): `fp32`, `tf32`, `bf16`,
+    with `-compiled` when torch.compile compiled a graph here."""
+    import torch
+
+    from speed_ladder.measure.device import BF16_USED
+
+    if BF16_USED.get(device.type):
+        base = "bf16"
+    elif device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
+        major = torch.cuda.get_device_properties(device).major
+        base = "tf32" if major >= 8 else "fp32"
+    else:
+        base = "fp32"
+    compiled = ((compiles() or {}).get("graphs") or 0) > 0
+    return base + ("-compiled" if compiled else "")
+
+
+def compiles() -> dict | None:
+    """What torch.compile compiled in this process, from dynamo's own bookkeeping: `graphs` (FX
+    graphs: a recompile adds one), `frames` (Python frames traced and compiled, a recompile
+    counting again; dynamo's `frames` counter also counts frames it was handed and skipped) and
+    `seconds` (compile wall time, forward and backward graphs; an on-disk inductor cache hit
+    makes it short); a field this torch does not keep is None. None when no frame reached
+    dynamo (dynamo not even imported: an eager run)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None or not dynamo.counters["frames"]["total"]:
+        return None
+    try:  # private helpers (torch 2.13): absent or renamed in another torch
+        seconds = round(dynamo.calculate_time_spent()["total_wall_time"], 1)
+    except Exception:
+        seconds = None
+    frames = getattr(dynamo, "compilation_time_metrics", {}).get("_compile.compile_inner")
+    return {
+        "graphs": dynamo.counters["stats"]["unique_graphs"],
+        "frames": len(frames) if frames is not None else None,
+        "seconds": seconds,
+    }
+
+
+@cache
+def manifest() -> dict:
+    return json.loads(MANIFEST.read_text())
+
+
+def regime_atol(*regimes: str | None) -> float:
+    """The looser tolerance of these regimes' (CPU): two runs of one step that should compute
+    the same losses but in another order (1 vs 2 processes, DDP vs FSDP2)."""
+    table = manifest()["regimes"]
+    return max((table[g]["atol"] for g in regimes if g in table), default=table["fp32"]["atol"])
+
+
+def rule(step: str, prev_regime: str | None, cur_regime: str | None, device: str = "cpu"):
+    """{"rule": "exact"|"close", "atol": float|None, "why": str} for step `step` against the
+    previous step, each run in its regime (None: a record from before records said)."""
+    m = manifest()
+    if device == "cuda":
+        r = m["cuda"]["steps"][step]
+        return {"rule": "close", "atol": r["atol"], "why": r["why"]}
+    r = m["steps"][step]
+    if r["rule"] == "exact":
+        return {"rule": "exact", "atol": None, "why": r["why"]}
+    regimes = m["regimes"]
+    known = [g for g in (prev_regime, cur_regime) if g in regimes]
+    loosest = max(known, key=lambda g: regimes[g]["atol"], default="fp32")
+    atol, why = regimes[loosest]["atol"], f"{r['why']} ({loosest} regime)"
+    if r.get("atol", 0) > atol:
+        atol, why = r["atol"], r["why"]
+    return {"rule": "close", "atol": atol, "why": why}
+
+
+def compare(prev: list[float], cur: list[float], r: dict) -> tuple[bool, float]:
+    """(within the rule, the largest |difference|) over the steps both runs have."""
+    n = min(len(prev), len(cur))
+    if n == 0:
+        return False, float("nan")
+    worst = max(abs(a - b) for a, b in zip(prev[:n], cur[:n], strict=True))
+    if r["rule"] == "exact":
+        return list(prev[:n]) == list(cur[:n]), worst
+    return worst <= r["atol"], worst
+
+
+def drop_rate(preset) -> float | None:
+    """The preset's dropout (speed_ladder/presets.py); None for a preset this checkout lacks."""
+    from speed_ladder.presets import PRESETS
+
+    return (PRESETS.get(preset) or {}).get("drop_rate") if isinstance(preset, str) else None
+
+
+def not_comparable(step: str, prev_rec: dict, cur_rec: dict) -> str | None:
+    """Why step `step`'s rule does not apply to these two runs (see the module docstring), or
+    None when it does."""
+    r = manifest()["steps"].get(step) or {}
+    presets = {p for p in (prev_rec.get("preset"), cur_rec.get("preset")) if isinstance(p, str)}
+    only = r.get("presets")
+    if only and presets - set(only):
+        where = ", ".join(sorted(presets - set(only)))
+        return f"not comparable on preset {where}: {r.get('elsewhere') or 'see the manifest'}"
+    rates = [d for d in map(drop_rate, presets) if d]
+    if r.get("dropout") and rates:
+        return f"not comparable with dropout {max(rates):g}: {r['dropout']}"
+    return None
+
+
+OK, OFF, NOT_COMPARABLE = "ok", "off", "not comparable"
+
+
+def judge(step: str, prev_rec: dict, cur_rec: dict) -> tuple[str, float, str]:
+    """(`ok`, `off` or `not comparable`, the largest |loss difference|, a line saying how) for
+    step `step`'s run `cur_rec` against the previous step's `prev_rec`; `off` also when a run
+    has no losses (the difference is then NaN)."""
+    r = rule(step, prev_rec.get("regime"), cur_rec.get("regime"), cur_rec.get("device", "cpu"))
+    ok, worst = compare(prev_rec.get("losses") or [], cur_rec.get("losses") or [], r)
+    why = not_comparable(step, prev_rec, cur_rec)
+    if why:
+        return NOT_COMPARABLE, worst, f"max |loss difference| {worst:.2e}, {why}"
+    if r["rule"] == "exact":
+        bound = "exact" if ok else "not exact"
+    else:
+        bound = f"{'<=' if ok else '>'} {r['atol']:g}"
+    return (OK if ok else OFF), worst, f"max |loss difference| {worst:.2e} {bound} ({r['why']})"
+
+
+# ---------------------------------------------------------------- the summary's columns
+COLUMNS = ["parity", "parity_detail"]
+_SEVERITY = {OFF: 2, NOT_COMPARABLE: 1, OK: 0}
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else math.inf
+
+
+def pair_runs(step: str, prev_runs: list[dict], runs: list[dict]) -> tuple[str, str] | None:
+    """(`ok`/`off`/`not comparable`, the detail) of a step's runs against the previous step's:
+    round with round (gains.round_of), else the last run with the last; the worst round counts
+    (`off` over `not comparable` over `ok`, then the larger difference). None when no pair has
+    losses on both sides."""
+    from speed_ladder.gains import round_of
+
+    a = {round_of(r, i): r for i, r in enumerate(prev_runs)}
+    b = {round_of(r, i): r for i, r in enumerate(runs)}
+    common = sorted(set(a) & set(b))
+    pairs = [(k, a[k], b[k]) for k in common] or [(None, prev_runs[-1], runs[-1])]
+    judged = [(k, *judge(step, p, c)) for k, p, c in pairs if p.get("losses") and c.get("losses")]
+    if not judged:
+        return None
+    _, state, _, line = max(judged, key=lambda j: (_SEVERITY[j[1]], _finite(j[2])))
+    n = len(judged)
+    if n > 1:
+        bad = [str(j[0]) for j in judged if j[1] == state]
+        where = f"all {n} rounds" if len(bad) == n else f"round {', '.join(bad)} of {n}"
+        line += f"; {state} in {where}"
+    return state, line
+
+
+def add_columns(rows: list[dict], used: dict[str, list[dict]]) -> None:
+    """Each summary row's `parity` and `parity_detail` against the previous step with results
+    (the same previous step as its gain's, gains.add_effects); the first step's stay empty."""
+    prev = None
+    for row in rows:
+        runs = used.get(row["step"])
+        if not runs or row.get("status") != "ok":
+            continue
+        got = pair_runs(row["step"], used[prev], runs) if prev is not None else None
+        if got:
+            row["parity"], row["parity_detail"] = got
+        prev = row["step"]
+
+
+def check(step: str, prev_rec: dict, cur_rec: dict) -> tuple[bool, str]:
+    """Whether `cur_rec` (step `step`) keeps `prev_rec`'s losses (judge says `ok`), and how."""
+    state, _, line = judge(step, prev_rec, cur_rec)
+    return state == OK, line

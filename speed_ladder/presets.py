@@ -1,0 +1,140 @@
+"""Presets: model, optimizer and run-length settings shared by every step.
+
+`gpt2-124m` is the reference config of the published ladder (GPT-2 small, Radford et al. 2019;
+Raschka, LLMs-from-scratch ch05/10). `cpu` keeps GPT-2's shape of work on a 2-core CPU: the
+50257-way output layer is a third of the matmul FLOPs, not most of them (see `flop_split`).
+`tiny` is for tests: seconds per run, and dropout 0 so that the loss-parity tests compare
+deterministic numbers.
+
+`gpt2-medium`, `gpt2-large` and `gpt2-xl` are the rest of the GPT-2 family, for step 14 (FSDP2)
+and the memory model (`speed_ladder.measure.memory_model`): shapes from the GPT-2 paper (Radford et
+al. 2019,
+Table 2: 24 x 1024, 36 x 1280, 48 x 1600; the heads, 16/20/25, from OpenAI's released configs,
+64 channels each), context 1024. GPT-2 trained with 512 sequences of 1024 tokens per step and
+does not publish its learning rates ("manually tuned"); the rates here are the GPT-3 paper's
+for the same sizes (Brown et al. 2020, Table 2.1: 350M 3.0e-4, 760M 2.5e-4, 1.3B 2.0e-4, for
+0.5-1M-token batches), which Karpathy's llm.c GPT-2 reproductions follow. `batch_size` and
+`large_batch_size` are sequences per process, sized for one GPU; the paper's 512 would be
+large_batch_size x GPUs x gradient-accumulation steps (e.g. 16 x 8 x 4 for gpt2-medium; this
+ladder has no accumulation, so its global batch is large_batch_size x GPUs). Their run length is
+a measuring run: 30 steps, 10 of them warm-up.
+
+`check_name` is the one check of a preset's name. Which preset a run uses, with its flags
+and the batch rule that fits a smaller GPU applied, is speed_ladder/spec.py's (`resolve`).
+"""
+
+from speed_ladder.errors import UserError
+
+
+def _gpt2_family(emb_dim: int, n_heads: int, n_layers: int, lr: float, batch: int) -> dict:
+    """gpt2-medium, -large and -xl: the shape (width, heads, layers), the GPT-3 paper's learning
+    rate for that size and `batch` sequences per process, 4x from step 10 on; the rest shared:
+    context 1024, dropout 0.1, a 30-step measuring run (10 warm-up), no evaluation until the end."""
+    return {
+        "context_length": 1024,
+        "emb_dim": emb_dim,
+        "n_heads": n_heads,
+        "n_layers": n_layers,
+        "drop_rate": 0.1,
+        "qkv_bias": False,
+        "batch_size": batch,
+        "large_batch_size": 4 * batch,  # used from step 10 (larger batch) on
+        "lr": lr,
+        "weight_decay": 0.1,
+        "epochs": 1,
+        "max_steps": 30,
+        "warmup_steps": 10,
+        "eval_freq": 0,
+        "eval_iters": 5,
+        "sample_tokens": 50,
+    }
+
+
+PRESETS = {
+    "gpt2-124m": {
+        "context_length": 1024,
+        "emb_dim": 768,
+        "n_heads": 12,
+        "n_layers": 12,
+        "drop_rate": 0.1,
+        "qkv_bias": False,
+        "batch_size": 8,
+        "large_batch_size": 32,  # used from step 10 (larger batch) on
+        "lr": 5e-4,
+        "weight_decay": 0.1,
+        "epochs": 15,
+        "max_steps": None,
+        "warmup_steps": 10,
+        "eval_freq": 50,
+        "eval_iters": 5,
+        "sample_tokens": 50,
+    },
+    # GPT-2 345M (355M as counted by HF), 762M (774M), 1542M (1.5B); lr: GPT-3 Medium, Large, XL
+    "gpt2-medium": _gpt2_family(1024, 16, 24, lr=3e-4, batch=4),
+    "gpt2-large": _gpt2_family(1280, 20, 36, lr=2.5e-4, batch=2),
+    "gpt2-xl": _gpt2_family(1600, 25, 48, lr=2e-4, batch=1),
+    "cpu": {
+        "context_length": 256,
+        "emb_dim": 384,
+        "n_heads": 6,
+        "n_layers": 12,
+        "drop_rate": 0.1,
+        "qkv_bias": False,
+        "batch_size": 2,
+        "large_batch_size": 4,  # 2x, not 4x: keeps step 10's run near 30 s on 2 cores
+        "lr": 5e-4,
+        "weight_decay": 0.1,
+        "epochs": 1,
+        "max_steps": 10,
+        "warmup_steps": 2,
+        "eval_freq": 0,  # evaluate at the end only
+        "eval_iters": 2,
+        "sample_tokens": 20,
+    },
+    "tiny": {
+        "context_length": 32,
+        "emb_dim": 64,
+        "n_heads": 4,
+        "n_layers": 2,
+        "drop_rate": 0.0,
+        "qkv_bias": False,
+        "batch_size": 4,
+        "large_batch_size": 8,
+        "lr": 5e-4,
+        "weight_decay": 0.1,
+        "epochs": 1,
+        "max_steps": 20,
+        "warmup_steps": 2,
+        "eval_freq": 0,
+        "eval_iters": 1,
+        "sample_tokens": 5,
+    },
+}
+
+GPT2_VOCAB = 50257
+
+# How long `python -m speed_ladder run` runs each step, per preset: warm-up steps, then timed steps
+# (a step run by hand keeps its preset's own length: 15 epochs of gpt2-124m). PROVISIONAL: 10
+# warm-up steps cover the allocator, cuDNN/cuBLAS plans and torch.compile's first graphs, and 50
+# timed steps give the median 50 samples (a few tens of seconds per step on one GPU); to be
+# confirmed by a GPU sweep that the median is stable. A preset not named here (cpu, tiny) is
+# measured over its own max_steps / warmup_steps; --max-steps / --warmup-steps override both.
+SWEEP_LENGTH = {
+    "gpt2-124m": {"warmup_steps": 10, "timed_steps": 50},
+    "gpt2-medium": {"warmup_steps": 10, "timed_steps": 50},
+    "gpt2-large": {"warmup_steps": 10, "timed_steps": 50},
+    "gpt2-xl": {"warmup_steps": 10, "timed_steps": 50},
+}
+
+
+def flop_split(p: dict, vocab: int = GPT2_VOCAB) -> float:
+    """Share of the output layer in the matmul parameters (GPT-2 124M: 0.31)."""
+    body = 12 * p["emb_dim"] ** 2 * p["n_layers"]
+    head = p["emb_dim"] * vocab
+    return head / (body + head)
+
+
+def check_name(name: str | None) -> None:
+    """An unknown --preset is a UserError naming the presets (None: the device's default)."""
+    if name is not None and name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")

@@ -1,0 +1,123 @@
+"""Results records: one JSON line per run, appended and fsynced so no finished run is lost."""
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+FIELDS = [
+    "step",
+    "script",
+    "status",
+    "device",
+    "device_name",
+    "world_size",
+    "preset",
+    "batch_size",
+    "context_length",
+    "tokens_per_sec",
+    "step_time_ms",
+    "peak_mem_reserved_bytes",
+    "peak_mem_allocated_bytes",
+    "mfu",
+    "train_loss",
+    "val_loss",
+    "losses",
+    "torch_version",
+    "cuda_version",
+    "git_sha",
+    "script_sha256",
+    "started_at",
+    "duration_s",
+    "notes",
+    "step_active",  # false: this step's own optimization did nothing here (see inactive_reason)
+    "inactive_reason",
+    "interpreted",  # true: Triton's interpreter ran step 12's kernel on a CPU: numerics only
+    "regime",  # the numbers it computed with: fp32, tf32, bf16, +compiled (speed_ladder.parity)
+    "compiles",  # torch.compile: {graphs, frames, seconds}, null when eager (speed_ladder.parity)
+    "batch_rule",  # null, or how the batch was lowered to fit this GPU (spec.fit_batch)
+]
+
+
+def append_jsonl(path: str | Path, record: dict) -> None:
+    """Append one line and fsync it: a crash or kill -9 after this returns loses nothing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, sort_keys=False) + "\n"
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.filename is None:  # a failed write names no file: name it
+            e.filename = str(path)
+        raise
+
+
+def jsonl_lines(path: str | Path):
+    """(line number, value or None, raw bytes) per non-blank line; a line that is not UTF-8 or
+    not JSON has the value None. Missing file: nothing."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        line = raw.removeprefix(b"\xef\xbb\xbf") if n == 1 else raw  # a BOM (Windows editors)
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line.decode("utf-8")), raw
+        except ValueError:  # UnicodeDecodeError is one too
+            yield n, None, raw
+
+
+def read_jsonl(path: str | Path) -> list:
+    """Records of a file; a torn or unreadable line (killed mid-write) is skipped, not fatal."""
+    return [v for _, v, _ in jsonl_lines(path) if v is not None]
+
+
+def mfu_problem(value) -> str | None:
+    """Why an MFU cannot be right, or None when it can: a fraction in (0, 1]. Above 1 the peak
+    it was taken over is too low (a CPU peak measured on a busy machine, a wrong cache). The
+    reason never repeats the absurd number (the record keeps it in `mfu_invalid.value`)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return "MFU is not a number"
+    if value <= 0:
+        return "MFU is not above 0: the peak FLOP/s or the throughput it comes from is wrong"
+    if value > 1:
+        return "MFU above 100%: the peak FLOP/s it divides by is too low"
+    return None
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def git_sha(where: Path) -> str | None:
+    """HEAD of the checkout, with '-dirty' when tracked files differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--verify", "-q", "HEAD"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        sha = head.stdout.strip()
+        if head.returncode != 0 or not sha:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        return sha + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None

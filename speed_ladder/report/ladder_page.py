@@ -1,0 +1,204 @@
+"""The ladder page (`LADDER.md`, written by plot_results.py beside the README): for every step, the
+change (the lines its golden diff adds with a `# step NN` tag), why it helps (its docstring's
+first paragraph after the title), what it costs (a docstring paragraph starting `Costs:`, else
+one starting `The cost`), and its measured effect on every results tag (its gain over the
+previous step with the interval and verdict, the same for peak memory, its loss parity with the
+previous step: summary `parity`, ok with the largest difference and its bound, **off** with the
+detail, n/c where the rule does not hold on that preset; "inactive here" with the reason), then
+the published reference figure, in its own labelled line. Generated from the step
+files, tests/golden/NN.diff and results/<tag>/summary.csv; edits are overwritten."""
+
+import ast
+import os
+from pathlib import Path
+
+from speed_ladder.errors import UserError, warn
+from speed_ladder.files import ROOT, atomic_write_bytes
+from speed_ladder.ladder import Step, discover, tag_processes
+from speed_ladder.report.charts import read_reference
+from speed_ladder.report.rows import (
+    busy_text,
+    effect_text,
+    inactive,
+    number,
+    parity_text,
+    percent_text,
+)
+from speed_ladder.report.summary import read_summary
+
+PAGE = "LADDER.md"
+GOLDEN = ROOT / "tests" / "golden"
+MAX_LINES = 10
+MEASUREMENT = "docs/measurement.md"  # how the numbers are taken, linked from the page's head
+
+
+def _rel(path: Path, base: Path) -> str:
+    return Path(os.path.relpath(path, base)).as_posix()
+
+
+def paragraphs(step: Step) -> list[str]:
+    """The step's docstring in paragraphs (lines joined), the title line first."""
+    try:
+        doc = ast.get_docstring(ast.parse(step.path.read_text(encoding="utf-8"))) or ""
+    except (OSError, SyntaxError, ValueError):
+        return []
+    return [" ".join(p.split()) for p in doc.split("\n\n") if p.strip()]
+
+
+def why(paras: list[str]) -> str | None:
+    """The first paragraph after the title that is not the `Run ...` usage block."""
+    for p in paras[1:]:
+        if not p.startswith(("Run ", "Run(", "Costs:")):
+            return p
+    return None
+
+
+def costs(paras: list[str]) -> str | None:
+    """A `Costs:` paragraph; else the part of a paragraph from `The cost` on; else None."""
+    for p in paras:
+        if p.startswith("Costs:"):
+            return p.removeprefix("Costs:").strip()
+    for p in paras:
+        i = p.find("The cost")
+        if i >= 0:
+            return p[i:]
+    return None
+
+
+def change(step: Step, golden: Path = GOLDEN) -> list[str]:
+    """The `+` lines step NN's golden diff adds with a `# step NN` tag (a tagged comment brings
+    the lines that follow it)."""
+    try:
+        lines = (golden / f"{step.num}.diff").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    tag, out, follow = f"# step {step.num}", [], 0
+    for ln in lines:
+        added = ln.startswith("+") and not ln.startswith("+++")
+        if added and tag in ln:
+            out.append(ln)
+            follow = 3 if ln[1:].strip().startswith("#") else 0
+        elif added and follow and ln[1:].strip():
+            out.append(ln)
+            follow -= 1
+        else:
+            follow = 0
+    return out
+
+
+def _measured_row(tag_dir: Path, row: dict) -> str:
+    ok = row.get("status") == "ok"
+    tps = number(row.get("tokens_per_sec_median"))
+    cells = [
+        f"`{tag_dir.name}`",
+        f"{tps:,.0f}" if ok and tps is not None else "–",
+        effect_text(row),
+        effect_text(row, "mem_vs_prev", "mem_verdict"),
+        parity_text(row),
+    ]
+    if tag_processes(tag_dir.name) > 1 and ok:
+        eff = "scaling efficiency " + percent_text(row.get("scaling_efficiency"),
+                                                   row.get("scaling_efficiency_lo"),
+                                                   row.get("scaling_efficiency_hi"))  # fmt: skip
+        cells[2] = eff if cells[2] == "–" else f"{cells[2]}; {eff}"
+    status = row.get("status") or "not run"
+    if not ok and row.get("reason"):
+        status += ": " + str(row["reason"])[:80]
+    for mark in (inactive(row) if ok else None, busy_text(row)):
+        if mark:
+            status += f"; {mark}"
+    cells.append(status)
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def _measured(step: Step, summaries: list) -> list[str]:
+    rows = []
+    for tag_dir, df in summaries:
+        for r in df.to_dict("records"):
+            if r["step"] == step.num and (r.get("status") or "not run") != "not run":
+                rows.append(_measured_row(tag_dir, r))
+    if not rows:
+        return ["Not measured yet in any results tag."]
+    head = ["| tag | tok/s | vs previous step | peak memory vs previous | loss parity | status |",
+            "|---|--:|---|---|---|---|"]  # fmt: skip
+    return head + rows
+
+
+def _reference(step: Step, ref) -> list[str]:
+    if ref is None:
+        return []
+    match = ref[ref["step"] == step.num]
+    if not len(match):
+        return []
+    r = match.iloc[0]
+    base = ref[ref["step"] == "00"]
+    speed = ""
+    if len(base):
+        speed = f" ({float(r['tokens_per_sec']) / float(base['tokens_per_sec'].iloc[0]):.2f}x " \
+                "its step 00)"  # fmt: skip
+    return [
+        f"*Published reference, not measured here* (Raschka, {r['hardware']}): "
+        f"{float(r['tokens_per_sec']):,.0f} tok/s{speed}, {float(r['reserved_memory_gb']):.1f} "
+        f"GB reserved ({r['optimization']}).",
+        "",
+    ]
+
+
+def _section(step: Step, summaries, ref, base: Path) -> list[str]:
+    paras = paragraphs(step)
+    out = [f"## {step.num} · {step.title}", ""]
+    where = f"[`{step.rel}`]({Path(os.path.relpath(step.path, base)).as_posix()})"
+    diff = GOLDEN / f"{step.num}.diff"
+    if diff.is_file():
+        where += f" · [diff against the previous step]({os.path.relpath(diff, base)})"
+    out += [where, ""]
+    lines = change(step)
+    if lines:
+        more = len(lines) - MAX_LINES
+        out += [f"**The change** (lines tagged `# step {step.num}`):", "", "```diff",
+                *lines[:MAX_LINES], *([f"  ... {more} more in the diff"] if more > 0 else []),
+                "```", ""]  # fmt: skip
+    head = "**What it is.**" if step.num == "00" else "**Why it helps.**"
+    out += [f"{head} {why(paras) or 'Not stated in the step docstring.'}", ""]
+    cost = costs(paras)
+    if cost or step.num != "00":
+        out += [f"**What it costs.** {cost or 'Not stated in the step docstring yet.'}", ""]
+    out += ["**Measured effect.**", "", *_measured(step, summaries), ""]
+    return out + _reference(step, ref)
+
+
+def page_markdown(tag_dirs, base: Path, root: Path = ROOT) -> str:
+    """The whole page: a section per step of the ladder in `root`."""
+    summaries = []
+    for t in tag_dirs:
+        try:
+            summaries.append((Path(t), read_summary(t)))
+        except UserError as e:
+            warn(f"{e}; left out of {PAGE}")
+    ref = read_reference()
+    out = [
+        "# The ladder, step by step",
+        "",
+        "<!-- generated by plot_results.py from the step files, tests/golden/ and "
+        "results/<tag>/summary.csv; edits here are overwritten -->",
+        "",
+        "Every step is the previous file plus one idea. For each: the lines it adds, why it "
+        "should help, what it costs, and what it did on each machine measured here: its gain "
+        "over the previous step (median of the per-round ratios, [min-max] over the rounds) "
+        "and a verdict, *no change* when the interval holds 1.00x or the change is under the "
+        "noise floor or 1%. *Inactive here* marks a step that changes nothing on that device. "
+        "*Loss parity*: its per-step training losses against the previous step's (same seed, "
+        "same data), under `tests/loss_parity.json`'s rule (`speed_ladder/parity.py`); *n/c*: the "
+        "rule does not hold on that preset (say, dropout masks drawn otherwise). "
+        f"How the numbers are taken: [docs/measurement.md]({_rel(ROOT / MEASUREMENT, base)}).",
+        "",
+    ]
+    for step in discover(root):
+        out += _section(step, summaries, ref, base)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_page(path: Path, tag_dirs) -> Path:
+    path = Path(path)
+    atomic_write_bytes(path, page_markdown(tag_dirs, path.resolve().parent).encode("utf-8"))
+    return path

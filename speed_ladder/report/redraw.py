@@ -1,0 +1,192 @@
+"""Charts and the README results table from the sweep's summaries (`python plot_results.py`),
+and whether a results tag is complete.
+
+    python plot_results.py                     # every results/<tag>/ with a summary.csv
+    python plot_results.py results/cpu-8c      # just these
+    python plot_results.py --no-readme         # charts only
+    python plot_results.py --rebuild           # summaries again from runs.jsonl first
+
+Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00, min-max error
+bars), peak_memory.png (peak reserved GiB), mfu.png (MFU %), gain_vs_prev.png (each step's
+own effect over the previous step, with its interval and verdict) and, when some step was
+profiled (--profile), time_breakdown.png (where each step's time goes); a failed step is a
+"failed (oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here".
+With several tags, results/comparison.png gives every tag's speedup over its own step 00 per
+step beside the reference's (charts.py), so that ladders of different hardware compare. The
+published single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
+results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
+panel, labelled as such: they are not this project's measurements. The README's table between
+`<!-- results:begin -->` and `<!-- results:end -->` is regenerated from the same summaries, and
+LADDER.md beside it (ladder_page.py: each step's change, why, cost and measured effect).
+Headless: matplotlib's Agg backend, no display needed.
+"""
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from speed_ladder import ladder, outputs
+from speed_ladder.errors import (
+    UserError,
+    broken_pipe,
+    flush_stdout,
+    is_environment_os_error,
+    os_error_line,
+    warn,
+)
+from speed_ladder.files import ROOT
+from speed_ladder.report.charts import CHARTS, plot_comparison, plot_tag
+from speed_ladder.report.gain_chart import GAIN_CHART, plot_gains
+from speed_ladder.report.ladder_page import PAGE, write_page
+from speed_ladder.report.readme import update_readme
+from speed_ladder.report.summary import SUMMARY, find_tags, read_summary, rebuild, write_summary
+from speed_ladder.report.time_chart import plot_time_breakdown
+from speed_ladder.store import RUNS
+
+TAG_CHARTS = (*CHARTS, GAIN_CHART)
+
+
+def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
+    """Each tag's four charts (and its time breakdown when profiled), and
+    results/comparison.png of `all_tags` (default: these) when there are several; returns the
+    files written."""
+    tag_dirs = [Path(t) for t in tag_dirs]
+    all_tags = tag_dirs if all_tags is None else list(all_tags)
+    written = [
+        path for t in tag_dirs for path in [*plot_tag(t), plot_gains(t), *plot_time_breakdown(t)]
+    ]
+    readable = []
+    for t in all_tags:  # another tag's broken summary costs the comparison that tag only
+        try:
+            read_summary(t)
+            readable.append(t)
+        except UserError as e:
+            warn(f"{e}; left out of the comparison chart")
+    if len(readable) > 1:
+        written.append(plot_comparison(readable))
+    return written
+
+
+def expected_steps(tag_dir: Path, root: Path = ROOT) -> list[str]:
+    """The step numbers a tag should hold (see `ladder.expected_steps`)."""
+    steps = ladder.expected_steps(ladder.discover(root), Path(tag_dir).name)
+    return [s.num for s in steps]
+
+
+def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
+    """What a tag lacks: a summary row (with a result, ok or failed) per ladder step, and the
+    four charts. An empty list means complete."""
+    tag_dir = Path(tag_dir)
+    steps = expected_steps(tag_dir) if steps is None else steps
+    problems = []
+    if not (tag_dir / SUMMARY).is_file():
+        return [f"{tag_dir}: no {SUMMARY}"]
+    df = read_summary(tag_dir)
+    status = dict(zip(df["step"], df["status"], strict=True))
+    for s in steps:
+        if s not in status:
+            problems.append(f"{tag_dir.name}: step {s} has no row in {SUMMARY}")
+        elif status[s] in (None, "not run"):
+            problems.append(f"{tag_dir.name}: step {s} was not run")
+    for png in TAG_CHARTS:
+        if not (tag_dir / png).is_file():
+            problems.append(f"{tag_dir.name}: {png} is missing")
+    return problems
+
+
+def rebuild_summaries(tags) -> None:
+    """Each tag's summary.csv again from its runs.jsonl (1-process tags first: the N-process
+    tags' scaling efficiency is over their runs)."""
+    steps = ladder.discover(ROOT)
+    single = {}
+    for t in sorted(tags, key=lambda t: ladder.tag_processes(Path(t).name)):
+        t = Path(t)
+        if not (t / RUNS).is_file():
+            continue
+        n = ladder.tag_processes(t.name)
+        base = re.sub(r"-x\d+$", "", t.name)
+        df, used = rebuild(t, ladder.expected_steps(steps, t.name), single.get(base), n)
+        if n == 1:
+            single[base] = used
+        write_summary(t, df)
+        print(f"rebuilt {t / SUMMARY} from {t / RUNS}")
+
+
+def main(argv=None) -> int:
+    """plot_results.py: a bad summary, a full or read-only disk, Ctrl-C or a closed stdout is
+    one `error:` line and a non-zero exit; the charts already written stay whole."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            flush_stdout()  # a closed pipe is caught here, not at exit
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; the charts written so far are complete", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `python plot_results.py | head -1`
+        broken_pipe()
+    except OSError as e:
+        if not is_environment_os_error(e):
+            raise
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="plot_results.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "tags",
+        nargs="*",
+        metavar="results/<tag>",
+        help="tag folders to draw (default: every results/*/ with a summary.csv); the README "
+        "table lists these",
+    )
+    p.add_argument(
+        "--no-readme",
+        action="store_true",
+        help=f"do not touch the README (nor {PAGE}, the ladder page written beside it)",
+    )
+    p.add_argument(
+        "--readme", default=str(ROOT / "README.md"), metavar="PATH", help="(default: README.md)"
+    )
+    p.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="first rewrite each tag's summary.csv from its runs.jsonl (e.g. after the "
+        "summary's columns changed); a tag without runs.jsonl keeps its summary",
+    )
+    args = p.parse_args(argv)
+    if args.tags:
+        tags = [Path(t) for t in args.tags]
+        bad = [t for t in tags if not (t / SUMMARY).is_file()]
+        if bad:
+            print(f"error: {bad[0]}: no {SUMMARY} there", file=sys.stderr)
+            return 2
+    else:
+        tags = find_tags()
+        if not tags:
+            print("no results/*/summary.csv yet: run `python -m speed_ladder run` first")
+            return 0
+    if args.rebuild:
+        rebuild_summaries(tags)
+    for t in tags:  # every summary readable, every output writable, before anything is drawn
+        read_summary(t)
+        outputs.check_dir(t, "results folder")
+    if not args.no_readme and Path(args.readme).exists():  # a missing README is only a warning
+        outputs.check_file(args.readme, "--readme")
+        outputs.check_file(Path(args.readme).parent / PAGE, "the ladder page")
+    for path in draw_charts(tags):
+        print(f"wrote {path}")
+    if not args.no_readme and update_readme(Path(args.readme), tags):
+        print(f"updated the results table in {args.readme}")
+        page = write_page(Path(args.readme).parent / PAGE, tags)
+        print(f"wrote {page}")
+    return 0

@@ -1,0 +1,222 @@
+"""`RunSpec`: one run's settings, resolved once, by `resolve`, from the flags, the preset, the
+device (its type, a CUDA GPU's memory, native bf16) and the batch rule. The sweep resolves it
+before it plans (preflight.py: the run length, the memory each run needs) and the step's `Run`
+resolves it with the same function from the same flags on the same device, so the run the
+sweep predicts is the run the step does; the record keeps it (`spec`).
+
+- **The preset** (`preset_name`): --preset, else gpt2-124m on CUDA and cpu elsewhere; --epochs,
+  --max-steps, --warmup-steps and --batch-size override its settings.
+- **The batch rule** (`fit_batch`): on a CUDA GPU that cannot hold every step of the ladder at
+  the preset's batch (gpt2-124m's fp32 steps 00-04 at batch 8 reserve about 26 GB: a 24 GB RTX
+  3090/4090, L4 or A10 runs out of memory at step 00), the default halves `batch_size` and
+  `large_batch_size` together until the heaviest step fits, by speed_ladder.measure.memory_model's
+  prediction for this GPU's memory, with a margin. Every step makes the same choice on the same
+  GPU, so the ladder's speedups compare, and step 10 keeps its 4x. `--batch-size` turns it off.
+- **bf16** (`RunSpec.bf16`): step 05's rule where it is known without measuring: forced by
+  $SPEED_LADDER_BF16, or a CUDA GPU's native bf16; None on a CPU or MPS, where the step
+  measures it (device.bf16_is_fast, cached) and memory_model.act_bytes_of asks the same.
+
+speed_ladder.measure.memory_model is imported where it is used: speed_ladder/__init__.py imports
+this module
+(through run.py), and `python -m speed_ladder.measure.memory_model` must find that module not yet
+imported.
+"""
+
+from dataclasses import dataclass
+
+from speed_ladder.errors import UserError
+from speed_ladder.files import data_id
+from speed_ladder.presets import GPT2_VOCAB, PRESETS
+
+# speed_ladder.measure.memory_model leaves out backward's transient tensors: on the one published
+# fp32 peak,
+# step 00 at batch 8 (26.26 GB reserved on an A100, results/reference), it predicts 21.8 GB:
+# x1.20. The rule adds 25% to every prediction, then the CUDA context (memory_model's 1 GiB).
+FIT_MARGIN = 1.25
+LADDER_STEPS = [f"{i:02d}" for i in range(15)]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run's settings (see the module doc). `settings` is the preset's dict with the flags
+    and the batch rule applied (what `Run.preset` is, `batch_rule` included)."""
+
+    preset: str  # the preset's name
+    why: str  # "--preset" or "default for <device>"
+    device: str  # the device type: cuda, cpu, mps
+    settings: dict
+    batch_rule: dict | None  # how the batch was lowered to fit this GPU, or None
+    gpu_bytes: int | None  # CUDA: one GPU's memory (the batch rule's input)
+    bf16: bool | None  # step 05's autocast where known without measuring (None: measured)
+    seed: int | None
+    data: str | None  # the text by name and sha256 (files.data_id); None: the default
+    batch_size_override: int | None  # --batch-size
+
+    def batch(self, step: str) -> int:
+        """Sequences per step and process of a ladder step: the large batch from step 10 on."""
+        return self.settings["large_batch_size" if step >= "10" else "batch_size"]
+
+    def record(self) -> dict:
+        """The record's `spec` (its one configuration; the batch rule is its own field)."""
+        keys = ("max_steps", "epochs", "warmup_steps", "batch_size", "large_batch_size")
+        return {"preset": self.preset, "device": self.device,
+                **{k: self.settings[k] for k in keys}, "seed": self.seed,
+                "batch_size_override": self.batch_size_override, "data": self.data,
+                "bf16": self.bf16, "gpu_bytes": self.gpu_bytes}  # fmt: skip
+
+
+KEY_FIELDS = ("device", "preset", "max_steps", "warmup_steps", "data", "seed")
+
+
+def sweep_config(spec: RunSpec, nproc: int) -> dict:
+    """What a sweep's run is matched by (`sweep.config` in its record: the up-to-date check, the
+    summary's rounds): the RunSpec's identifying fields and the processes. --profile and
+    --trace are not among them (speed_ladder.measure.profile), nor the batch: the same GPU resolves
+    the same."""
+    out = {
+        "device": spec.device,
+        "preset": spec.preset,
+        "max_steps": spec.settings["max_steps"],
+        "warmup_steps": spec.settings["warmup_steps"],
+        "data": spec.data,
+        "seed": spec.seed,
+    }
+    return dict(out, nproc=nproc)  # fmt: skip
+
+
+def resolved_config(config, machine) -> dict:
+    """A record's `sweep.config` as `sweep_config` makes it. Records from before the RunSpec
+    hold the flags the sweep passed (`preset: null` for the default, `device: auto`, `max_steps:
+    null` for the preset's): resolved here as the step resolved them, the device from the
+    record's fingerprint (`machine`: a GPU's has `gpus`, a CPU's `cpu`); one that does not say
+    (or a configuration of another shape) is returned as it is. Resolving twice changes
+    nothing."""
+    if not isinstance(config, dict):
+        return config
+    device = config.get("device")
+    if device == "auto" and isinstance(machine, dict):
+        device = "cuda" if "gpus" in machine else "cpu" if "cpu" in machine else None
+    if device not in ("cpu", "cuda", "mps"):
+        return config
+    name = preset_name(config.get("preset"), device)[0]
+    if name not in PRESETS:
+        return config
+    out = dict(config, device=device, preset=name)
+    for key in ("max_steps", "warmup_steps"):
+        if out.get(key) is None:
+            out[key] = PRESETS[name][key]
+    return out
+
+
+def config_of(rec: dict) -> dict | None:
+    """The configuration a sweep's record is matched by: its `sweep.config`, resolved."""
+    sw = rec.get("sweep") or {}
+    return resolved_config(sw.get("config"), sw.get("machine"))
+
+
+def preset_name(flag: str | None, device_type: str) -> tuple[str, str]:
+    """(name, why) of a run's preset: --preset, else gpt2-124m on CUDA and cpu elsewhere."""
+    if flag is not None:
+        return flag, "--preset"
+    return ("gpt2-124m" if device_type == "cuda" else "cpu"), f"default for {device_type}"
+
+
+def bf16_known(device_type: str, native: bool | None) -> bool | None:
+    """Step 05's answer where it needs no measuring: $SPEED_LADDER_BF16, else a CUDA GPU's
+    native bf16 (`native`); None on a CPU or MPS (device.bf16_is_fast measures it)."""
+    from speed_ladder.measure.device import bf16_forced
+
+    forced = bf16_forced()
+    if forced is not None:
+        return forced
+    return bool(native) if device_type == "cuda" and native is not None else None
+
+
+def resolve(values: dict, device_type: str, gpu: tuple[int, bool] | None = None) -> RunSpec:
+    """The RunSpec of a run with these flag values (a step's args as a dict, or the sweep's
+    measuring values) on a device of `device_type`; gpu: (total memory in bytes, native bf16)
+    of a CUDA device, for the batch rule and bf16. The batch rule applies where --batch-size
+    is not given."""
+    name, why = preset_name(values.get("preset"), device_type)
+    p = dict(PRESETS[name])
+    for key in ("epochs", "max_steps", "warmup_steps"):
+        if values.get(key) is not None:
+            p[key] = values[key]
+    p["batch_rule"] = None
+    override = values.get("batch_size")
+    if override is not None:
+        p["batch_size"] = p["large_batch_size"] = override
+    elif device_type == "cuda" and gpu is not None:
+        p["batch_rule"] = fit_batch(name, p, *gpu)
+        if p["batch_rule"] is not None:
+            p["batch_size"] = p["batch_rule"]["batch"]
+            p["large_batch_size"] = p["batch_rule"]["large_batch"]
+    if p["max_steps"] is not None and p["max_steps"] <= p["warmup_steps"]:
+        raise UserError(
+            f"--max-steps {p['max_steps']} leaves no timed step after "
+            f"{p['warmup_steps']} warm-up steps; raise --max-steps or lower --warmup-steps"
+        )
+    return RunSpec(
+        preset=name,
+        why=why,
+        device=device_type,
+        settings=p,
+        batch_rule=p["batch_rule"],
+        gpu_bytes=gpu[0] if gpu is not None else None,
+        bf16=bf16_known(device_type, gpu[1] if gpu is not None else None),
+        seed=values.get("seed"),
+        data=data_id(values.get("data")),
+        batch_size_override=override,
+    )
+
+
+# ---------------------------------------------------------------- a batch that fits this GPU
+def _heaviest(shape: dict, batch: int, large: int, bf16: bool) -> tuple[str, int]:
+    """(step, predicted bytes) of the ladder's heaviest step on one GPU at these batches: fp32
+    until step 05 (and after, without native bf16), materialized attention until step 07, the
+    padded vocabulary from step 09, the large batch from step 10, DDP's buckets from 11."""
+    from speed_ladder.measure import memory_model
+
+    worst = ("00", 0)
+    for step in LADDER_STEPS:
+        act = 2 if bf16 and step >= "05" else 4
+        b = large if step >= "10" else batch
+        vocab = GPT2_VOCAB if step < "09" else memory_model.VOCAB
+        p = memory_model.predict(shape, 1, step, b, act, flash=step >= "07", vocab=vocab)
+        worst = max(worst, (step, p.total_bytes), key=lambda w: w[1])
+    return worst
+
+
+def fit_batch(name: str, p: dict, gpu_bytes: int, bf16: bool) -> dict | None:
+    """The batch rule (see the module doc): None where the preset's batches fit a GPU of
+    `gpu_bytes` (bf16: whether it has native bf16, as step 05 decides); else what was chosen and
+    why, for the record (`batch_rule`). Where no batch fits (the state alone is too big: the
+    GPT-2 family's larger presets on small GPUs, for FSDP2 on several), the preset's is kept."""
+    from speed_ladder.measure import memory_model
+
+    GIB = memory_model.GIB
+
+    def need(batch, large):
+        step, b = _heaviest(p, batch, large, bf16)
+        return step, b * FIT_MARGIN + memory_model.CUDA_OVERHEAD
+
+    batch, large = p["batch_size"], p["large_batch_size"]
+    step, first = need(batch, large)
+    if first <= gpu_bytes:
+        return None
+    rule = {"gpu_bytes": gpu_bytes, "preset_batch": batch, "preset_large_batch": large}
+    gib = lambda x: f"{x / GIB:.1f} GiB"
+    head = (f"this GPU's {gib(gpu_bytes)} cannot hold {name} at batch {batch} (step {step} "
+            f"needs {gib(first)}: predicted x{FIT_MARGIN} + the CUDA context)")  # fmt: skip
+    b, lb = batch, large
+    while b > 1 or lb > 1:
+        b, lb = max(1, b // 2), max(1, lb // 2)
+        step, n = need(b, lb)
+        if n <= gpu_bytes:
+            return rule | {"batch": b, "large_batch": lb, "heaviest_step": step, "reason": (
+                f"{head}: batch {b} (step 10 on: {lb}) for every step, so the speedups "
+                f"compare; step {step} needs {gib(n)}; --batch-size N overrides")}  # fmt: skip
+    return rule | {"batch": batch, "large_batch": large, "heaviest_step": step, "reason": (
+        f"{head}, nor at batch 1: the preset's batch is kept (python -m "
+        "speed_ladder.measure.memory_model shows what fits; step 14 on several GPUs shards "
+        "the state)")}  # fmt: skip

@@ -1,0 +1,72 @@
+"""The sweep's types: what `python -m speed_ladder run` plans (sweep.py) and its rounds run
+(rounds.py). A `Plan` is the whole sweep: its `Pass`es (one per tag folder), the `Job`s run once
+per round, and the one `RunSpec` (speed_ladder.spec) its runs are resolved to; `summarize` writes
+every pass's summary.csv from its records."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speed_ladder.ladder import Step
+from speed_ladder.report.summary import collect, write_summary
+from speed_ladder.report.summary import summarize as summarize_tag
+from speed_ladder.spec import RunSpec
+from speed_ladder.store import load_runs
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run per round: a step of a pass (by its index in Plan.passes), or the A/A control."""
+
+    pass_index: int
+    step: Step
+    control: bool = False
+
+
+@dataclass
+class Pass:
+    """One tag folder's part of the sweep: its steps, on `nproc` processes when distributed."""
+
+    tag: str
+    tag_dir: Path
+    nproc: int
+    ladder: list[Step]  # the steps this tag holds (its summary's rows)
+    steps: list[Step]  # the chosen ones, run in this sweep
+    configs: dict[str, dict]  # per step: the sweep configuration its runs are matched by
+    shas: dict[str, str]  # per step: its script's sha256
+
+
+@dataclass
+class Plan:
+    """The sweep: what runs, where, how often, and with which settings."""
+
+    passes: list[Pass]
+    flags: list[str]  # the step flags every run gets (cli.child_argv)
+    repeats: int
+    machine: dict  # this machine's fingerprint
+    spec: RunSpec  # every run's settings, as each step resolves them (speed_ladder.spec)
+    control: bool
+    capacity: int | None = None  # one device's memory: the GPU's, or the machine's RAM
+    jobs: list[Job] = field(default_factory=list)
+
+    @property
+    def device_type(self) -> str:
+        return self.spec.device
+
+    def pass_of(self, job: Job) -> Pass:
+        return self.passes[job.pass_index]
+
+
+def summarize(plan: Plan) -> dict[str, object]:
+    """Every pass's summary, written to its summary.csv (the -x1 pass first: the others'
+    scaling efficiency is over its runs)."""
+    out, single = {}, None
+    for ps in plan.passes:
+        recs = load_runs(ps.tag_dir)
+        df = summarize_tag(ps.ladder, recs, ps.configs, ps.shas, plan.repeats, plan.machine,
+                           single=single, nproc=ps.nproc)  # fmt: skip
+        if ps.nproc == 1:
+            single = collect(ps.ladder, recs, ps.configs, ps.shas, plan.repeats,
+                             plan.machine)[1]  # fmt: skip
+        write_summary(ps.tag_dir, df)
+        out[ps.tag] = df
+    return out

@@ -1,0 +1,153 @@
+"""What the sweep works out before it runs a step: how long a run lasts, how long the sweep
+should take, and what memory each run should need (and whether it fits).
+
+- **Run length** (`measuring_values`): a preset with a `presets.SWEEP_LENGTH` entry (the GPU
+  presets) is run for its warm-up + timed steps instead of its full epochs; --max-steps and
+  --warmup-steps override it. A step run by hand keeps the tutorial's full run.
+- **Duration**: per run, the median duration of this tag's earlier ok runs of that step with
+  the same configuration on this machine; without any, a rough model: `ROUGH_RUN_S` seconds a run
+  on the device (what a `cpu`-preset run and a 60-step `gpt2-124m` run take, start-up included),
+  plus, for a step that calls torch.compile, the compile time an earlier run here measured
+  (`compile_seconds`: its record's `compiles.seconds`, that step's or else step 08's), or
+  `COMPILE_S` where none did. The sweep prints the total before it starts and says which part
+  is rough.
+- **Memory** (`predict`, `memory_line`): `memory_model.predict_run` for the step and its
+  processes, from the sweep's RunSpec (speed_ladder.spec: the batch the step will use after the
+  batch
+  rule, bf16 as step 05 decides on this device), printed before each run (the step then does not
+  print it again, and keeps its own in its record beside the measured peak); a run predicted not
+  to fit (GPU: with the CUDA context and 10% headroom, `memory_model.fits`; CPU: the machine's
+  RAM over its processes, with 0.5 GiB of PyTorch per process) is warned about.
+"""
+
+import re
+import statistics
+from pathlib import Path
+
+from speed_ladder.ladder import Step
+from speed_ladder.measure import memory_model
+from speed_ladder.presets import PRESETS, SWEEP_LENGTH
+from speed_ladder.spec import RunSpec, config_of, preset_name
+
+ROUGH_RUN_S = {"cpu": 40.0, "cuda": 60.0, "mps": 60.0}
+COMPILE_S = {"cpu": 90.0, "cuda": 60.0, "mps": 60.0}
+CPU_PROCESS_BYTES = memory_model.GIB // 2  # PyTorch itself, per process, on a CPU
+
+
+def measuring_values(values: dict, device_type: str) -> dict:
+    """The sweep's step flags with the bounded run length of the preset filled in."""
+    length = SWEEP_LENGTH.get(preset_name(values.get("preset"), device_type)[0])
+    if length is None or values.get("max_steps") is not None:
+        return values
+    warm = values.get("warmup_steps")
+    warm = length["warmup_steps"] if warm is None else warm
+    return dict(values, warmup_steps=warm, max_steps=warm + length["timed_steps"])
+
+
+_COMPILE = re.compile(r"^[^#\n]*(?:torch\.compile\(|\.compile\()", re.MULTILINE)
+
+
+def uses_compile(path: Path) -> bool:
+    try:
+        return _COMPILE.search(Path(path).read_text(encoding="utf-8", errors="replace")) is not None
+    except OSError:
+        return False
+
+
+def compile_seconds(step: Step, recs: list[dict], cfg: dict, machine: str) -> float | None:
+    """torch.compile's seconds in one run of `step`, as earlier runs in `recs` (this tag) with
+    this configuration on this machine measured them (their records' `compiles.seconds`): the
+    median of this step's latest, else of step 08's (the same model, compiled the same way);
+    None where none was measured."""
+    flags = lambda c: {k: v for k, v in (c or {}).items() if k != "nproc"}
+    alike = [r for r in recs if (r.get("sweep") or {}).get("machine") == machine
+             and flags(config_of(r)) == flags(cfg)]  # fmt: skip
+    for num in (step.num, "08"):
+        took = [(r.get("compiles") or {}).get("seconds") for r in alike if r.get("step") == num]
+        took = [t for t in took if isinstance(t, (int, float)) and t > 0][-5:]
+        if took:
+            return float(statistics.median(took))
+    return None
+
+
+def run_seconds(
+    step: Step, earlier: list[dict], device_type: str, compile_s: float | None = None
+) -> tuple[float, bool]:
+    """(seconds, measured?) for one run of `step`: the median of `earlier` ok runs' durations
+    (its own in this tag, same config, this machine), else the rough model, with `compile_s`
+    (compile_seconds) for torch.compile where one was measured, else `COMPILE_S`."""
+    took = [
+        (r.get("sweep") or {}).get("duration_s")
+        for r in earlier
+        if r.get("status") == "ok" and not (r.get("sweep") or {}).get("control")
+    ]
+    took = [t for t in took if isinstance(t, (int, float)) and t > 0][-5:]
+    if took:
+        return float(statistics.median(took)), True
+    rough = ROUGH_RUN_S.get(device_type, 60.0)
+    if not uses_compile(step.path):
+        return rough, False
+    return rough + (compile_s or COMPILE_S.get(device_type, 60.0)), False
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m{s:02d}s"
+    return f"{s}s"
+
+
+def estimate_line(estimates: list[tuple[float, bool]], device_type: str) -> str:
+    """'expected duration: about 9m20s (14 runs: 10 from earlier runs here, 4 rough ...)'."""
+    total = sum(s for s, _ in estimates)
+    measured = sum(1 for _, m in estimates if m)
+    rough = len(estimates) - measured
+    how = []
+    if measured:
+        how.append(f"{measured} from earlier runs here")
+    if rough:
+        how.append(
+            f"{rough} rough: {ROUGH_RUN_S.get(device_type, 60):.0f} s a run on {device_type}, "
+            f"+{COMPILE_S.get(device_type, 60):.0f} s with torch.compile (or the compile time "
+            "an earlier run here measured)"
+        )
+    runs = f"{len(estimates)} runs; {'; '.join(how)}"
+    return f"expected duration: about {fmt_duration(total)} ({runs})"
+
+
+# ---------------------------------------------------------------- memory
+def predict(step: Step, spec: RunSpec, world: int):
+    """The memory model's prediction for one run of `step` on `world` processes, as its RunSpec
+    resolves it; None for a preset it does not know."""
+    shape = PRESETS.get(spec.preset)
+    if shape is None:
+        return None
+    return memory_model.predict_run(shape, step.num, world, spec.batch(step.num), spec.bf16,
+                                    spec.device, name=spec.preset)  # fmt: skip
+
+
+def memory_line(pred, device_type: str, capacity: int | None, world: int) -> tuple[str, str | None]:
+    """(the prediction's line, a warning when it cannot fit) for one run."""
+    line = pred.line()
+    if not capacity:
+        return line, None
+    gib = memory_model.GIB
+    if device_type == "cuda":
+        if memory_model.fits(pred, capacity):
+            return line, None
+        need = pred.total_bytes * (1 + memory_model.HEADROOM) + memory_model.CUDA_OVERHEAD
+        where = f"this GPU's {capacity / gib:.1f} GiB"
+    else:
+        per = capacity / max(1, world)
+        need = pred.total_bytes + CPU_PROCESS_BYTES
+        if need <= per:
+            return line, None
+        where = f"{per / gib:.1f} GiB of RAM per process ({capacity / gib:.1f} GiB / {world})"
+    return line, (
+        f"predicted not to fit: {need / gib:.1f} GiB per rank (with overheads) > {where}: "
+        "expect out of memory (python -m speed_ladder.measure.memory_model)"
+    )
