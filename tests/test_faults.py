@@ -22,7 +22,7 @@ from speed_ladder import files
 from speed_ladder import flags as cli
 from speed_ladder.errors import UserError
 from speed_ladder.ladder import discover
-from speed_ladder.measure import data, device
+from speed_ladder.measure import data, device, matmul_peak
 from speed_ladder.report import chart_style, charts, readme, summary
 from speed_ladder.report import redraw as report
 from speed_ladder.store import load_runs, recover
@@ -192,7 +192,7 @@ BAD_PEAKS = {
 def test_an_implausible_cpu_peak_is_measured_again(how, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     cpu = torch.device("cpu")
-    key = device.rates_key(cpu)
+    key = matmul_peak.rates_key(cpu)
     path = tmp_path / "matmul_peak.json"
     other = {"cpu|another machine|threads=8|torch=x": {"fp32": 1e11, "bf16": 2e11}}
     if how == "not JSON":
@@ -209,7 +209,7 @@ def test_an_implausible_cpu_peak_is_measured_again(how, tmp_path, monkeypatch, c
         measured.append(dtype)
         return 5e10 if dtype == torch.float32 else 2.5e10
 
-    monkeypatch.setattr(device, "_matmul_rate", rate)
+    monkeypatch.setattr(matmul_peak, "_matmul_rate", rate)
     capsys.readouterr()
     peak, source = device.peak_flops(cpu)
     assert peak == 5e10 and "measured cpu matmul peak 50 GFLOP/s" in source
@@ -231,7 +231,7 @@ def test_an_implausible_cpu_peak_is_measured_again(how, tmp_path, monkeypatch, c
 def test_an_implausible_measurement_is_not_cached_and_gives_no_mfu(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     monkeypatch.setenv(device.BF16_ENV, "auto")  # the measured rule, whatever the suite forces
-    monkeypatch.setattr(device, "_matmul_rate", lambda *a, **k: 1e3)  # a machine frozen solid
+    monkeypatch.setattr(matmul_peak, "_matmul_rate", lambda *a, **k: 1e3)  # a machine frozen solid
     peak, source = device.peak_flops(torch.device("cpu"))
     assert peak is None and "implausible" in source and "MFU left empty" in source
     assert not (tmp_path / "matmul_peak.json").exists()
@@ -246,7 +246,7 @@ def test_a_peak_measured_on_a_busy_machine_is_used_once_and_not_cached(
     from speed_ladder.measure import cpu_load as load
 
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
-    monkeypatch.setattr(device, "_matmul_rate", lambda d, dtype, n=1024: 3e10)
+    monkeypatch.setattr(matmul_peak, "_matmul_rate", lambda d, dtype, n=1024: 3e10)
     monkeypatch.setattr(load.Meter, "stop", lambda self: {"other_load": 1.4})
     peak, _ = device.peak_flops(torch.device("cpu"))
     assert peak == 3e10  # this run uses it
@@ -268,15 +268,15 @@ def test_a_slow_dtype_is_measured_on_smaller_matrices(monkeypatch):
         sizes.append(shape[0])
         return real(*shape, **kw)
 
-    real_clock = device.time.perf_counter
+    real_clock = matmul_peak.time.perf_counter
     clock = iter(range(0, 10**6, 1))  # every call of the clock: 1 s later
-    monkeypatch.setattr(device.torch, "randn", randn)
-    monkeypatch.setattr(device.time, "perf_counter", lambda: float(next(clock)))
-    rate = device._matmul_rate(torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(matmul_peak.torch, "randn", randn)
+    monkeypatch.setattr(matmul_peak.time, "perf_counter", lambda: float(next(clock)))
+    rate = matmul_peak._matmul_rate(torch.device("cpu"), torch.float32)
     assert sizes[::2] == [1024, 512, 256] and rate > 0  # halved while slow, to 256 at most
     sizes.clear()
-    monkeypatch.setattr(device.time, "perf_counter", real_clock)
-    device._matmul_rate(torch.device("cpu"), torch.float32, n=64)
+    monkeypatch.setattr(matmul_peak.time, "perf_counter", real_clock)
+    matmul_peak._matmul_rate(torch.device("cpu"), torch.float32, n=64)
     assert sizes == [64, 64]  # fast: measured at the size asked
 
 
@@ -286,7 +286,7 @@ def test_measuring_the_matmul_peak_leaves_the_random_stream_alone():
     sweep trained to other losses than the next (1.4e-2 at step 1 on the cpu preset)."""
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    device._matmul_rate(torch.device("cpu"), torch.float32, n=64)
+    matmul_peak._matmul_rate(torch.device("cpu"), torch.float32, n=64)
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -312,7 +312,7 @@ def test_an_mfu_above_100_percent_is_flagged_in_the_record(tmp_path, monkeypatch
         assert r["status"] == "ok" and r["mfu"] is None
         assert r["mfu_invalid"]["value"] > 1 and "above 100%" in r["mfu_invalid"]["reason"]
         assert any("MFU left empty" in n for n in r["notes"])
-        assert not [n for n in r["notes"] if str(device.cache_dir()) in n]  # no path recorded
+        assert not [n for n in r["notes"] if str(files.cache_dir()) in n]  # no path recorded
     assert "MFU invalid" in capsys.readouterr().out
 
 
@@ -833,7 +833,7 @@ def test_step_08_without_a_cpp_compiler_is_one_line_and_recorded(tmp_path):
     res = tmp_path / "r.jsonl"
     cache = tmp_path / "cache"  # a known CPU peak: no time spent measuring it
     cache.mkdir()
-    key = device.rates_key(torch.device("cpu"))
+    key = matmul_peak.rates_key(torch.device("cpu"))
     (cache / "matmul_peak.json").write_text(json.dumps({key: {"fp32": 1e11, "bf16": 1e10}}))
     env = {"CXX": str(tmp_path / "no-such-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind"),
            "SPEED_LADDER_CACHE": str(cache)}  # fmt: skip

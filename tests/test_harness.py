@@ -13,7 +13,7 @@ from conftest import ROOT, VERDICT, py, records
 
 from speed_ladder import records as record
 from speed_ladder.errors import UserError
-from speed_ladder.measure import data, device
+from speed_ladder.measure import data, device, matmul_peak
 from speed_ladder.presets import GPT2_VOCAB, PRESETS, flop_split
 
 
@@ -127,11 +127,11 @@ def test_mfu_flops_per_token_gpt2_124m():
 
 def test_cpu_peak_is_measured_once_and_cached():
     cpu = torch.device("cpu")
-    first = device.measured_matmul_rates(cpu)
+    first = matmul_peak.measured_matmul_rates(cpu)
     assert first["fp32"] > 1e9 and first["bf16"] > 1e8
     table = json.loads((data.cache_dir() / "matmul_peak.json").read_text())
-    assert table[device.rates_key(cpu)] == first
-    assert device.measured_matmul_rates(cpu) == first
+    assert table[matmul_peak.rates_key(cpu)] == first
+    assert matmul_peak.measured_matmul_rates(cpu) == first
 
 
 def test_cpu_peak_rss_resets_at_window_start():
@@ -181,7 +181,7 @@ def test_bf16_step_runs_bf16_where_the_device_is_fast(tmp_path):
     its loss moves off step 04's by rounding, within the precision step's tolerance."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    key = device.rates_key(torch.device("cpu"))
+    key = matmul_peak.rates_key(torch.device("cpu"))
     (cache / "matmul_peak.json").write_text(json.dumps({key: {"fp32": 1e11, "bf16": 2e11}}))
     out = {}
     for script in ["steps/04_pinned_memory.py", "steps/05_bf16.py"]:

@@ -20,8 +20,7 @@ from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from speed_ladder import flags as cli
 from speed_ladder.errors import UserError
-from speed_ladder.measure import breakdown, op_categories, profile
-from speed_ladder.measure import device as dev
+from speed_ladder.measure import breakdown, matmul_peak, op_categories, profile
 from speed_ladder.measure.run import Run
 from speed_ladder.presets import PRESETS
 
@@ -207,7 +206,7 @@ def test_device_time_breakdown():
 # ---------------------------------------------------------------- the Run's schedule
 def _run(monkeypatch, argv, step="06_native_layernorm_gelu.py"):
     rates = {"fp32": 5e10, "bf16": 1e9}  # not measured again here (about 30 s on 2 cores)
-    monkeypatch.setattr(dev, "measured_matmul_rates", lambda device: rates)
+    monkeypatch.setattr(matmul_peak, "measured_matmul_rates", lambda device: rates)
     args = cli.parse_args(None, ["--device", "cpu", "--preset", "tiny", *argv])
     return Run(args, step[:2], str(ROOT / "steps" / step))
 

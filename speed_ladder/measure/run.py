@@ -8,7 +8,7 @@ own. Evaluation and sampling run inside `run.paused()`, which restarts the clock
 they are never timed, and leaves them out of the peak memory (device.PeakWindow: on CUDA, MPS
 and Linux CPUs the recorded peak is the training steps' alone, the final evaluation's neither).
 tokens/s = tokens per step (all ranks) / median step time. Over the same window rank 0 measures
-`other_load`, the CPU cores other processes used (load.py), and the record carries this
+`other_load`, the CPU cores other processes used (cpu_load.py), and the record carries this
 machine's fingerprint (`machine`, machine.py). With --profile, N more steps after the window
 (without --max-steps: right after the warm-up) run under torch.profiler, never timed, and the
 record says where their time goes (speed_ladder.measure.profile).
@@ -16,9 +16,8 @@ record says where their time goes (speed_ladder.measure.profile).
 MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
 (PaLM, Chowdhery et al. 2022, app. B). The peak is the device's dense bf16 peak for every step,
-fp32 steps included (speed_ladder.measure.gpus' datasheet table; CPU and MPS: the best matmul rate
-measured
-here).
+fp32 steps included (gpus.py's datasheet table; CPU and MPS: the best matmul rate measured here,
+matmul_peak.py).
 """
 
 import datetime as dt
@@ -29,7 +28,6 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -41,6 +39,7 @@ from speed_ladder.flags import on_failure
 from speed_ladder.measure import cpu_load as load
 from speed_ladder.measure import device as dev
 from speed_ladder.measure import profile
+from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
 from speed_ladder.measure.data import gpt2_tokenizer, load_split
 from speed_ladder.measure.inactive import (
     LIGER_INTERPRETED,
@@ -54,57 +53,6 @@ from speed_ladder.spec import resolve
 
 # The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
 MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
-
-
-def _dist():
-    d = torch.distributed
-    return d if d.is_available() and d.is_initialized() else None
-
-
-@dataclass
-class Measured:
-    """A run's numbers from its timed window: one process's, or after `across_ranks` the job's."""
-
-    tokens: int  # per step
-    step_time: float  # median, seconds
-    reserved: int | None  # peak bytes
-    allocated: int | None
-    losses: list[float]
-    train_loss: float | None
-    val_loss: float | None
-    reserved_per_rank: list[int | None] = field(default_factory=list)
-
-
-def across_ranks(m: Measured, device: torch.device) -> Measured:
-    """The job's numbers from every rank's: global tokens, the slowest rank's step time, each
-    rank's peak memory (the max is the job's), the mean losses. One process: its own."""
-    d = _dist()
-    if d is None:
-        return replace(m, reserved_per_rank=[m.reserved])
-    on = device if device.type == "cuda" else torch.device("cpu")
-    s = torch.tensor([float(m.tokens)], dtype=torch.float64, device=on)
-    d.all_reduce(s)
-    per_rank = torch.zeros(d.get_world_size(), dtype=torch.float64, device=on)
-    per_rank[d.get_rank()] = m.reserved or 0
-    d.all_reduce(per_rank)  # each rank's own peak, gathered
-    reserved_per_rank = [int(v) for v in per_rank.tolist()]
-    mx = torch.tensor([m.step_time, m.allocated or -1], dtype=torch.float64, device=on)
-    d.all_reduce(mx, op=d.ReduceOp.MAX)
-    lt = torch.tensor(
-        m.losses + [m.train_loss or 0.0, m.val_loss or 0.0], dtype=torch.float64, device=on
-    )
-    d.all_reduce(lt)
-    lt = (lt / d.get_world_size()).tolist()
-    return Measured(
-        tokens=int(s.item()),
-        step_time=mx[0].item(),
-        reserved=max(reserved_per_rank) if m.reserved is not None else None,
-        allocated=int(mx[1].item()) if m.allocated is not None else None,
-        losses=lt[:-2],
-        train_loss=lt[-2] if m.train_loss is not None else None,
-        val_loss=lt[-1] if m.val_loss is not None else None,
-        reserved_per_rank=reserved_per_rank,
-    )
 
 
 class Run:
@@ -314,7 +262,7 @@ class Run:
             )
 
     def _world(self) -> int:
-        d = _dist()
+        d = process_group()
         return d.get_world_size() if d else 1
 
     # ------------------------------------------------------------ the record
