@@ -368,8 +368,8 @@ def main():
 
     use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
-    run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07: math
-    # path?
+    # step 07: on the math path only (no fused kernel here)? why, or None
+    run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07
     fused_ce = FusedLinearCrossEntropy(torch.bfloat16 if use_bf16 else torch.float32, device)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
