@@ -15,7 +15,7 @@ from conftest import ROOT
 
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
-from speed_ladder.report import check
+from speed_ladder.report import check, record_checks
 from speed_ladder.report.summary import SUMMARY, rebuild, write_summary
 
 TEMPLATES = ROOT / "results" / "cpu-amd-epyc-2c-x1" / "runs.jsonl"
@@ -187,8 +187,8 @@ def test_a_busy_run_that_a_later_run_replaced_is_a_note(tmp_path, records):
 
 
 def test_an_absolute_path_and_a_host_name_in_a_record(tmp_path, records, monkeypatch):
-    monkeypatch.setattr(check.socket, "gethostname", lambda: "alice-laptop")
-    monkeypatch.setattr(check.socket, "getfqdn", lambda: "alice-laptop.example.org")
+    monkeypatch.setattr(record_checks.socket, "gethostname", lambda: "alice-laptop")
+    monkeypatch.setattr(record_checks.socket, "getfqdn", lambda: "alice-laptop.example.org")
 
     def edit(recs):
         recs[4]["sweep"]["command"] = ["python", "/home/alice/ladder/steps/01_x.py"]
@@ -216,9 +216,9 @@ def test_paths_are_told_from_other_slashes():
         "a /proc/self/x note",
     ]
     for s in paths:
-        assert check._PATH.search(s), s
+        assert record_checks._PATH.search(s), s
     for s in ["n/a", "tok/s", "fp32 182 GFLOP/s", "steps/05_bf16.py", "data/middlemarch.txt"]:
-        assert not check._PATH.search(s), s
+        assert not record_checks._PATH.search(s), s
 
 
 def test_an_unparsable_line(tmp_path, records):

@@ -23,7 +23,7 @@ from speed_ladder import flags as cli
 from speed_ladder.errors import UserError
 from speed_ladder.ladder import discover
 from speed_ladder.measure import data, device, matmul_peak
-from speed_ladder.report import chart_style, charts, readme, summary
+from speed_ladder.report import chart_style, charts, readme, reference, summary
 from speed_ladder.report import redraw as report
 from speed_ladder.store import load_runs, recover
 from speed_ladder.sweep import driver as sweep
@@ -777,9 +777,9 @@ def test_a_broken_summary_of_another_tag_only_leaves_it_out_of_the_comparison(ta
 def test_a_corrupt_reference_csv_only_costs_its_panel(tmp_path, capsys):
     bad = tmp_path / "ref.csv"
     bad.write_text("step,tokens_per_sec\n00,fast\n")
-    assert charts.read_reference(bad) is None
+    assert reference.read_reference(bad) is None
     assert "charts drawn without it" in capsys.readouterr().err
-    assert charts.read_reference(tmp_path / "missing.csv") is None
+    assert reference.read_reference(tmp_path / "missing.csv") is None
 
 
 # ---------------------------------------------------------------- torch.compile cannot compile

@@ -12,9 +12,10 @@ import pytest
 from conftest import ROOT
 
 from speed_ladder.ladder import discover
-from speed_ladder.report.charts import CHARTS, plot_tag, read_reference
+from speed_ladder.report.charts import CHARTS, plot_tag
 from speed_ladder.report.readme import update_readme
 from speed_ladder.report.redraw import TAG_CHARTS, check_complete, expected_steps
+from speed_ladder.report.reference import read_reference
 from speed_ladder.report.summary import find_tags
 
 FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
@@ -384,7 +385,8 @@ def test_the_comparison_is_each_tags_speedup_over_its_own_step_00(tags, monkeypa
     measurement is a label at 1x, never a bar."""
     import matplotlib.pyplot as plt
 
-    from speed_ladder.report.charts import REF_LABEL, plot_comparison
+    from speed_ladder.report.comparison_chart import plot_comparison
+    from speed_ladder.report.reference import REF_LABEL
 
     x2 = tags[0].parent / "cpu-fixture-x2"  # the distributed steps only: no step 00 of its own
     x2.mkdir()

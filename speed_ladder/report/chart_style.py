@@ -1,6 +1,7 @@
-"""What every chart of the report shares (charts.py, gain_chart.py, time_chart.py): the colors,
-the step labels, the label of a step without a value, the layout that keeps every label inside
-the figure, and the atomic save. Headless: matplotlib's Agg backend.
+"""What every chart of the report shares (charts.py, comparison_chart.py, gain_chart.py,
+time_chart.py): the colors, the title width, the step labels, the label of a step without a
+value, the layout that keeps every label inside the figure, and the atomic save. Headless:
+matplotlib's Agg backend.
 
 Labels are wrapped or shortened at word boundaries (`textwrap`), never cut mid-word; a label
 placed after its bar widens the axis until it ends inside it (`fit_right`), so no text runs past
@@ -19,6 +20,7 @@ INACTIVE_COLOR = "#c6dbef"
 DPI = 110
 LABEL_GAP_PT = 4  # points between a bar and its label
 STEP_LABEL_WIDTH = 34  # characters per line of a step's label on the y axis (two lines at most)
+TITLE_WIDTH = 95  # characters per line of a chart's title
 
 
 def pyplot():

@@ -15,7 +15,7 @@ from pathlib import Path
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import ROOT, atomic_write_bytes
 from speed_ladder.ladder import Step, discover, tag_processes
-from speed_ladder.report.charts import read_reference
+from speed_ladder.report.reference import read_reference
 from speed_ladder.report.rows import (
     busy_text,
     effect_text,

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from speed_ladder.files import ROOT, atomic_write_bytes
 from speed_ladder.ladder import tag_processes
-from speed_ladder.report.charts import CHARTS, COMPARISON, REFERENCE_CSV
+from speed_ladder.report.charts import CHARTS
+from speed_ladder.report.comparison_chart import COMPARISON
 from speed_ladder.report.gain_chart import GAIN_CHART
+from speed_ladder.report.reference import REFERENCE_CSV
 from speed_ladder.report.rows import (
     busy_text,
     describe,

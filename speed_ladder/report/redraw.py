@@ -12,9 +12,9 @@ own effect over the previous step, with its interval and verdict) and, when some
 profiled (--profile), time_breakdown.png (where each step's time goes); a failed step is a
 "failed (oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here".
 With several tags, results/comparison.png gives every tag's speedup over its own step 00 per
-step beside the reference's (charts.py), so that ladders of different hardware compare. The
-published single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch ch05/10,
-results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
+step beside the reference's (comparison_chart.py), so that ladders of different hardware
+compare. The published single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch
+ch05/10, results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
 panel, labelled as such: they are not this project's measurements. The README's table between
 `<!-- results:begin -->` and `<!-- results:end -->` is regenerated from the same summaries, and
 LADDER.md beside it (ladder_page.py: each step's change, why, cost and measured effect).
@@ -36,7 +36,8 @@ from speed_ladder.errors import (
     warn,
 )
 from speed_ladder.files import ROOT
-from speed_ladder.report.charts import CHARTS, plot_comparison, plot_tag
+from speed_ladder.report.charts import CHARTS, plot_tag
+from speed_ladder.report.comparison_chart import plot_comparison
 from speed_ladder.report.gain_chart import GAIN_CHART, plot_gains
 from speed_ladder.report.ladder_page import PAGE, write_page
 from speed_ladder.report.readme import update_readme

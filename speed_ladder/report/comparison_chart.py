@@ -1,0 +1,193 @@
+"""results/comparison.png: ladders of different hardware side by side (headless: matplotlib's
+Agg).
+
+Per step, each tag's speedup over its own step 00 (tok/s of the step / tok/s of that tag's step
+00; an N-process tag, which holds the distributed steps only, over its 1-process tag's step 00
+on the same machine) beside the published reference's speedup over its step 00 (its single-GPU
+rows, reference.py's), on a log axis with 1x at step 00. An inactive step is a hatched, pale bar
+labelled "inactive here"; a step that failed, ran interpreted or did not run is a label at 1x,
+never a bar. The chart is written atomically, as every chart (chart_style.save).
+"""
+
+import re
+from pathlib import Path
+
+from speed_ladder.ladder import tag_processes
+from speed_ladder.report.chart_style import (
+    REF_COLOR,
+    TITLE_WIDTH,
+    is_ok,
+    label_after,
+    layout,
+    no_value,
+    pyplot,
+    save,
+    step_label,
+    wrap,
+)
+from speed_ladder.report.reference import REF_LABEL, resolve_reference
+from speed_ladder.report.rows import inactive
+from speed_ladder.report.summary import number, read_summary, speedup_text
+
+COMPARISON = "comparison.png"
+
+
+def _base_tps(df) -> float | None:
+    """A summary's step 00 tok/s, when step 00 has a result."""
+    rows = [r for r in df.to_dict("records") if r["step"] == "00" and is_ok(r)]
+    return number(rows[0].get("tokens_per_sec_median")) if rows else None
+
+
+def _bases(series) -> dict:
+    """Each tag's step 00 to divide by, and the tag it comes from: its own; for an N-process tag
+    (`-xN`, the distributed steps only) its 1-process tag's (`-x1`, the same machine) when that
+    is drawn too; None when there is none."""
+    machine = lambda tag: re.sub(r"-x\d+$", "", tag)
+    single = {machine(t): t for t, _ in series if tag_processes(t) == 1}
+    by_name = dict(series)
+    bases = {}
+    for tag, df in series:
+        own = _base_tps(df)
+        if own is not None:
+            bases[tag] = (own, tag)
+            continue
+        one = single.get(machine(tag))
+        other = _base_tps(by_name[one]) if one is not None and one != tag else None
+        bases[tag] = (other, one) if other is not None else None
+    return bases
+
+
+def _speedup_bar(ax, y, s, height, **style):
+    """A bar from 1x (step 00) to `s` on the log axis: right for a speedup, left for a slowdown."""
+    ax.barh(y, s - 1.0, left=1.0, height=height, **style)
+
+
+def _comparison_bars(ax, series, bases, steps, height, colors) -> tuple[list, list]:
+    """Each tag's speedup over its step 00 per step: a bar and its "1.23x" label; a hatched, pale
+    bar labelled "inactive here" for an inactive step; a label at 1x, no bar, for a step without
+    a measurement (failed, interpreted, not run). Returns the speedups drawn and the labels."""
+    from matplotlib.colors import to_rgba
+
+    values, texts = [], []
+    for k, (tag, df) in enumerate(series):
+        by_step = {r["step"]: r for r in df.to_dict("records")}
+        base = bases[tag]
+        color = colors[k % len(colors)]
+        for i, s in enumerate(steps):
+            r = by_step.get(s)
+            if r is None or base is None:
+                continue
+            y = i - 0.4 + height * (k + 0.5)
+            v = number(r.get("tokens_per_sec_median")) if is_ok(r) else None
+            if v is None:
+                text, c = no_value(r)
+                texts.append(label_after(ax, 1.0, y, text, fontsize=7, color=c))
+                continue
+            up = v / base[0]
+            off = inactive(r) is not None
+            if off:
+                style = {"color": to_rgba(color, 0.35), "hatch": "xx", "edgecolor": color}
+            else:
+                style = {"color": color}
+            _speedup_bar(ax, y, up, height, **style)
+            values.append(up)
+            label = speedup_text(up) + ("  inactive here" if off else "")
+            texts.append(label_after(ax, max(up, 1.0), y, label, fontsize=7))
+    return values, texts
+
+
+def _comparison_reference(ax, ref, steps, height, k: int) -> tuple[list, list]:
+    """The published single-GPU figures' speedup over their step 00, hatched grey."""
+    by_step = {r["step"]: r for r in ref.to_dict("records")}
+    values, texts = [], []
+    base = by_step.get("00")
+    if base is None:
+        return values, texts
+    for i, s in enumerate(steps):
+        r = by_step.get(s)
+        if r is not None:
+            y = i - 0.4 + height * (k + 0.5)
+            up = float(r["tokens_per_sec"]) / float(base["tokens_per_sec"])
+            _speedup_bar(ax, y, up, height, color=REF_COLOR, hatch="//", edgecolor="#606060")
+            values.append(up)
+            texts.append(label_after(ax, max(up, 1.0), y, speedup_text(up), fontsize=7,
+                                     color="#505050"))  # fmt: skip
+    return values, texts
+
+
+def _single_gpu(ref):
+    """The reference's rows measured on one GPU (step 11's 4x A100 left out)."""
+    if ref is None or not len(ref):
+        return None
+    one = ref[ref["hardware"].astype(str).str.startswith("1x ")]
+    return one if len(one) else None
+
+
+def plot_comparison(tag_dirs, out: Path | None = None, reference="default") -> Path:
+    """Every tag's speedup over its own step 00 per step, one color per tag (log scale, 1x at
+    step 00), beside the published single-GPU reference's speedup over its step 00."""
+    import numpy as np
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    plt = pyplot()
+    tag_dirs = [Path(t) for t in tag_dirs]
+    out = Path(out) if out is not None else tag_dirs[0].parent / COMPARISON
+    ref = _single_gpu(resolve_reference(reference))
+    series = list({t.name: read_summary(t) for t in tag_dirs}.items())
+    bases = _bases(series)
+    steps = sorted({s for _, df in series for s in df["step"]})
+    titles = {}
+    for _, df in series:
+        for r in df.to_dict("records"):
+            titles.setdefault(r["step"], r.get("title") or "")
+    if ref is not None:
+        steps = sorted(set(steps) | set(ref["step"]))
+        for r in ref.to_dict("records"):
+            titles.setdefault(r["step"], r["optimization"])
+    n = len(series) + (1 if ref is not None else 0)
+    height = 0.8 / max(n, 1)
+    fig, ax = plt.subplots(figsize=(11, 0.2 * len(steps) * max(n, 2) + 2.6))
+    colors = plt.get_cmap("tab10").colors
+    values, texts = _comparison_bars(ax, series, bases, steps, height, colors)
+    handles = []
+    for k, (tag, _) in enumerate(series):
+        base = bases[tag]
+        if base is None:
+            note = "no step 00 to divide by: not drawn"
+        elif base[1] == tag:
+            note = "this project"
+        else:
+            note = f"this project; over {base[1]}'s step 00"
+        handles.append(Patch(color=colors[k % len(colors)], label=f"{tag} ({note})"))
+    handles.append(Patch(facecolor="white", hatch="xx", edgecolor="#606060",
+                         label="inactive here: the step does nothing on this device"))  # fmt: skip
+    if ref is not None:
+        ref_values, ref_texts = _comparison_reference(ax, ref, steps, height, len(series))
+        values += ref_values
+        texts += ref_texts
+        handles.append(Patch(facecolor=REF_COLOR, hatch="//", edgecolor="#606060",
+                             label=f"{REF_LABEL} (1x A100)"))  # fmt: skip
+    ax.set_xscale("log")
+    lo = min([0.5, *(v / 1.3 for v in values)])
+    hi = max([4.0, *(v * 1.3 for v in values)])
+    ax.set_xlim(lo, hi)
+    ax.xaxis.set_major_locator(LogLocator(base=2.0, subs=(1.0,)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
+    ax.axvline(1.0, color="#333333", lw=0.8)
+    labels = [step_label({"step": s, "title": titles.get(s, "")}) for s in steps]
+    ax.set_yticks(np.arange(len(steps)), labels, fontsize=9)
+    ax.set_ylim(len(steps) - 0.5, -0.5)
+    ax.set_xlabel("speedup over the same ladder's step 00 (its tok/s / step 00's tok/s; log scale)")
+    title = (
+        "Speedup per step over each ladder's own step 00, every hardware tag, beside the "
+        "published single-GPU reference; a step that failed or did not run is a label at 1x, "
+        "never a bar"
+    )
+    ax.set_title(wrap(title, TITLE_WIDTH), fontsize=10)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.6 / fig.get_figheight()),
+              fontsize=8, ncols=2, frameon=False)  # fmt: skip
+    ax.grid(axis="x", alpha=0.3)
+    layout(fig, [(ax, texts)])
+    return save(plt, fig, out)
