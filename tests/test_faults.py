@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, VERDICT, py, records
+from conftest import ROOT, VERDICT, py, records, sweep_here
 
 from speed_ladder import files
 from speed_ladder import flags as cli
@@ -31,19 +31,6 @@ from speed_ladder.sweep import launch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TAG = sweep.hardware_tag("cpu", 1)
-
-
-def sweep_here(capsys, *args) -> tuple[int, str, str]:
-    """`python -m speed_ladder run ARGS` in this process; returns (exit code, stdout, stderr)."""
-    from speed_ladder.__main__ import main
-
-    capsys.readouterr()
-    try:
-        code = main(["run", *map(str, args)])
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def fixture_sweep(capsys, results, *args):

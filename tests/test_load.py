@@ -1,6 +1,6 @@
 """speed_ladder.measure.cpu_load: other processes' CPU use during a run (other_load), the sweep's
-busy check and
---wait-quiet. Real CPU burners (`yes`) for a few seconds; the rest with fake samples and clocks."""
+busy check and --wait-quiet. Real CPU burners (`yes`) for a few seconds; the rest with fake samples
+and clocks."""
 
 import os
 import signal
@@ -129,7 +129,7 @@ def detached_burners():
 
 @linux
 def test_the_sweep_says_when_the_machine_is_busy(detached_burners, tmp_path, capsys, monkeypatch):
-    from test_sweep import sweep_here
+    from conftest import sweep_here
 
     monkeypatch.setenv("SPEED_LADDER_CHECK_S", "0.5")
     args = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", tmp_path, "--device", "cpu"]
@@ -141,7 +141,7 @@ def test_the_sweep_says_when_the_machine_is_busy(detached_burners, tmp_path, cap
 
 
 def test_wait_quiet_in_the_sweep(tmp_path, capsys, monkeypatch):
-    from test_sweep import sweep_here
+    from conftest import sweep_here
 
     monkeypatch.setenv("SPEED_LADDER_CHECK_S", "0.01")
     monkeypatch.setattr(load, "supported", lambda: True)
