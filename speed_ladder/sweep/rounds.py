@@ -1,6 +1,6 @@
 """The sweep's rounds: every job (a step in a tag folder, or the A/A control run) once per round,
 K rounds, resuming in the round a killed sweep was in; before each run the machine's load and
-the run's predicted memory, after it a line of its result. The plan is sweep.py's; its types
+the run's predicted memory, after it a line of its result. The plan is driver.py's; its types
 (Plan, Pass, Job) are plan.py's, whose fields the rounds read."""
 
 import os
