@@ -5,8 +5,7 @@ No step changes it: every step measures the same way. A step script uses it as
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
     ...
-    run.inactive("02", speed_ladder.tf32_unavailable(device))  # why step 02 does nothing here, or
-    None
+    run.inactive("02", speed_ladder.tf32_unavailable(device))  # why it does nothing here, or None
     run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start
     ...  run.step_done(loss, tokens)            # after each optimizer step
     with run.paused(): ...                      # evaluation / sampling: not timed, not in the peak
@@ -22,8 +21,7 @@ from speed_ladder.flags import main, parse_args
 from speed_ladder.presets import GPT2_VOCAB
 
 # The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
-# charts,
-# plot_results.py) runs this file and must not need torch.
+# charts, plot_results.py) runs this file and must not need torch.
 _NEEDS_TORCH = {
     "Run": "measure.run",
     "bf16_is_fast": "measure.device",

@@ -12,7 +12,7 @@ import sys
 from speed_ladder.errors import UserError, broken_pipe, fail, flush_stdout
 from speed_ladder.flags import Parser
 from speed_ladder.report import check
-from speed_ladder.sweep import command as sweep_cli
+from speed_ladder.sweep import command as sweep_command
 
 
 def main(argv=None) -> int:
@@ -33,7 +33,7 @@ def parser() -> Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    sweep_cli.add_run_parser(sub)
+    sweep_command.add_run_parser(sub)
     check.add_check_parser(sub)
     return p
 

@@ -204,8 +204,7 @@ def shown_path(script: str) -> str:
 class FailureHandoff:
     """The hand-off from a step's `Run` to `speed_ladder.main`: the Run registers the function that
     writes its failure record when it is made (`Run.__init__`), and `speed_ladder.main` calls it
-    when
-    the step dies of bad input, an OOM or a crash. Before a Run exists (bad flags) there is
+    when the step dies of bad input, an OOM or a crash. Before a Run exists (bad flags) there is
     nothing to record. The last Run registered is the one recorded."""
 
     def __init__(self):

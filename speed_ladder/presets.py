@@ -6,18 +6,17 @@ Raschka, LLMs-from-scratch ch05/10). `cpu` keeps GPT-2's shape of work on a 2-co
 `tiny` is for tests: seconds per run, and dropout 0 so that the loss-parity tests compare
 deterministic numbers.
 
-`gpt2-medium`, `gpt2-large` and `gpt2-xl` are the rest of the GPT-2 family, for step 14 (FSDP2)
-and the memory model (`speed_ladder.measure.memory_model`): shapes from the GPT-2 paper (Radford et
-al. 2019,
-Table 2: 24 x 1024, 36 x 1280, 48 x 1600; the heads, 16/20/25, from OpenAI's released configs,
-64 channels each), context 1024. GPT-2 trained with 512 sequences of 1024 tokens per step and
-does not publish its learning rates ("manually tuned"); the rates here are the GPT-3 paper's
-for the same sizes (Brown et al. 2020, Table 2.1: 350M 3.0e-4, 760M 2.5e-4, 1.3B 2.0e-4, for
-0.5-1M-token batches), which Karpathy's llm.c GPT-2 reproductions follow. `batch_size` and
-`large_batch_size` are sequences per process, sized for one GPU; the paper's 512 would be
-large_batch_size x GPUs x gradient-accumulation steps (e.g. 16 x 8 x 4 for gpt2-medium; this
-ladder has no accumulation, so its global batch is large_batch_size x GPUs). Their run length is
-a measuring run: 30 steps, 10 of them warm-up.
+`gpt2-medium`, `gpt2-large` and `gpt2-xl` are the rest of the GPT-2 family, for step 14 (FSDP2) and
+the memory model (`speed_ladder.measure.memory_model`): shapes from the GPT-2 paper (Radford et al.
+2019, Table 2: 24 x 1024, 36 x 1280, 48 x 1600; the heads, 16/20/25, from OpenAI's released configs,
+64 channels each), context 1024. GPT-2 trained with 512 sequences of 1024 tokens per step and does
+not publish its learning rates ("manually tuned"); the rates here are the GPT-3 paper's for the same
+sizes (Brown et al. 2020, Table 2.1: 350M 3.0e-4, 760M 2.5e-4, 1.3B 2.0e-4, for 0.5-1M-token
+batches), which Karpathy's llm.c GPT-2 reproductions follow. `batch_size` and `large_batch_size` are
+sequences per process, sized for one GPU; the paper's 512 would be large_batch_size x GPUs x
+gradient-accumulation steps (e.g. 16 x 8 x 4 for gpt2-medium; this ladder has no accumulation, so
+its global batch is large_batch_size x GPUs). Their run length is a measuring run: 30 steps, 10 of
+them warm-up.
 
 `check_name` is the one check of a preset's name. Which preset a run uses, with its flags
 and the batch rule that fits a smaller GPU applied, is speed_ladder/spec.py's (`resolve`).

@@ -17,9 +17,8 @@ sweep predicts is the run the step does; the record keeps it (`spec`).
   measures it (device.bf16_is_fast, cached) and memory_model.act_bytes_of asks the same.
 
 speed_ladder.measure.memory_model is imported where it is used: speed_ladder/__init__.py imports
-this module
-(through run.py), and `python -m speed_ladder.measure.memory_model` must find that module not yet
-imported.
+this module (through run.py), and `python -m speed_ladder.measure.memory_model` must find that
+module not yet imported.
 """
 
 from dataclasses import dataclass
@@ -29,9 +28,8 @@ from speed_ladder.files import data_id
 from speed_ladder.presets import GPT2_VOCAB, PRESETS
 
 # speed_ladder.measure.memory_model leaves out backward's transient tensors: on the one published
-# fp32 peak,
-# step 00 at batch 8 (26.26 GB reserved on an A100, results/reference), it predicts 21.8 GB:
-# x1.20. The rule adds 25% to every prediction, then the CUDA context (memory_model's 1 GiB).
+# fp32 peak, step 00 at batch 8 (26.26 GB reserved on an A100, results/reference), it predicts 21.8
+# GB: x1.20. The rule adds 25% to every prediction, then the CUDA context (memory_model's 1 GiB).
 FIT_MARGIN = 1.25
 LADDER_STEPS = [f"{i:02d}" for i in range(15)]
 

@@ -216,7 +216,7 @@ def main():
     P = run.preset
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
-    # step; the preset (--preset, speed_ladder/presets.py) sets the sizes it names: cpu, tiny, ...
+    # step; --preset (speed_ladder/presets.py: cpu, tiny, gpt2-xl, ...) sets the sizes it names
     GPT_CONFIG = {
         "vocab_size": 50257,  # GPT-2 BPE vocabulary
         "context_length": 1024,  # longest input, in tokens

@@ -4,9 +4,8 @@ The output layer is a (B*T, C) x (C, V) matmul, the largest in the model. V = 50
 its tiles do not line up with the GPU's 64/128-wide matmul tiles and the last tile is mostly
 wasted work. 50304 = 786 x 64 is the next multiple of 64 (Karpathy, nanoGPT: "~25% speedup").
 The 47 extra rows are never targets: training pushes their logits down, and generation sets
-their logits to -inf (ids >= speed_ladder.GPT2_VOCAB), so a sample never picks one; filtering them
-out
-of the decoded text would only hide such a pick.
+their logits to -inf (ids >= speed_ladder.GPT2_VOCAB), so a sample never picks one; filtering
+them out of the decoded text would only hide such a pick.
 The loss starts from a different random init (larger embedding), so it is compared with a
 tolerance.
 
@@ -227,7 +226,7 @@ def main():
     P = run.preset
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
-    # step; the preset (--preset, speed_ladder/presets.py) sets the sizes it names: cpu, tiny, ...
+    # step; --preset (speed_ladder/presets.py: cpu, tiny, gpt2-xl, ...) sets the sizes it names
     GPT_CONFIG = {
         "vocab_size": 50304,  # step 09: GPT-2's 50257 padded to a multiple of 64
         "context_length": 1024,  # longest input, in tokens
@@ -274,8 +273,8 @@ def main():
 
     use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
     run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
-    # step 07: on the math path only (no fused kernel here)? why, or None
-    run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))  # step 07
+    # step 07: inactive where SDPA runs its math path (no fused kernel)
+    run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

@@ -67,6 +67,20 @@ def offline_env(tmp_path_factory):
     yield
 
 
+def sweep_here(capsys, *args) -> tuple[int, str, str]:
+    """`python -m speed_ladder run ARGS` in this process (no interpreter start, torch is loaded);
+    the steps still run as child processes. Returns (exit code, stdout, stderr)."""
+    from speed_ladder.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main(["run", *map(str, args)])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 def run_script(args, timeout=600, env=None, cwd=ROOT):
     """Run a command, return CompletedProcess with text output. The command gets a process group
     of its own; a timeout, a test's limit (tests/budget.py) or Ctrl-C kills the whole group, so

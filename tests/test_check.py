@@ -1,6 +1,5 @@
 """python -m speed_ladder check: a results folder from another machine, validated. Small synthetic
-tag
-folders in tmp_path: committed records of steps 00-01 (3 rounds, with the A/A control) as
+tag folders in tmp_path: committed records of steps 00-01 (3 rounds, with the A/A control) as
 templates, their paths stripped, their scripts pinned to HEAD, and a summary.csv written by the
 harness's own summary writer; then one thing broken at a time."""
 
@@ -151,27 +150,26 @@ def test_a_record_from_another_machine(tmp_path, records):
     )
 
 
-def test_a_busy_run(tmp_path, records):
+@pytest.mark.parametrize(
+    ("i", "field", "value", "problem"),
+    [
+        (0, "other_load", 1.02, "measured on a busy machine: other processes used 1.02 CPU cores "
+         "(busy above 0.1)"),  # step 00, round 1
+        (2, "interpreted", True, "ran through Triton's interpreter (TRITON_INTERPRET=1): "
+         "numerics only, not a measurement"),  # step 01, round 1
+    ],
+    ids=["a busy run", "a run through Triton's interpreter"],
+)  # fmt: skip
+def test_a_record_that_measured_nothing_reliable(tmp_path, records, i, field, value, problem):
     def edit(recs):
-        recs[0]["other_load"] = 1.02
+        recs[i][field] = value
 
     rc, problems, _ = run_check(make_tag(tmp_path, records, edit))
     assert rc == 1
+    rec = records[i]
     assert problems == [
-        f"box-x1: step 00 round 1 run {records[0]['sweep']['run_id'][:8]} (line 1): measured on a "
-        "busy machine: other processes used 1.02 CPU cores (busy above 0.1)"
-    ]
-
-
-def test_a_run_through_tritons_interpreter(tmp_path, records):
-    def edit(recs):
-        recs[2]["interpreted"] = True  # step 01, round 1
-
-    rc, problems, _ = run_check(make_tag(tmp_path, records, edit))
-    assert rc == 1
-    assert problems == [
-        f"box-x1: step 01 round 1 run {records[2]['sweep']['run_id'][:8]} (line 3): ran through "
-        "Triton's interpreter (TRITON_INTERPRET=1): numerics only, not a measurement"
+        f"box-x1: step {rec['step']} round 1 run {rec['sweep']['run_id'][:8]} (line {i + 1}): "
+        + problem
     ]
 
 

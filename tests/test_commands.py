@@ -1,7 +1,6 @@
 """Every documented multi-process command works on the default text, by the harness's own
-arithmetic: one global batch (per-process batch x processes) of the step's preset fits the
-training windows Middlemarch gives at the preset's context (speed_ladder.measure.data.num_windows),
-and
+arithmetic: one global batch (per-process batch x processes) of the step's preset fits the training
+windows Middlemarch gives at the preset's context (speed_ladder.measure.data.num_windows), and
 validation gets a window. Parsed from the code blocks of README.md and docs/*.md and from every
 step's docstring: each `torchrun ...` command and each `python -m speed_ladder run ... --nproc N`.
 """
@@ -124,20 +123,19 @@ def test_each_documented_command_fits_one_global_batch_in_middlemarch(
         assert val >= 1
 
 
-def harness_commands() -> list[str]:
+def speed_ladder_commands() -> list[str]:
     """Every `python -m speed_ladder ...` command in the code blocks of README.md and docs/*.md
-    (after
-    `&&` too)."""
+    (after `&&` too)."""
     blocks = [b for page in markdown_pages() for b in code_blocks(page)]
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
     parts = [p.strip() for line in lines for p in line.split(" #", 1)[0].split("&&")]
     return [p for p in parts if p.startswith("python -m speed_ladder ")]
 
 
-def test_each_documented_harness_command_parses():
+def test_each_documented_speed_ladder_command_parses():
     from speed_ladder.__main__ import parser
 
-    commands = harness_commands()
+    commands = speed_ladder_commands()
     assert {c.split()[3] for c in commands} == {"run", "check"}
     for command in commands:  # a bad flag would exit 2 here
         assert parser().parse_args(shlex.split(command)[3:]).command in ("run", "check")

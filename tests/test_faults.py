@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, VERDICT, py, records
+from conftest import ROOT, VERDICT, py, records, sweep_here
 
 from speed_ladder import files
 from speed_ladder import flags as cli
@@ -31,19 +31,6 @@ from speed_ladder.sweep import launch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TAG = sweep.hardware_tag("cpu", 1)
-
-
-def sweep_here(capsys, *args) -> tuple[int, str, str]:
-    """`python -m speed_ladder run ARGS` in this process; returns (exit code, stdout, stderr)."""
-    from speed_ladder.__main__ import main
-
-    capsys.readouterr()
-    try:
-        code = main(["run", *map(str, args)])
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def fixture_sweep(capsys, results, *args):
@@ -243,17 +230,17 @@ def test_a_peak_measured_on_a_busy_machine_is_used_once_and_not_cached(
 ):
     """Another process sharing the cores lowers the measured rate; caching it would understate
     the peak (and overstate MFU) on every later run of this machine."""
-    from speed_ladder.measure import cpu_load as load
+    from speed_ladder.measure import cpu_load
 
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     monkeypatch.setattr(matmul_peak, "_matmul_rate", lambda d, dtype, n=1024: 3e10)
-    monkeypatch.setattr(load.Meter, "stop", lambda self: {"other_load": 1.4})
+    monkeypatch.setattr(cpu_load.Meter, "stop", lambda self: {"other_load": 1.4})
     peak, _ = device.peak_flops(torch.device("cpu"))
     assert peak == 3e10  # this run uses it
     assert not (tmp_path / "matmul_peak.json").exists()
     err = capsys.readouterr().err
     assert "other processes used 1.40 CPU cores: not cached" in err and "Traceback" not in err
-    monkeypatch.setattr(load.Meter, "stop", lambda self: {"other_load": 0.01})  # quiet now
+    monkeypatch.setattr(cpu_load.Meter, "stop", lambda self: {"other_load": 0.01})  # quiet now
     device.peak_flops(torch.device("cpu"))
     assert json.loads((tmp_path / "matmul_peak.json").read_text())
 

@@ -11,48 +11,27 @@ gcnArchName 'gfx942:sramecc+:xnack-', 304 CUs), rocminfo's marketing name in ROC
 SXM and a few MIG profiles follow the same naming where no printed one was found.
 """
 
+import csv
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from speed_ladder.measure import gpus
 
-# name, multi_processor_count (None: not passed), expected dense TFLOP/s, precision, label
-SAMPLES = [
-    ("NVIDIA A100-SXM4-40GB", 108, 312.0, "bf16", "A100 SXM"),
-    ("NVIDIA A100-SXM4-80GB", None, 312.0, "bf16", "A100 SXM"),
-    ("NVIDIA A100-PCIE-40GB", 108, 312.0, "bf16", "A100 PCIe"),
-    ("NVIDIA A100 80GB PCIe", 108, 312.0, "bf16", "A100 PCIe"),
-    ("NVIDIA H100 80GB HBM3", 132, 989.5, "bf16", "H100 SXM"),
-    ("NVIDIA H100 PCIe", 114, 756.5, "bf16", "H100 PCIe"),
-    ("NVIDIA H100 NVL", 132, 835.5, "bf16", "H100 NVL"),
-    ("NVIDIA H200", 132, 989.5, "bf16", "H200 SXM"),
-    ("NVIDIA H200 NVL", 132, 835.5, "bf16", "H200 NVL"),
-    ("NVIDIA H800", 132, 989.5, "bf16", "H800 SXM"),
-    ("NVIDIA H800 PCIe", 114, 756.5, "bf16", "H800 PCIe"),
-    ("NVIDIA A800-SXM4-80GB", 108, 312.0, "bf16", "A800 SXM"),
-    ("NVIDIA A800 80GB PCIe", 108, 312.0, "bf16", "A800 PCIe"),
-    ("NVIDIA L4", 58, 121.0, "bf16", "L4"),
-    ("NVIDIA L40S", 142, 362.05, "bf16", "L40S"),
-    ("NVIDIA L40", 142, 181.05, "bf16", "L40"),
-    ("NVIDIA A10", 72, 125.0, "bf16", "A10"),
-    ("NVIDIA A10G", 80, 70.0, "bf16", "A10G"),
-    ("NVIDIA GeForce RTX 3090", 82, 71.2, "bf16", "GeForce RTX 3090"),
-    ("NVIDIA GeForce RTX 3090 Ti", 84, 80.0, "bf16", "GeForce RTX 3090 Ti"),
-    ("NVIDIA GeForce RTX 4090", 128, 165.2, "bf16", "GeForce RTX 4090"),
-    ("NVIDIA GeForce RTX 5090", 170, 209.5, "bf16", "GeForce RTX 5090"),
-    ("NVIDIA RTX A6000", 84, 154.8, "bf16", "RTX A6000"),
-    ("NVIDIA RTX 6000 Ada Generation", 142, 364.2, "bf16", "RTX 6000 Ada"),
-    ("Tesla V100-SXM2-16GB", 80, 125.0, "fp16", "V100 SXM2"),
-    ("Tesla V100-SXM2-32GB", None, 125.0, "fp16", "V100 SXM2"),
-    ("Tesla V100-PCIE-32GB", 80, 112.0, "fp16", "V100 PCIe"),
-    ("Tesla V100S-PCIE-32GB", 80, 130.0, "fp16", "V100S PCIe"),
-    ("Tesla T4", 40, 65.0, "fp16", "T4"),
-    ("AMD Instinct MI250X", 110, 191.5, "bf16", "MI250X (one GCD)"),
-    ("AMD Instinct MI250X/MI250", 110, 191.5, "bf16", "MI250X (one GCD)"),
-    ("AMD Instinct MI250", 104, 181.05, "bf16", "MI250 (one GCD)"),
-    ("AMD Instinct MI300X", 304, 1307.4, "bf16", "MI300X"),
-]
+
+def _samples() -> list[tuple]:
+    """tests/gpu_samples.csv, a row per sample: (name, multi_processor_count (empty: not passed),
+    expected dense TFLOP/s, precision, the label of the one GPU_PEAKS row it matches)."""
+    with open(Path(__file__).with_name("gpu_samples.csv"), newline="") as f:
+        return [
+            (r["name"], int(r["sms"]) if r["sms"] else None, float(r["tflops"]), r["precision"],
+             r["label"])
+            for r in csv.DictReader(f)
+        ]  # fmt: skip
+
+
+SAMPLES = _samples()
 
 # The issue's list, by the label of the row that covers it.
 REQUIRED = {

@@ -11,7 +11,8 @@ import sys
 import time
 
 import pytest
-from test_sweep import FIXTURES, TAG, _alive, runs_of, summary_of, sweep_here
+from conftest import sweep_here
+from test_sweep import FIXTURES, TAG, _alive, runs_of, summary_of
 
 from speed_ladder import machine
 from speed_ladder.errors import UserError

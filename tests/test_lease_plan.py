@@ -1,6 +1,5 @@
 """speed_ladder/sweep/lease_plan.py (tools/gpu_session.sh --plan): the bounded ladder fits a lent
-GPU's
-20-minute target, checked on the plan and on a simulated session against a simulated clock."""
+GPU's 20-minute target, checked on the plan and on a simulated session against a simulated clock."""
 
 import json
 import os

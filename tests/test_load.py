@@ -1,6 +1,6 @@
 """speed_ladder.measure.cpu_load: other processes' CPU use during a run (other_load), the sweep's
-busy check and
---wait-quiet. Real CPU burners (`yes`) for a few seconds; the rest with fake samples and clocks."""
+busy check and --wait-quiet. Real CPU burners (`yes`) for a few seconds; the rest with fake samples
+and clocks."""
 
 import os
 import signal
@@ -11,9 +11,9 @@ import time
 import pytest
 from conftest import ROOT, records
 
-from speed_ladder.measure import cpu_load as load
+from speed_ladder.measure import cpu_load
 
-linux = pytest.mark.skipif(not load.supported(), reason="needs Linux /proc")
+linux = pytest.mark.skipif(not cpu_load.supported(), reason="needs Linux /proc")
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
@@ -29,11 +29,11 @@ def burners():
 
 
 def _sample(t, busy, procs):
-    return load.Sample(t, busy, {pid: load.Proc(*v) for pid, v in procs.items()})
+    return cpu_load.Sample(t, busy, {pid: cpu_load.Proc(*v) for pid, v in procs.items()})
 
 
 def test_other_cores_leaves_out_the_runs_own_process_tree():
-    hz = load._hz()
+    hz = cpu_load._hz()
     # pid 10 is the run; 11 its child (alive in both), 12 a child that ended and was reaped
     # (its time moved to 10's cutime); 20 another process
     a = _sample(0.0, 0, {10: (1, "run", 0, 0), 11: (10, "worker", 0, 0), 12: (10, "w2", 0, 0),
@@ -41,20 +41,20 @@ def test_other_cores_leaves_out_the_runs_own_process_tree():
     b = _sample(2.0, 6 * hz, {10: (1, "run", 2 * hz, hz), 11: (10, "worker", hz, 0),
                               20: (1, "other", 2 * hz, 0)})  # fmt: skip
     # 6 core-seconds busy in 2 s; the run's tree used 4 of them: others 1 core on average
-    assert load.other_cores(a, b, 10) == pytest.approx(1.0)
-    assert load.top_others(a, b, 10) == [("other", 1.0)]
-    assert load.other_cores(a, b, 20) == pytest.approx(2.0)  # everyone else is other to 20
-    assert load.other_cores(_sample(0, None, {}), b, 10) is None
+    assert cpu_load.other_cores(a, b, 10) == pytest.approx(1.0)
+    assert cpu_load.top_others(a, b, 10) == [("other", 1.0)]
+    assert cpu_load.other_cores(a, b, 20) == pytest.approx(2.0)  # everyone else is other to 20
+    assert cpu_load.other_cores(_sample(0, None, {}), b, 10) is None
     # a window of 5 ms: one 10-ms tick would read as 2 cores; too short to tell
-    assert load.other_cores(a, _sample(0.005, 1, {10: (1, "run", 0, 0)}), 10) is None
+    assert cpu_load.other_cores(a, _sample(0.005, 1, {10: (1, "run", 0, 0)}), 10) is None
 
 
 def test_threshold_and_notes():
-    assert load.threshold(2) == 0.1 and load.threshold(16) == 0.32
-    t = load.threshold()
-    assert not load.is_busy(None) and not load.is_busy(t) and load.is_busy(t + 0.01)
-    assert load.busy_note(t / 2) is None
-    note = load.busy_note(1.5)
+    assert cpu_load.threshold(2) == 0.1 and cpu_load.threshold(16) == 0.32
+    t = cpu_load.threshold()
+    assert not cpu_load.is_busy(None) and not cpu_load.is_busy(t) and cpu_load.is_busy(t + 0.01)
+    assert cpu_load.busy_note(t / 2) is None
+    note = cpu_load.busy_note(1.5)
     assert note.startswith("unreliable: other processes used 1.50 CPU cores") and "--wait" in note
 
 
@@ -69,7 +69,7 @@ def sleeper():
 
 @linux
 def test_two_burners_read_as_at_least_one_core(burners, sleeper):
-    meter = load.Meter(root=sleeper)
+    meter = cpu_load.Meter(root=sleeper)
     meter.start()
     time.sleep(1.5)
     got = meter.stop()
@@ -93,7 +93,7 @@ def test_a_run_under_burners_records_its_other_load_and_says_unreliable(
         device, preset, max_steps, epochs, warmup_steps, batch_size = "cpu", "tiny", 3, 1, 1, None
         data, results, seed = None, str(tmp_path / "r.jsonl"), 123
 
-    monkeypatch.setattr(load, "own_root", lambda: sleeper)
+    monkeypatch.setattr(cpu_load, "own_root", lambda: sleeper)
     monkeypatch.setattr(device, "peak_flops", lambda d: (1e12, "a 1 TFLOP/s peak"))
     run = Run(Args, "00", str(ROOT / "00_orig.py"))
     model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 100))
@@ -129,7 +129,7 @@ def detached_burners():
 
 @linux
 def test_the_sweep_says_when_the_machine_is_busy(detached_burners, tmp_path, capsys, monkeypatch):
-    from test_sweep import sweep_here
+    from conftest import sweep_here
 
     monkeypatch.setenv("SPEED_LADDER_CHECK_S", "0.5")
     args = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", tmp_path, "--device", "cpu"]
@@ -141,11 +141,11 @@ def test_the_sweep_says_when_the_machine_is_busy(detached_burners, tmp_path, cap
 
 
 def test_wait_quiet_in_the_sweep(tmp_path, capsys, monkeypatch):
-    from test_sweep import sweep_here
+    from conftest import sweep_here
 
     monkeypatch.setenv("SPEED_LADDER_CHECK_S", "0.01")
-    monkeypatch.setattr(load, "supported", lambda: True)
-    monkeypatch.setattr(load, "measure_others", lambda s: (1.7, [("yes", 0.9)]))
+    monkeypatch.setattr(cpu_load, "supported", lambda: True)
+    monkeypatch.setattr(cpu_load, "measure_others", lambda s: (1.7, [("yes", 0.9)]))
     args = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", tmp_path, "--device", "cpu"]
     code, out, _ = sweep_here(capsys, *args, "--no-plots", "--steps", "00", "--wait-quiet", "0.05")
     assert code == 0
@@ -162,15 +162,15 @@ def test_wait_quiet_shows_progress_and_is_bounded():
         return next(loads), [("yes", 1.0)]
 
     clock = lambda: now[0]
-    assert load.wait_quiet(60, say=said.append, measure=measure, clock=clock)
+    assert cpu_load.wait_quiet(60, say=said.append, measure=measure, clock=clock)
     assert said[0].startswith("waiting for a quiet machine: other processes are using 1.20")
     assert "(yes 1.0)" in said[0] and said[-1].startswith("machine quiet")
     said.clear()
     now[0] = 0.0
     busy = lambda: (now.__setitem__(0, now[0] + 4.0), (1.5, []))[1]
-    assert not load.wait_quiet(10, say=said.append, measure=busy, clock=clock)
+    assert not cpu_load.wait_quiet(10, say=said.append, measure=busy, clock=clock)
     assert said[-1].startswith("still busy after 12 s")
     said.clear()
-    assert load.quiet_check(say=said.append, measure=lambda: (0.01, [])) == 0.01 and not said
-    load.quiet_check(say=said.append, measure=lambda: (1.5, []))
+    assert cpu_load.quiet_check(say=said.append, measure=lambda: (0.01, [])) == 0.01 and not said
+    cpu_load.quiet_check(say=said.append, measure=lambda: (1.5, []))
     assert said[0].startswith("machine busy:")

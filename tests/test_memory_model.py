@@ -1,6 +1,5 @@
 """speed_ladder/measure/memory_model.py: the prediction against a direct count of the ladder's
-model, the
-GPT-2 family's sizes, and the "largest preset that fits" table (predicted)."""
+model, the GPT-2 family's sizes, and the "largest preset that fits" table (predicted)."""
 
 import functools
 import sys

@@ -1,7 +1,6 @@
 """The summary's loss parity (speed_ladder/parity.py): each step's losses against the previous
-step's,
-round with round, under tests/loss_parity.json's rule for the step and the runs' regimes, and
-`not comparable` where the rule does not hold on the preset. Synthetic records: milliseconds."""
+step's, round with round, under tests/loss_parity.json's rule for the step and the runs' regimes,
+and `not comparable` where the rule does not hold on the preset. Synthetic records: milliseconds."""
 
 from speed_ladder import parity
 

@@ -1,6 +1,5 @@
 """plot_results.py (speed_ladder.report.redraw): headless charts from a summary.csv, the README
-table,
-completeness."""
+table, completeness."""
 
 import os
 import shutil

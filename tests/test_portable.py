@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import BPE, ROOT, VERDICT
-from test_sweep import TAG, runs_of, sweep_here
+from conftest import BPE, ROOT, VERDICT, sweep_here
+from test_sweep import TAG, runs_of
 
 from speed_ladder.files import data_id, portable_path
 from speed_ladder.ladder import discover

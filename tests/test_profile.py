@@ -297,9 +297,9 @@ def test_a_profiler_that_cannot_start_costs_the_run_nothing(monkeypatch):
 # ---------------------------------------------------------------- flags
 def test_profile_flags_are_passed_but_do_not_identify_a_run(tmp_path):
     p = cli.Parser()
-    from speed_ladder.sweep import command as sweep_cli
+    from speed_ladder.sweep import command as sweep_command
 
-    sweep_cli.add_run_parser(p.add_subparsers(dest="command"))
+    sweep_command.add_run_parser(p.add_subparsers(dest="command"))
     values = vars(p.parse_args(["run", "--profile", "--trace", str(tmp_path)]))
     assert values["profile"] == profile.PROFILE_STEPS == 3
     assert "profile" not in cli.run_config(values) and "trace" not in cli.run_config(values)
@@ -316,7 +316,8 @@ def test_a_profiled_sweep_reruns_steps_without_a_breakdown_and_charts_it(tmp_pat
     """Fixture steps: --profile keeps the configuration (same runs.jsonl config), reruns the
     steps whose latest runs have no time breakdown, and draws time_breakdown.png, which the
     README links."""
-    from test_sweep import FIXTURES, runs_of, summary_of, sweep_here
+    from conftest import sweep_here
+    from test_sweep import FIXTURES, runs_of, summary_of
 
     from speed_ladder.report.readme import results_markdown
     from speed_ladder.report.time_chart import TIME_CHART

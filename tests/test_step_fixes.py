@@ -73,28 +73,31 @@ def _raise(e):
     return apply
 
 
-def test_a_cuda_oom_inside_liger_is_recorded_oom_not_a_fallback(step12, monkeypatch, capsys):
-    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (GPU 0)")
-    fake_liger(monkeypatch, _raise(oom))
+def _fails_inside_liger(step12, monkeypatch, error):
+    """Liger's kernel raises `error` in a step run under the flags' main wrapper: (exit code,
+    the failure records it wrote as [(status, reason)], the step's fused loss)."""
+    fake_liger(monkeypatch, _raise(error))
     fused = step12.FusedLinearCrossEntropy(torch.float32, CUDA)
     recorded = []
     monkeypatch.setattr(cli.on_failure, "_write", lambda s, r: recorded.append((s, r)))
     with pytest.raises(SystemExit) as e:
         cli.main(lambda: fused(*data()))
-    assert e.value.code == 3
+    return e.value.code, recorded, fused
+
+
+def test_a_cuda_oom_inside_liger_is_recorded_oom_not_a_fallback(step12, monkeypatch, capsys):
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (GPU 0)")
+    code, recorded, fused = _fails_inside_liger(step12, monkeypatch, oom)
+    assert code == 3
     assert recorded == [("oom", "CUDA out of memory. Tried to allocate 6.00 GiB (GPU 0)")]
     assert fused.fallback_reason is None and fused.liger is not None  # no silent fallback
 
 
 def test_a_triton_error_inside_liger_is_recorded_error_with_its_reason(step12, monkeypatch):
     CompilationError = type("CompilationError", (Exception,), {"__module__": "triton.compiler"})
-    fake_liger(monkeypatch, _raise(CompilationError("at 12:4: out of resources: shared memory")))
-    fused = step12.FusedLinearCrossEntropy(torch.float32, CUDA)
-    recorded = []
-    monkeypatch.setattr(cli.on_failure, "_write", lambda s, r: recorded.append((s, r)))
-    with pytest.raises(SystemExit) as e:
-        cli.main(lambda: fused(*data()))
-    assert e.value.code == 1
+    error = CompilationError("at 12:4: out of resources: shared memory")
+    code, recorded, _ = _fails_inside_liger(step12, monkeypatch, error)
+    assert code == 1
     ((status, reason),) = recorded
     assert status == "error" and "CompilationError" in reason and "shared memory" in reason
 

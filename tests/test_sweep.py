@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BPE, ROOT, VERDICT
+from conftest import BPE, ROOT, VERDICT, sweep_here
 
 from speed_ladder import flags as cli
 from speed_ladder import machine
@@ -25,7 +25,7 @@ from speed_ladder.measure.data import stage_bpe
 from speed_ladder.records import append_jsonl
 from speed_ladder.report.summary import NUMBER_COLUMNS
 from speed_ladder.store import load_runs, recover
-from speed_ladder.sweep import command as sweep_cli
+from speed_ladder.sweep import command as sweep_command
 from speed_ladder.sweep import driver as sweep
 from speed_ladder.sweep import launch
 from speed_ladder.sweep.child import failure_reason
@@ -44,7 +44,7 @@ def env(tmp_path_factory):
     return {**os.environ, "TIKTOKEN_CACHE_DIR": str(tk), "SPEED_LADDER_CACHE": str(cache)}
 
 
-def harness_run(*args, env, timeout=600):
+def speed_ladder_run(*args, env, timeout=600):
     return subprocess.run(
         [sys.executable, "-m", "speed_ladder", "run", *map(str, args)],
         cwd=ROOT,
@@ -53,20 +53,6 @@ def harness_run(*args, env, timeout=600):
         text=True,
         timeout=timeout,
     )
-
-
-def sweep_here(capsys, *args) -> tuple[int, str, str]:
-    """`python -m speed_ladder run ARGS` in this process (no interpreter start, torch is loaded);
-    the steps still run as child processes. Returns (exit code, stdout, stderr)."""
-    from speed_ladder.__main__ import main
-
-    capsys.readouterr()
-    try:
-        code = main(["run", *map(str, args)])
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def runs_of(results: Path, tag: str = TAG) -> list[dict]:
@@ -99,7 +85,7 @@ def real_sweep(env, tmp_path_factory):
     args = ["--steps", "00-02", "--preset", "tiny", "--device", "cpu", "--max-steps", 3]
     args += ["--warmup-steps", 1, "--data", VERDICT, "--results-dir", results]
     t0 = time.monotonic()
-    proc = harness_run(*args, env=env)
+    proc = speed_ladder_run(*args, env=env)
     return results, args, proc, time.monotonic() - t0
 
 
@@ -146,7 +132,7 @@ def test_rerun_is_skipped_as_up_to_date(real_sweep, env):
     assert first.returncode == 0
     before = (results / TAG / "runs.jsonl").read_bytes()
     t0 = time.monotonic()
-    proc = harness_run(*args, "--no-plots", env=env)
+    proc = speed_ladder_run(*args, "--no-plots", env=env)
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("up to date") == 3, proc.stdout
@@ -372,7 +358,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypat
 
 
 def test_unknown_step_is_one_error_line(tmp_path):
-    proc = harness_run(
+    proc = speed_ladder_run(
         "--steps", "00,42", "--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", tmp_path,
         env=dict(os.environ),
     )  # fmt: skip
@@ -430,12 +416,12 @@ def test_hardware_tag(monkeypatch):
 
 
 def test_one_flag_table_gives_the_steps_and_the_sweep_their_flags():
-    """cli.STEP_FLAGS: a step parses every flag; the sweep passes on the identifying ones. A
+    """flags.STEP_FLAGS: a step parses every flag; the sweep passes on the identifying ones. A
     default sweep's config and step argv are those the committed results/*/runs.jsonl hold, so
     those records stay up to date."""
     assert sorted(vars(cli.parse_args(None, []))) == sorted(f.dest for f in cli.STEP_FLAGS)
     p = cli.Parser()
-    sweep_cli.add_run_parser(p.add_subparsers(dest="command"))
+    sweep_command.add_run_parser(p.add_subparsers(dest="command"))
     values = vars(p.parse_args(["run"]))
     assert cli.run_config(values) == {"preset": None, "device": "auto", "max_steps": None,
                                       "warmup_steps": None, "seed": 123, "data": None}  # fmt: skip

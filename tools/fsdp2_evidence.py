@@ -8,11 +8,10 @@ CUDA), and prints one JSON line per set-up (rank 0's view, per-rank lists where 
 - fsdp2-mp: FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's
   default (bf16 compute and all-gather; the autocast context is kept).
 It reports the per-step losses and the largest |loss - ddp's|, the median step time, each rank's
-peak memory over the steps after the first (CUDA: max allocated; CPU: peak RSS), the measured
-bytes of state a rank holds (local params, grads and AdamW moments) against
+peak memory over the steps after the first (CUDA: max allocated; CPU: peak RSS), the measured bytes
+of state a rank holds (local params, grads and AdamW moments) against
 speed_ladder.measure.memory_model's prediction, and the bytes each rank puts into collectives per
-step
-(all-reduce for DDP, all-gather and reduce-scatter for FSDP2).
+step (all-reduce for DDP, all-gather and reduce-scatter for FSDP2).
 
     python tools/fsdp2_evidence.py --nproc 2 --device cpu          # tiny, 8 steps
     python tools/fsdp2_evidence.py --nproc 2 --device cpu --bf16   # autocast on anyway

@@ -1,6 +1,5 @@
-"""Where the time goes, counted: the profiled steps' events (torch.profiler's FunctionEvents)
-turned into seconds and shares per category (`--profile`, speed_ladder.measure.profile); which
-category an
+"""Where the time goes, counted: the profiled steps' events (torch.profiler's FunctionEvents) turned
+into seconds and shares per category (`--profile`, speed_ladder.measure.profile); which category an
 op is, speed_ladder.measure.op_categories says.
 
 The denominator. Shares are of the profiled steps' wall time: each step runs inside a range

@@ -25,8 +25,8 @@ The rule:
 Adding a GPU: append a Row to GPU_PEAKS: a regex that matches its get_device_name() and no
 other row's names, the dense figure from the vendor's datasheet (halve a "with sparsity" one),
 the precision, the product's SM (CU) count as multi_processor_count reports it, and the source
-(URL and the figure's wording); then add a sample name to SAMPLES in tests/test_gpus.py, which
-checks that every sample matches exactly one row.
+(URL and the figure's wording); then add a sample to tests/gpu_samples.csv, where
+tests/test_gpus.py checks that every sample matches exactly one row.
 """
 
 from __future__ import annotations

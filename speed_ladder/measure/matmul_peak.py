@@ -13,7 +13,7 @@ import torch
 
 from speed_ladder.errors import warn
 from speed_ladder.files import atomic_write_bytes, cache_dir
-from speed_ladder.measure import cpu_load as load
+from speed_ladder.measure import cpu_load
 from speed_ladder.measure.device import name, synchronize
 
 
@@ -111,7 +111,7 @@ def measured_matmul_rates(device: torch.device) -> dict:
 
     A cached entry outside the device's plausible range (see PLAUSIBLE_PEAK), or of the wrong
     type, is measured again; a measurement outside it, or one taken while other processes kept
-    a CPU busy (load.py's threshold), is returned but not cached.
+    a CPU busy (cpu_load.py's threshold), is returned but not cached.
     """
     key = rates_key(device)
     path = cache_dir() / "matmul_peak.json"
@@ -121,14 +121,14 @@ def measured_matmul_rates(device: torch.device) -> dict:
         if why is None:
             return table[key]
         warn(f"{path}: the cached matmul peak is implausible ({why}); measuring it again")
-    meter = load.Meter()  # other processes' CPU use while measuring (Linux; else unknown)
+    meter = cpu_load.Meter()  # other processes' CPU use while measuring (Linux; else unknown)
     meter.start()
     rates = {
         "fp32": _matmul_rate(device, torch.float32),
         "bf16": _matmul_rate(device, torch.bfloat16),
     }
     others = meter.stop()["other_load"] if device.type == "cpu" else None
-    if load.is_busy(others):  # a shared core lowers the rate: use it this run, never cache it
+    if cpu_load.is_busy(others):  # a shared core lowers the rate: use it this run, never cache it
         warn(
             f"the {device.type} matmul peak was measured while other processes used "
             f"{others:.2f} CPU cores: not cached, measured again next run"

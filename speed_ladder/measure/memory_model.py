@@ -28,8 +28,7 @@ full activations while it is recomputed.
 The sum state + buffers + activations is an upper bound of the peak (gradients are created as
 activations are freed); on CPU the process itself adds about 0.5 GiB. `python -m
 speed_ladder.measure.memory_model` prints the prediction per preset and the largest GPT-2 preset
-that fits
-per GPU for steps 10-14 (docs/memory.md, "How big can you go"): predicted, not measured.
+that fits per GPU for steps 10-14 (docs/memory.md, "How big can you go"): predicted, not measured.
 """
 
 import argparse

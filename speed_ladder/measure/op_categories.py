@@ -1,6 +1,5 @@
 """The time breakdown's categories (`--profile`, speed_ladder.measure.profile): which category an op
-is, by
-its own name, a device kernel's name or the module range it runs in; and the module ranges.
+is, by its own name, a device kernel's name or the module range it runs in; and the module ranges.
 speed_ladder.measure.breakdown counts the profiled steps' time by them.
 
 The categories, by the op's name (`aten::...`, as in `prof.key_averages()`); an op with a name

@@ -1,9 +1,8 @@
-"""Where the time goes: profile a few training steps with torch.profiler and split their time
-into categories (`--profile [N]`, `--trace DIR`). This module is the run's profiler;
+"""Where the time goes: profile a few training steps with torch.profiler and split their time into
+categories (`--profile [N]`, `--trace DIR`). This module is the run's profiler;
 speed_ladder.measure.op_categories has the categories (which op is which, the module ranges) and
 speed_ladder.measure.breakdown turns the profiled events into each category's share (the
-denominator,
-backward attribution).
+denominator, backward attribution).
 
 When. The profiled steps are never timed. With `--max-steps` (a measuring run, as in the sweep)
 they come after the timed window: the run trains N more steps (default 3) under the profiler and

@@ -36,9 +36,8 @@ from speed_ladder import machine, parity
 from speed_ladder.errors import UserError, os_error_why
 from speed_ladder.files import ROOT, check_cache_dir, portable_path
 from speed_ladder.flags import on_failure
-from speed_ladder.measure import cpu_load as load
+from speed_ladder.measure import cpu_load, profile
 from speed_ladder.measure import device as dev
-from speed_ladder.measure import profile
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
 from speed_ladder.measure.data import gpt2_tokenizer, load_split
 from speed_ladder.measure.inactive import (
@@ -87,8 +86,8 @@ class Run:
         self._t_last = None
         self._t_print = 0.0
         self._window_note = None
-        self._load = load.Meter()  # other processes' CPU use over the timed window
-        self._busy: dict | None = None  # load.Meter.stop(), at the window's end
+        self._load = cpu_load.Meter()  # other processes' CPU use over the timed window
+        self._busy: dict | None = None  # cpu_load.Meter.stop(), at the window's end
         self._memory = dev.PeakWindow(self.device)  # the timed steps' peak, pauses left out
         self._written = False
         self.memory_prediction: dict = {}  # memory_model.announce, before the first step
@@ -141,9 +140,8 @@ class Run:
     def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
         """Count FLOPs per token and start the clock (call right before the training loop)."""
         self.cfg, self.batch_size = cfg, batch_size
-        from speed_ladder.measure.memory_model import announce  # lazy: python -m
-        # speed_ladder.measure.memory_model
-        # runs it
+        # lazy: `python -m speed_ladder.measure.memory_model` runs that module as __main__
+        from speed_ladder.measure.memory_model import announce
 
         self.memory_prediction = announce(self, model)
         emb = {
@@ -218,9 +216,8 @@ class Run:
             self._stop_load()
 
     def _profile_or_window(self) -> bool:
-        """At a step boundary: start the profiled steps (see speed_ladder.measure.profile) or the
-        timed
-        window when they are due; True if either started."""
+        """At a step boundary: start the profiled steps (see profile.py) or the timed window
+        when they are due; True if either started."""
         started = False
         p = self.profiler
         if p is not None and p.state == "waiting" and self.steps_done == p.starts_after:
@@ -312,8 +309,8 @@ class Run:
         busy = self._stop_load() if self.is_rank0 else {}
         if self._window_note:
             self.note(self._window_note)
-        if load.busy_note(busy.get("other_load")):
-            self.note(load.busy_note(busy["other_load"]))
+        if cpu_load.busy_note(busy.get("other_load")):
+            self.note(cpu_load.busy_note(busy["other_load"]))
         m = across_ranks(
             Measured(
                 tokens=self.tokens_per_step,

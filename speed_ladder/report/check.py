@@ -7,7 +7,7 @@ first 8 hex digits, line in runs.jsonl); then **notes**, `note: <tag>: ...`, whi
 counted (one line for the same note on several records); then `N tag(s) checked, K problem(s)`.
 Exit 0 without problems, 1 with some, 2 on bad input (no such folder, no runs.jsonl in it).
 
-1. Every line of runs.jsonl is a record (`runs.record_problem`), each run id once.
+1. Every line of runs.jsonl is a record (`store.record_problem`), each run id once.
 2. Each record's `script_sha256` is its `script` as of its `git_sha` in this clone (or that
    file checked out with CRLF ends), and equals `sweep.script_sha256`. A HEAD whose file differs
    is a note ("changed since": the record measured the step as it then was). A mismatch is a
@@ -26,9 +26,9 @@ Exit 0 without problems, 1 with some, 2 on bad input (no such folder, no runs.js
 5. One machine: every fingerprint (`sweep.machine`, else the record's `machine`; a pooled
    sweep's `pool:NAME` is in it) equals the tag's most common one, as whole dicts. A record
    without one (older) is a note.
-6. The summary rests on no run measured busy: `other_load` above `load.threshold` of the
+6. The summary rests on no run measured busy: `other_load` above `cpu_load.threshold` of the
    measuring machine's cores (a CPU run's fingerprint has them; else this machine's, as
-   `load.is_busy`). A busy run the summary does not use (a later `--force` run replaced it) is a
+   `cpu_load.is_busy`). A busy run the summary does not use (a later `--force` run replaced it) is a
    note, and so is an ok record without `other_load` (older) or with null (not Linux).
 7. A `verdict` of faster / slower or a `mem_verdict` of more / less (gains.py) rests on 2 or
    more rounds of the step and of its `prev_step`, a noise floor, and an interval without 1.0

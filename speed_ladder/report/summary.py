@@ -2,21 +2,20 @@
 `results/<tag>/summary.csv` (atomically), read back, and printed for the terminal.
 
 Numbers appear only for steps whose last run was ok, over the last `--repeats` ok runs (one per
-round) on this machine: the median tok/s with its min and max, the speedup over step 00 (median
-over median), each step's own effect over the previous step with its interval and verdict
-(gains.py: `gain_vs_prev`, `_lo`, `_hi`, `verdict`; `mem_vs_prev` ... `mem_verdict`; the noise
-floor and where it comes from), the peak reserved GiB (max and min over the runs; per rank for a
-distributed step, `peak_per_rank_gib`), the memory model's prediction beside it, MFU and losses.
-`step_active` / `inactive_reason` come from the records (a step that does nothing on this
-device); `other_load_max` and `busy_runs` say whether other processes were busy while it was
-measured (load.py). A step whose runs say `interpreted: true` (Triton's interpreter ran step
-12's Liger on a CPU) has status `interpreted` and no tok/s, memory or MFU. `parity` says
-whether its per-step losses keep the previous step's under tests/loss_parity.json's rule
-(parity.py: `ok`, `off`, or `not comparable` where the rule does not hold for this preset),
-round with round, the worst round counting; `parity_detail` says by how much, against which
-bound and in which rounds. An MFU outside (0, 100%] is never a number: `mfu` stays empty and
-`mfu_invalid` says why. Records without the newer fields (older results) leave their cells
-empty.
+round) on this machine: the median tok/s with its min and max, the speedup over step 00 (median over
+median), each step's own effect over the previous step with its interval and verdict (gains.py:
+`gain_vs_prev`, `_lo`, `_hi`, `verdict`; `mem_vs_prev` ... `mem_verdict`; the noise floor and where
+it comes from), the peak reserved GiB (max and min over the runs; per rank for a distributed step,
+`peak_per_rank_gib`), the memory model's prediction beside it, MFU and losses. `step_active` /
+`inactive_reason` come from the records (a step that does nothing on this device); `other_load_max`
+and `busy_runs` say whether other processes were busy while it was measured (measure/cpu_load.py). A
+step whose runs say `interpreted: true` (Triton's interpreter ran step 12's Liger on a CPU) has
+status `interpreted` and no tok/s, memory or MFU. `parity` says whether its per-step losses keep the
+previous step's under tests/loss_parity.json's rule (parity.py: `ok`, `off`, or `not comparable`
+where the rule does not hold for this preset), round with round, the worst round counting;
+`parity_detail` says by how much, against which bound and in which rounds. An MFU outside (0, 100%]
+is never a number: `mfu` stays empty and `mfu_invalid` says why. Records without the newer fields
+(older results) leave their cells empty.
 """
 
 import math
@@ -74,8 +73,7 @@ NUMBER_COLUMNS = (
     + [c for c in gains.NUMBERS if "noise" not in c]
     + ["other_load_max", "peak_reserved_gib_min", "predicted_state_gib", "predicted_peak_gib"]
 )
-# where the time goes (--profile, speed_ladder.measure.profile): each category's median share over
-# the runs
+# where the time goes (--profile, measure/profile.py): each category's median share over the runs
 TIME_COLUMNS = [f"time_{c}" for c in TIME_CATEGORIES]
 SUMMARY_COLUMNS += TIME_COLUMNS
 _NUMERIC = NUMBER_COLUMNS + ["noise_floor", "mem_noise_floor"]

@@ -1,12 +1,11 @@
 """The time-breakdown chart of a tag: `time_breakdown.png`, where each step's time goes.
 
-One stacked horizontal bar per step (same order and labels as the tag's other charts), its
-segments the categories of `speed_ladder.measure.op_categories` (matmul, attention, normalization
-and
-activations, loss, optimizer, communication, data and host, other) as shares of the profiled
-steps' time: the `time_<category>` columns of summary.csv, each the median over the step's runs
-(scaled to add up to 100%). Drawn only when some step was profiled (`--profile`); a step without a
-breakdown gets a label saying why, never a bar.
+One stacked horizontal bar per step (same order and labels as the tag's other charts), its segments
+the categories of `speed_ladder.measure.op_categories` (matmul, attention, normalization and
+activations, loss, optimizer, communication, data and host, other) as shares of the profiled steps'
+time: the `time_<category>` columns of summary.csv, each the median over the step's runs (scaled to
+add up to 100%). Drawn only when some step was profiled (`--profile`); a step without a breakdown
+gets a label saying why, never a bar.
 """
 
 from pathlib import Path

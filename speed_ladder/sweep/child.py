@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from speed_ladder.measure import cpu_load as load
+from speed_ladder.measure import cpu_load
 
 LOG_LINES = 2000  # stderr lines kept for a failed run's log (a compile error's traceback)
 KILL_GRACE_S = 10.0  # SIGTERM first (torchrun then stops its workers), SIGKILL after this
@@ -44,7 +44,7 @@ def _child_setup(parent_pid: int):
 
 def _descendants(pid: int) -> list[int]:
     """All processes below `pid` (Linux /proc), torchrun's workers in their own sessions too."""
-    return sorted(load.tree(load.processes(), pid) - {pid})
+    return sorted(cpu_load.tree(cpu_load.processes(), pid) - {pid})
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:

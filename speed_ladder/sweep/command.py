@@ -1,5 +1,5 @@
 """The command line of `python -m speed_ladder run` (its flags, and the wrapper that turns Ctrl-C, a
-closed stdout or a full disk into one line); the sweep itself is sweep.py."""
+closed stdout or a full disk into one line); the sweep itself is driver.py."""
 
 import argparse
 import signal

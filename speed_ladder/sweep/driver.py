@@ -1,6 +1,5 @@
 """`python -m speed_ladder run`: the ladder's steps in rounds, each run in its own process, recorded
-in
-`results/<tag>/` (the tag names the hardware), one sweep per tag folder at a time.
+in `results/<tag>/` (the tag names the hardware), one sweep per tag folder at a time.
 
 - **Passes.** Every chosen step runs on one process (distributed steps through torchrun with
   one process) in `<hardware>-x1`; on N GPUs (or with --nproc N) the distributed steps run again
@@ -16,11 +15,10 @@ in
   warmup_steps, seed and data as resolved, so a default and the flag that names it are one,
   and nproc; the text named by what it holds, not where it lives: files.data_id; a record from
   before the RunSpec is resolved as its step resolved it), the same script sha256 and this
-  machine's fingerprint (machine.py), none followed by a failure. Failed steps are retried;
-  a failure ends that step's rounds in this sweep. `--profile` and `--trace`
+  machine's fingerprint (machine.py), none followed by a failure. Failed steps are retried; a
+  failure ends that step's rounds in this sweep. `--profile` and `--trace`
   (speed_ladder.measure.profile) do not change the configuration, but a profiled sweep counts only
-  the
-  latest runs that have a time breakdown, and reruns the others.
+  the latest runs that have a time breakdown, and reruns the others.
 - **Another machine's folder.** A tag folder holding records of another machine (committed
   results, or records from before fingerprints) is never written: the sweep uses
   `<hardware>-<6 hex digits of this machine's fingerprint>-xN` instead and says so.
@@ -30,15 +28,15 @@ in
   stopped and not recorded (`cuts.jsonl` keeps how long it lasted, so the next sweep does not
   start it again in less), and the sweep exits 3 naming the runs left; the same command resumes
   with them. The runs end within the budget; the summary and charts follow.
-- **Before each run** it checks that other processes leave the machine quiet (load.py; with
-  --wait-quiet it waits, bounded), and prints the memory model's prediction for the run (the
+- **Before each run** it checks that other processes leave the machine quiet (measure/cpu_load.py;
+  with --wait-quiet it waits, bounded), and prints the memory model's prediction for the run (the
   step does not print it again); before the first, the expected duration (preflight.py).
 - **One RunSpec.** The plan resolves the runs' settings (speed_ladder.spec: preset, run length, the
   batch rule on this GPU, bf16) with the function every step resolves them with, so what it
   predicts and plans is the run the step does. Its types (Plan, Pass, Job) are plan.py's.
 
 `results/<tag>/summary.csv` is rewritten atomically after every run. How the records survive a
-kill is in runs.py; how one run is launched and recorded, in launch.py.
+kill is in store.py; how one run is launched and recorded, in launch.py.
 """
 
 import json
@@ -142,8 +140,7 @@ def gpu_of(device_type: str) -> tuple[int, bool] | None:
 
 def run_spec(values: dict, device_type: str) -> RunSpec:
     """The RunSpec every step of this sweep resolves (speed_ladder.spec), resolved here the same
-    way:
-    the same flags, the same device."""
+    way: the same flags, the same device."""
     return resolve(values, device_type, gpu_of(device_type))
 
 

@@ -14,9 +14,8 @@ The timing model, per run of a step (every number is an assumption until a GPU m
   process) at step 10's rate (the csv's 11 is 4 GPUs), 12 at 10's rate, 13 at 0.75x of 12
   (gradient checkpointing recomputes the forward), 14 at 0.9x of 13 (FSDP2 on one process).
 - scaled to `--gpu` by the ratio of dense bf16 peaks in speed_ladder/measure/gpus.py (H100 SXM 989.5
-/
-  A100 312 TFLOP/s = 3.17x), fp32 steps (00-04) by the same ratio (one ratio, kept simple), and
-  to a larger preset by the ratio of matmul parameters (12 d^2 L + d V) to gpt2-124m's.
+  / A100 312 TFLOP/s = 3.17x), fp32 steps (00-04) by the same ratio (one ratio, kept simple), and to
+  a larger preset by the ratio of matmul parameters (12 d^2 L + d V) to gpt2-124m's.
 - tokens: (warm-up + timed steps, presets.SWEEP_LENGTH: 10 + 50) x batch x context, batch =
   the preset's batch_size, large_batch_size from step 10 on (gpt2-124m: 8, then 32; x 1024).
 - a run's seconds = `PROCESS_S` 15 (python + torch import, the data) + `TORCHRUN_S` 5 for a

@@ -1,4 +1,4 @@
-"""The sweep's types: what `python -m speed_ladder run` plans (sweep.py) and its rounds run
+"""The sweep's types: what `python -m speed_ladder run` plans (driver.py) and its rounds run
 (rounds.py). A `Plan` is the whole sweep: its `Pass`es (one per tag folder), the `Job`s run once
 per round, and the one `RunSpec` (speed_ladder.spec) its runs are resolved to; `summarize` writes
 every pass's summary.csv from its records."""
@@ -40,7 +40,7 @@ class Plan:
     """The sweep: what runs, where, how often, and with which settings."""
 
     passes: list[Pass]
-    flags: list[str]  # the step flags every run gets (cli.child_argv)
+    flags: list[str]  # the step flags every run gets (flags.child_argv)
     repeats: int
     machine: dict  # this machine's fingerprint
     spec: RunSpec  # every run's settings, as each step resolves them (speed_ladder.spec)

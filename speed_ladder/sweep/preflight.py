@@ -11,13 +11,12 @@ should take, and what memory each run should need (and whether it fits).
   (`compile_seconds`: its record's `compiles.seconds`, that step's or else step 08's), or
   `COMPILE_S` where none did. The sweep prints the total before it starts and says which part
   is rough.
-- **Memory** (`predict`, `memory_line`): `memory_model.predict_run` for the step and its
-  processes, from the sweep's RunSpec (speed_ladder.spec: the batch the step will use after the
-  batch
-  rule, bf16 as step 05 decides on this device), printed before each run (the step then does not
-  print it again, and keeps its own in its record beside the measured peak); a run predicted not
-  to fit (GPU: with the CUDA context and 10% headroom, `memory_model.fits`; CPU: the machine's
-  RAM over its processes, with 0.5 GiB of PyTorch per process) is warned about.
+- **Memory** (`predict`, `memory_line`): `memory_model.predict_run` for the step and its processes,
+  from the sweep's RunSpec (speed_ladder.spec: the batch the step will use after the batch rule,
+  bf16 as step 05 decides on this device), printed before each run (the step then does not print it
+  again, and keeps its own in its record beside the measured peak); a run predicted not to fit (GPU:
+  with the CUDA context and 10% headroom, `memory_model.fits`; CPU: the machine's RAM over its
+  processes, with 0.5 GiB of PyTorch per process) is warned about.
 """
 
 import re

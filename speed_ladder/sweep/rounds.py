@@ -1,6 +1,6 @@
 """The sweep's rounds: every job (a step in a tag folder, or the A/A control run) once per round,
 K rounds, resuming in the round a killed sweep was in; before each run the machine's load and
-the run's predicted memory, after it a line of its result. The plan is sweep.py's; its types
+the run's predicted memory, after it a line of its result. The plan is driver.py's; its types
 (Plan, Pass, Job) are plan.py's, whose fields the rounds read."""
 
 import os
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speed_ladder import machine
-from speed_ladder.measure import cpu_load as load
+from speed_ladder.measure import cpu_load
 from speed_ladder.measure.profile import profiled_runs
 from speed_ladder.records import append_jsonl, read_jsonl
 from speed_ladder.spec import config_of, resolved_config
@@ -78,7 +78,7 @@ def _start(p: Plan, force: bool) -> Progress:
     )
     if todo:
         print(preflight.estimate_line(todo, p.device_type), flush=True)
-        if not load.supported():
+        if not cpu_load.supported():
             print("note: other processes' CPU use can be measured on Linux only: no busy "
                   "check here, and the records' other_load is null", flush=True)  # fmt: skip
     for job in p.jobs:
@@ -90,14 +90,14 @@ def _start(p: Plan, force: bool) -> Progress:
 def _before_run(p: Plan, job: Job, wait_s: float | None) -> None:
     """The machine's load (waiting for quiet with --wait-quiet), and the memory prediction (the
     step does not print it again: memory_model.PREDICTED_ENV)."""
-    check_s = float(os.environ.get("SPEED_LADDER_CHECK_S", load.CHECK_S))
-    if check_s > 0 and load.supported():
-        measure = lambda: load.measure_others(check_s)
+    check_s = float(os.environ.get("SPEED_LADDER_CHECK_S", cpu_load.CHECK_S))
+    if check_s > 0 and cpu_load.supported():
+        measure = lambda: cpu_load.measure_others(check_s)
         say = lambda line: print(f"      {line}", flush=True)
         if wait_s:
-            load.wait_quiet(wait_s, say=say, measure=measure)
+            cpu_load.wait_quiet(wait_s, say=say, measure=measure)
         else:
-            load.quiet_check(say=say, measure=measure)
+            cpu_load.quiet_check(say=say, measure=measure)
     world = p.pass_of(job).nproc if job.step.distributed else 1
     pred = preflight.predict(job.step, p.spec, world)
     if pred is not None:
@@ -130,7 +130,7 @@ def _report(rec: dict) -> None:
         tps = rec.get("tokens_per_sec")
         rate = f"{tps:,.0f} tok/s" if isinstance(tps, (int, float)) else "no tok/s"
         busy = ""
-        if load.is_busy(rec.get("other_load")):
+        if cpu_load.is_busy(rec.get("other_load")):
             busy = f" (unreliable: other processes used {rec['other_load']:.2f} cores)"
         print(f"      -> ok: {rate} in {took}{busy}", flush=True)
     else:
