@@ -79,6 +79,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     assert r2["peak_mem_reserved_bytes"] == max(r2["peak_mem_reserved_per_rank"])
 
 
+@pytest.mark.slow  # two torchrun agents and a c10d rendezvous: 12 s
 def test_simulated_two_node_job_with_c10d_rendezvous(tmp_path):
     res = tmp_path / "r.jsonl"
     port = free_port()

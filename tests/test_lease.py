@@ -20,8 +20,8 @@ from speed_ladder.records import read_jsonl
 from speed_ladder.report.readme import results_markdown
 from speed_ladder.report.rows import pooled_text
 from speed_ladder.store import TMP_GLOB
+from speed_ladder.sweep import child, preflight
 from speed_ladder.sweep import driver as sweep
-from speed_ladder.sweep import preflight
 
 BASE = ["--ladder-dir", FIXTURES / "ladder_ok", "--device", "cpu", "--no-plots"]
 
@@ -127,7 +127,8 @@ def test_a_run_cut_twice_is_recorded_failed_and_the_sweep_goes_on(tmp_path, caps
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-# the budget's cut in the fast suite; a --timeout goes through the same kill (slow: 10 s grace)
+# the budget's cut in the fast suite (a 2-s kill grace for the test; 10 s in use); a --timeout goes
+# through the same kill (slow: 10 s grace)
 @pytest.mark.parametrize("cut", ["budget", pytest.param("timeout", marks=pytest.mark.slow)])
 def test_a_cut_ends_every_process_of_the_run(tmp_path, capsys, monkeypatch, cut):
     """A step (torchrun and its workers on a GPU) that ignores SIGTERM, with a child in its
@@ -144,7 +145,9 @@ def test_a_cut_ends_every_process_of_the_run(tmp_path, capsys, monkeypatch, cut)
     monkeypatch.setenv("SWEEP_FIXTURE_PIDS", str(pids))
     _estimates(monkeypatch, {"00": 0.1, "01": 0.1}, measured=False)
     args = ["--ladder-dir", ladder, "--device", "cpu", "--no-plots", "--steps", "01"]
-    limit = ["--budget", 14] if cut == "budget" else ["--timeout", 3]
+    if cut == "budget":
+        monkeypatch.setattr(child, "KILL_GRACE_S", 2.0)
+    limit = ["--budget", 7] if cut == "budget" else ["--timeout", 3]
     code, out, err = sweep_here(capsys, *args, "--results-dir", tmp_path / "results", *limit)
     assert code == (3 if cut == "budget" else 1), out[-2000:] + err[-2000:]
     started = {p.name: int(p.name.split("-")[1]) for p in pids.iterdir()}

@@ -4,6 +4,7 @@ import json
 import sys
 import warnings
 
+import pytest
 import torch
 from conftest import ROOT, run_script
 
@@ -80,6 +81,7 @@ def test_fused_loss_falls_back_once_with_a_note_on_cpu(step12):
     torch.testing.assert_close(second, ref)
 
 
+@pytest.mark.slow  # two full-size steps of a 650 MB-activation config: 35 s on 2 cores
 def test_checkpointing_lowers_measured_peak_memory():
     """tools/checkpoint_trade.py: an activation-heavy config (no big logits), peak RSS growth of
     one training step of step 12's model (no checkpointing) against step 13's."""

@@ -17,7 +17,7 @@ TOOL_ARGS = {
         "steps/12_liger_fused_ce.py",
         "steps/13_gradient_checkpointing.py",
     ],
-    "fsdp2_evidence.py": ["--steps", 2, "--variants", "ddp", "fsdp2", "--data", VERDICT],
+    "fsdp2_evidence.py": ["--steps", 2, "--variants", "fsdp2", "--data", VERDICT],
     "ladder.py": ["check"],  # reads only: goldens and propagate write the ladder's files
 }
 

@@ -47,10 +47,11 @@ def _descendants(pid: int) -> list[int]:
     return sorted(cpu_load.tree(cpu_load.processes(), pid) - {pid})
 
 
-def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
+def kill_tree(proc: subprocess.Popen, grace: float | None = None) -> None:
     """SIGTERM the child's process group, SIGKILL it (and any descendant, also one in a session
     of its own, seen before the SIGTERM or, if the child outlived the grace, after it) after
-    `grace`."""
+    `grace` (KILL_GRACE_S, read when called)."""
+    grace = KILL_GRACE_S if grace is None else grace
     below = _descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -15,8 +15,7 @@ from speed_ladder.measure.profile import profiled_runs
 from speed_ladder.records import append_jsonl, read_jsonl
 from speed_ladder.spec import config_of, resolved_config
 from speed_ladder.store import done_runs, load_runs, matching
-from speed_ladder.sweep import preflight
-from speed_ladder.sweep.child import KILL_GRACE_S
+from speed_ladder.sweep import child, preflight
 from speed_ladder.sweep.launch import run_once
 from speed_ladder.sweep.plan import Job, Plan, summarize
 
@@ -174,7 +173,7 @@ def _fits(job: Job, prog: Progress, deadline: float | None) -> float | None:
     duration does not fit in what is left. The child's kill grace is kept in hand."""
     if deadline is None:
         return None
-    left = deadline - time.monotonic() - KILL_GRACE_S
+    left = deadline - time.monotonic() - child.KILL_GRACE_S
     return left if left > 0 and prog.estimate[job] <= left else 0.0
 
 
