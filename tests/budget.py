@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-_STATE = {"budget": None}  # this session's, for the hooks that get no config
+# this session's: the test running, its results, the tests selected (pytest_configure fills it)
+_RUN: dict = {}
 
 
 class OverLimit(Exception):
@@ -36,8 +37,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "limit(seconds): the test fails after this many seconds")
-    config._budget = _STATE["budget"] = {"current": None, "results": {}, "why": {},
-                                         "selected": []}  # fmt: skip
+    _RUN.update(current=None, results={}, why={}, selected=[])
 
 
 def _load(path) -> dict:
@@ -49,11 +49,14 @@ def _load(path) -> dict:
             ("passed", "failed", "skipped", "cut", "left")}  # fmt: skip
 
 
+def _finished(state: dict) -> set:
+    return set(state["passed"]) | set(state["failed"]) | set(state["skipped"])
+
+
 def pytest_collection_modifyitems(config, items):
     path = config.getoption("--state")
     if path:
-        state = _load(path)
-        done = set(state["passed"]) | set(state["failed"]) | set(state["skipped"])
+        done = _finished(_load(path))
         keep = [i for i in items if i.nodeid not in done]
         dropped = [i for i in items if i.nodeid in done]
         if dropped:
@@ -62,14 +65,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    session.config._budget["selected"] = [i.nodeid for i in session.items]  # after -m and -k
+    _RUN["selected"] = [i.nodeid for i in session.items]  # after -m and -k
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """The test's set-up, call and tear-down under one alarm of its `limit` marker."""
-    b = item.config._budget
-    b["current"] = item.nodeid
+    _RUN["current"] = item.nodeid
     mark = item.get_closest_marker("limit")
     seconds = float(mark.args[0]) if mark else 0.0
     old = None
@@ -85,17 +87,14 @@ def pytest_runtest_protocol(item, nextitem):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     if outcome.excinfo is None or not issubclass(outcome.excinfo[0], KeyboardInterrupt):
-        b["current"] = None  # else: stopped by a SIGINT (a budget), recorded cut at the end
+        _RUN["current"] = None  # else: stopped by a SIGINT (a budget), recorded cut at the end
 
 
 def pytest_runtest_logreport(report):
-    b = _STATE["budget"]
-    if b is None:
-        return
-    res = b["results"]
+    res = _RUN["results"]
     if report.failed:
         res[report.nodeid] = "failed"
-        b["why"][report.nodeid] = _why(report)
+        _RUN["why"][report.nodeid] = _why(report)
     elif report.skipped and res.get(report.nodeid) != "failed":
         res[report.nodeid] = "skipped"
     elif report.when == "call" and report.passed and report.nodeid not in res:
@@ -112,11 +111,10 @@ def _why(report) -> str:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    config = session.config
-    path = config.getoption("--state")
+    path = session.config.getoption("--state")
     if not path:
         return
-    b = config._budget
+    b = _RUN
     state = _load(path)
     cut_before = set(state["cut"])
     # the test a SIGINT stopped is still current (its protocol never finished)
@@ -133,7 +131,7 @@ def pytest_sessionfinish(session, exitstatus):
             state["cut"].remove(cut_now)
         elif cut_now not in state["cut"]:
             state["cut"].append(cut_now)
-    done = set(state["passed"]) | set(state["failed"]) | set(state["skipped"])
+    done = _finished(state)
     state["left"] = [n for n in b["selected"] if n not in done]
     for k in ("passed", "skipped"):
         state[k] = sorted(set(state[k]))

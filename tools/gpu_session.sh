@@ -97,25 +97,29 @@ done
 [ $PROFILE = 1 ] && SWEEP+=(--profile)
 left() { echo $(( T0 + BUDGET - $(date +%s) - MARGIN )); }  # seconds left for a phase
 
-pack() {  # one archive of OUT, the staged inputs left out; the caches when they fit
+tar_out() {  # OUT into $PACK.tmp less the staged inputs and any extra --exclude given
+    local rc=0  # 1: a log changed while it was read (tee's last lines): the archive is whole
+    tar -czf "$PACK.tmp" --warning=no-file-changed -C "$OUT" --exclude=./offline --exclude=./site \
+        --exclude=./.resume --exclude="$(basename "$PACK").tmp" "$@" . || rc=$?
+    [ $rc -le 1 ]
+}
+
+pack() {  # one archive of OUT, the staged inputs left out; the caches when the archive fits
     [ -n "$PACK" ] || return 0
-    local rc=0 ex=(--exclude=./offline --exclude=./site --exclude=./.resume
-                   --exclude="$(basename "$PACK").tmp")
+    local ok=0 cache=0
     if [ -n "$(find "$OUT/cache" -type f 2>/dev/null | head -n 1)" ]; then
-        # compressed alone first: the size decides, status.txt says
-        local raw cz
-        raw=$(du -sm "$OUT/cache" | cut -f1)
-        cz=$(( $(tar -czf - -C "$OUT" cache 2>/dev/null | wc -c) / 1048576 ))
-        if [ "$cz" -lt "$PACK_LIMIT" ]; then
-            note cache "packed (${raw} MiB, ${cz} MiB compressed): a fresh machine loads compiled kernels from it"
-        else
-            note cache "not packed (${raw} MiB, ${cz} MiB compressed, over --pack-limit $PACK_LIMIT MiB)"
-            ex+=(--exclude=./cache)
-        fi
+        cache=1  # said first, so that the archive's status.txt says it; undone if over
+        note cache "packed ($(du -sm "$OUT/cache" | cut -f1) MiB before compression): a fresh machine loads compiled kernels from it"
     fi
-    # 1: a log changed while it was read (tee's last lines): the archive is whole
-    tar -czf "$PACK.tmp" --warning=no-file-changed -C "$OUT" "${ex[@]}" . || rc=$?
-    [ $rc -le 1 ] && mv "$PACK.tmp" "$PACK" \
+    tar_out && ok=1
+    if [ $ok = 1 ] && [ $cache = 1 ] \
+        && [ "$(stat -c %s "$PACK.tmp")" -gt $(( PACK_LIMIT * 1048576 )) ]; then
+        local mib=$(( $(stat -c %s "$PACK.tmp") / 1048576 ))
+        sed -i '$d' "$OUT/status.txt"  # the cache line just written
+        note cache "not packed (with it the archive is $mib MiB, over --pack-limit $PACK_LIMIT MiB)"
+        ok=0 && tar_out --exclude=./cache && ok=1
+    fi
+    [ $ok = 1 ] && mv "$PACK.tmp" "$PACK" \
         && echo "packed: $PACK ($(du -h "$PACK" | cut -f1))" \
         || echo "error: cannot pack $OUT into $PACK" >&2
 }
@@ -271,13 +275,13 @@ elif [ $TESTS = 1 ]; then
     [ -n "$BUDGET" ] && LIMIT=(timeout --foreground --signal=INT --kill-after=20 $(( $(left) - 20 )))
     ${LIMIT[@]+"${LIMIT[@]}"} "$PY" -m pytest -m "$MARK" tests/test_gpu.py -v -rs \
         --state "$STATE" --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
-    rc=${PIPESTATUS[0]}; prc=$rc
-    case $rc in
-        0|1|5|124|137) ;;  # passed, failed, nothing left to run, stopped by the budget
-        *) rc=-1 ;;  # interrupted or broken (a collection error): the state cannot be trusted
+    rc=${PIPESTATUS[0]}
+    case $rc in  # passed, failed, nothing left to run, stopped by the budget: the state holds;
+        0|1|5|124|137) trusted=1 ;;  # else interrupted or broken (a collection error)
+        *) trusted=0 ;;
     esac
-    if [ $rc = -1 ] || [ ! -f "$STATE" ]; then
-        status tests "failed (pytest exit $prc, see pytest-gpu.log)"
+    if [ $trusted = 0 ] || [ ! -f "$STATE" ]; then
+        status tests "failed (pytest exit $rc, see pytest-gpu.log)"
     else
         line=$("$PY" tests/budget.py "$STATE"); brc=$?
         case $brc in
