@@ -218,6 +218,7 @@ def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch,
     from speed_ladder.sweep import driver as sweep
     from speed_ladder.sweep import preflight
 
+    monkeypatch.setenv(dev.BF16_ENV, "auto")  # the GPU's own bf16, whatever the suite forces
     p = props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory)
     fake_gpu(p)
     monkeypatch.setattr(sweep, "_CUDA_INFO", (1, p.name, memory, [vars(p)]))
