@@ -37,6 +37,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "limit(seconds): the test fails after this many seconds")
+    if config.getoption("--state") and getattr(config.option, "numprocesses", None):
+        # every xdist worker would write its own part over the one file
+        raise pytest.UsageError("--state runs in one process: leave out -n")
     _RUN.update(current=None, results={}, why={}, selected=[])
 
 

@@ -22,6 +22,9 @@ from budget import (  # noqa: E402, F401
     pytest_sessionfinish,
 )
 
+# under pytest-xdist, the tests that measure the machine run alone: tests/alone.py
+pytest_plugins = ["alone"]
+
 from speed_ladder.files import ROOT, atomic_write_bytes, mirror  # noqa: E402
 from speed_ladder.measure.data import read_text, stage_bpe  # noqa: E402
 
@@ -60,7 +63,10 @@ def offline_env(tmp_path_factory):
         os.environ["TIKTOKEN_CACHE_DIR"] = str(tk)
     if not VERDICT.is_file():
         atomic_write_bytes(VERDICT, read_text(None)[0][:20_000].encode())
-    os.environ["SPEED_LADDER_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    # private to this run; under xdist shared by its workers, the CPU peak cached (tests/alone.py)
+    from alone import cache
+
+    os.environ["SPEED_LADDER_CACHE"] = str(cache() or tmp_path_factory.mktemp("cache"))
     # the sweep's 1-s load check before each run: off, except in the tests that check it
     # (tests/test_load.py); the fixture ladders' runs take milliseconds
     os.environ.setdefault("SPEED_LADDER_CHECK_S", "0")

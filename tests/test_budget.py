@@ -217,3 +217,11 @@ def test_the_status_line_of_a_clean_state(tmp_path):
     res = subprocess.run([sys.executable, str(TESTS / "budget.py"), str(state)],
                          capture_output=True, text=True)  # fmt: skip
     assert res.returncode == 0 and res.stdout.strip() == "2 passed"
+
+
+def test_state_with_xdist_workers_is_one_usage_error(tmp_path):
+    """Every worker would write its own part over the one state file: refused at the start."""
+    folder, state = folder_with(tmp_path, "def test_a():\n    pass\n"), tmp_path / "state.json"
+    out, _ = (proc := pytest_run(folder, "-n", "2", "--state", state)).communicate(timeout=120)
+    assert proc.returncode == 4 and "--state runs in one process: leave out -n" in out, out
+    assert not state.exists()

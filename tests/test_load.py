@@ -68,6 +68,7 @@ def sleeper():
 
 
 @linux
+@pytest.mark.alone  # its burners are the load it measures, no other test's
 def test_two_burners_read_as_at_least_one_core(burners, sleeper):
     meter = cpu_load.Meter(root=sleeper)
     meter.start()
@@ -78,6 +79,7 @@ def test_two_burners_read_as_at_least_one_core(burners, sleeper):
 
 
 @linux
+@pytest.mark.alone  # its burners are the load it measures, no other test's
 def test_a_run_under_burners_records_its_other_load_and_says_unreliable(
     burners, sleeper, tmp_path, monkeypatch
 ):
@@ -128,6 +130,7 @@ def detached_burners():
 
 
 @linux
+@pytest.mark.alone  # its burners are the load it measures, no other test's
 def test_the_sweep_says_when_the_machine_is_busy(detached_burners, tmp_path, capsys, monkeypatch):
     from conftest import sweep_here
 

@@ -1,0 +1,101 @@
+"""Tests that measure the machine run alone, when pytest-xdist runs the others two at a time.
+
+The fast suite runs as `python -m pytest -n 2 --dist loadfile -m "not slow"` (README): its
+cost is mostly interpreter start-ups (torch and dynamo imports, about 3.5 s of one core for each
+of ~100 step processes), which two workers overlap. A few tests measure the machine itself,
+and another worker's test beside them would be measured too:
+
+- `@pytest.mark.alone`: the test (set-up and tear-down included) runs while no other worker is
+  inside a test. Every other test holds a shared lock; an `alone` test takes it exclusively. A
+  turnstile keeps a waiting `alone` test from being starved by the other worker's next tests.
+- The CPU matmul peak (the MFU denominator, speed_ladder/measure/matmul_peak.py) is measured
+  once per run by the controller, before it starts the workers, into a cache folder they all
+  share. Measured beside a worker's test it would read as "busy" and never be cached, so every
+  step process would measure it again, on both cores.
+
+Without xdist (`python -m pytest`, `-p no:xdist`, tools/gpu_session.sh) nothing changes: no lock,
+and the cache folder is the session's own. Only a real worker locks: a pytest that a test starts
+(tests/test_budget.py) inherits the environment but is no worker, so it can never wait on a lock
+its own parent test holds.
+"""
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the workers run every test side by side
+    fcntl = None
+
+ENV = "SPEED_LADDER_TESTS_SHARED"  # the run's shared folder: the controller's, for its workers
+OWNED: Path | None = None  # the controller made it: removed when the run ends
+SHARED: Path | None = None  # in a worker: the lock files, and cache/ (conftest's offline_env)
+
+
+def cache() -> Path | None:
+    """The cache folder every worker of this run shares, or None (no xdist)."""
+    return SHARED / "cache" if SHARED else None
+
+
+@contextmanager
+def lock(exclusive: bool):
+    """Held around one test: shared by default, exclusive for an `alone` test."""
+    if SHARED is None or fcntl is None:
+        yield
+        return
+    with open(SHARED / "turnstile", "a") as gate, open(SHARED / "tests", "a") as tests:
+        fcntl.flock(gate, fcntl.LOCK_EX)  # behind a waiting exclusive test, not past it
+        try:
+            fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
+
+
+def pytest_configure(config):
+    global SHARED
+    if hasattr(config, "workerinput") and os.environ.get(ENV):
+        SHARED = Path(os.environ[ENV])
+
+
+def pytest_sessionstart(session):
+    """The controller, before it starts the workers (xdist's own sessionstart is trylast):
+    make the shared folder and cache the CPU matmul peak in it, on a machine still quiet."""
+    global OWNED
+    if not session.config.pluginmanager.hasplugin("dsession"):
+        return
+    OWNED = Path(tempfile.mkdtemp(prefix="speed-ladder-tests-"))
+    (OWNED / "cache").mkdir()
+    os.environ[ENV] = str(OWNED)
+    import torch
+
+    from speed_ladder.measure import matmul_peak
+
+    before = os.environ.get("SPEED_LADDER_CACHE")
+    os.environ["SPEED_LADDER_CACHE"] = str(OWNED / "cache")
+    try:
+        matmul_peak.measured_matmul_rates(torch.device("cpu"))
+    finally:
+        if before is None:
+            del os.environ["SPEED_LADDER_CACHE"]
+        else:
+            os.environ["SPEED_LADDER_CACHE"] = before
+
+
+def pytest_unconfigure(config):
+    if OWNED is not None:
+        shutil.rmtree(OWNED, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    with lock(exclusive=item.get_closest_marker("alone") is not None):
+        yield
