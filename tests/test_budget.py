@@ -68,12 +68,14 @@ def test_after():
 """
 
 
-def pytest_run(folder: Path, *args, env=None) -> subprocess.Popen:
+def pytest_run(folder: Path, *args, env=None, sigint_ignored=False) -> subprocess.Popen:
+    """pytest on `folder`; `sigint_ignored`: started as a script's background job is (SIG_IGN)."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
          "--rootdir", str(folder), str(folder), *args],
         cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **(env or {})}, preexec_fn=ignore,
     )  # fmt: skip
 
 
@@ -92,11 +94,11 @@ def alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
-def interrupt_during_b(folder: Path, state: Path) -> tuple[int, str]:
+def interrupt_during_b(folder: Path, state: Path, **how) -> tuple[int, str]:
     """Run the cases under --state and SIGINT pytest while test_b waits (a budget's end)."""
     started = folder / "b-started"
     started.unlink(missing_ok=True)
-    proc = pytest_run(folder, "--state", state)
+    proc = pytest_run(folder, "--state", state, **how)
     deadline = time.monotonic() + 60
     while not started.exists():
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
@@ -225,3 +227,11 @@ def test_state_with_xdist_workers_is_one_usage_error(tmp_path):
     out, _ = (proc := pytest_run(folder, "-n", "2", "--state", state)).communicate(timeout=120)
     assert proc.returncode == 4 and "--state runs in one process: leave out -n" in out, out
     assert not state.exists()
+
+
+def test_a_run_started_with_sigint_ignored_is_still_cut(tmp_path):
+    """A script's background job starts with SIGINT ignored; the budget's SIGINT still cuts."""
+    folder, state = folder_with(tmp_path, CASES), tmp_path / "state.json"
+    rc, out = interrupt_during_b(folder, state, sigint_ignored=True)
+    assert rc == 2, out
+    assert json.loads(state.read_text())["cut"] == ["test_cases.py::test_b_waits"]
