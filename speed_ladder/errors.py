@@ -186,3 +186,16 @@ def broken_pipe(message: str = "output closed (broken pipe)", code: int = 1) -> 
     except (OSError, ValueError):
         pass
     raise SystemExit(code)
+
+
+def run_command(main) -> "NoReturn":  # noqa: F821
+    """`if __name__ == "__main__": run_command(main)`: exit with main()'s code; a closed stdout
+    (`... | head`) is one line on stderr, not a traceback."""
+    try:
+        try:
+            code = main()
+        finally:
+            flush_stdout()
+    except BrokenPipeError:
+        broken_pipe()
+    raise SystemExit(code)

@@ -712,6 +712,16 @@ def test_plot_results_whose_stdout_is_closed_exits_quietly(tags_dir):
     assert one_line(err) == "error: output closed (broken pipe)"
 
 
+@pytest.mark.parametrize(
+    "module", ["speed_ladder.measure.memory_model", "speed_ladder.sweep.lease_plan"]
+)
+def test_a_module_command_whose_stdout_is_closed_exits_quietly(module):
+    """`python -m speed_ladder.measure.memory_model | head -1`: one line, not a traceback."""
+    code, _, err = _close_after_first_line([sys.executable, "-m", module],
+                                           env={"PYTHONUNBUFFERED": ""}, lines=0)  # fmt: skip
+    assert code == 1 and one_line(err) == "error: output closed (broken pipe)", err
+
+
 # ---------------------------------------------------------------- --seed
 def test_seed_out_of_range_is_one_line(capsys):
     assert cli.parse_args(None, ["--seed", str(2**63 - 1)]).seed == 2**63 - 1

@@ -73,11 +73,14 @@ def test_memory_model_command_prints_the_table():
 
 def test_activation_estimate_matches_the_published_reference_peaks():
     """The reference ladder's A100 peaks (results/reference, gpt2-124m, bf16 weights, grads and
-    AdamW state: 8 B/param): its step 09 (batch 8) and step 10 (batch 32), within 10%."""
+    AdamW state: 8 B/param; no autocast, so its loss is bf16 too): its step 09 (batch 8) and step
+    10 (batch 32), within 10%."""
     cfg = PRESETS["gpt2-124m"]
     state = 8 * mm.param_counts(cfg)["total"]
     for batch, published in [(8, 5.8906e9), (32, 22.5078e9)]:
-        predicted = state + mm.activation_bytes(cfg, batch, "logits", act_bytes=2, flash=True)
+        predicted = state + mm.activation_bytes(
+            cfg, batch, "logits", act_bytes=2, flash=True, loss_bytes=2
+        )  # bf16 logits, bf16 loss
         assert abs(predicted - published) / published < 0.10, (batch, predicted)
 
 
@@ -101,3 +104,32 @@ def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
     monkeypatch.setenv(mm.PREDICTED_ENV, "1")  # under the sweep, which printed it before the run
     assert mm.announce(run, model) == fields and len(printed) == 1
     assert len(notes) == 1 and "expect out-of-memory" in notes[0]
+
+
+def test_the_output_layers_term_is_its_measured_peak():
+    """Steps <= 11's output layer, measured in this process (peak RSS, Linux): forward and
+    backward of a 1024 x 50257 fp32 cross-entropy peak at the three (B*T, V) fp32 tensors the
+    model counts (the saved log-softmax, nll's gradient, log-softmax's gradient), within 10%."""
+    from speed_ladder.measure import device
+
+    cpu = torch.device("cpu")
+    if device.reset_peak_memory(cpu) is not None:
+        pytest.skip("no resettable peak RSS here (Linux's clear_refs)")
+    rows, width, vocab = 1024, 384, 50257
+    cfg = {"context_length": rows, "emb_dim": width, "n_heads": 6, "n_layers": 0, "drop_rate": 0}
+    predicted = mm.activation_bytes(cfg, 1, "logits", act_bytes=4, vocab=vocab)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, width, generator=gen, requires_grad=True)
+    head = torch.nn.Linear(width, vocab, bias=False)
+    y = torch.randint(0, vocab, (rows,), generator=gen)
+    head.weight.grad = torch.zeros_like(head.weight)  # the gradient's memory is state, not this
+
+    def loss():  # as the steps compute it: the logits are not held past the loss
+        return torch.nn.functional.cross_entropy(head(x), y)
+
+    loss().backward()  # once to warm up the allocator
+    device.reset_peak_memory(cpu)
+    base = device.peak_memory(cpu)[0]
+    loss().backward()
+    measured = device.peak_memory(cpu)[0] - base
+    assert abs(measured - predicted) < 0.1 * predicted, (measured / 2**20, predicted / 2**20)

@@ -18,9 +18,13 @@ Recomputation in Large Transformer Models", eq. 1: per layer s*b*h*(34 + 5*a*s/h
 activation tensors of s*b*h elements plus 2 dropout masks; 5*a*s/h is the attention scores,
 softmax, its dropout mask and output, which a fused attention kernel (step 07's SDPA on CUDA)
 never stores. Activations are e bytes per element: 2 under bf16 autocast, 4 in fp32. The output
-layer adds the (B*T, V) logits plus one fp32 tensor of that size at a time (the log-softmax in
-forward, the gradient in backward; steps <= 11): with the blocks' term this is within 10% of the
-published A100 peaks of the reference ladder at steps 09-10 (5.9 and 22.5 GB, bf16 weights). The
+layer (steps <= 11) adds three (B*T, V) tensors in the loss's dtype at its backward's peak: the
+saved log-softmax, nll's gradient and log-softmax's gradient. The loss is fp32 in this ladder
+(autocast runs log-softmax in fp32), so 12 B per logit; measured on a CPU, a 1024 x 50257
+output layer peaks at 3.0 fp32 tensors (fp32) and 3.2 (autocast, its bf16 weight copy beside).
+With bf16 logits and loss (the reference ladder's bf16 model) the same count is within 10% of
+its published A100 peaks at steps 09-10 (5.9 and 22.5 GB). Autocast also keeps a bf16 copy of
+every weight it casts (all but the embeddings) for backward: 2 B per such parameter. The
 fused loss (12+) keeps one chunk of 1024 rows instead (logits, softmax, gradient in fp32);
 checkpointing (13+) keeps each block's input only (the fp32 residual stream) plus one block's
 full activations while it is recomputed.
@@ -115,9 +119,10 @@ def activation_bytes(
     act_bytes: int = 2,
     flash: bool = True,
     vocab: int = VOCAB,
+    loss_bytes: int = FP32,
 ) -> int:
     """Korthikanti et al. 2022 eq. 1 per layer, generalized to e = act_bytes per element; plus
-    the output layer's logits by `kind` (see the module doc)."""
+    the output layer's logits by `kind`, its loss in loss_bytes (see the module doc)."""
     if kind not in ACTIVATION_KINDS:
         raise ValueError(f"kind {kind!r}: one of {ACTIVATION_KINDS}")
     s, b, h, a, L = cfg["context_length"], batch, cfg["emb_dim"], cfg["n_heads"], cfg["n_layers"]
@@ -127,7 +132,7 @@ def activation_bytes(
         layer += a * s * s * b * (2 * act_bytes + mask)
     rows = b * s
     if kind == "logits":
-        out = rows * vocab * (act_bytes + FP32)  # logits + one fp32 (B*T, V) at a time
+        out = rows * vocab * 3 * loss_bytes  # backward: saved log-softmax, 2 gradients
     else:
         out = min(rows, CHUNK_ROWS) * vocab * 3 * FP32  # one chunk's logits, softmax, gradient
     if kind == "checkpointed":
@@ -199,7 +204,15 @@ def predict(
         params=param_counts(cfg, vocab)["total"],
         state_bytes=state_bytes(cfg, world, mode, vocab)["total"],
         buffer_bytes=buffer_bytes(cfg, world, mode, vocab),
-        activation_bytes=activation_bytes(cfg, batch, kind, act_bytes, flash, vocab),
+        activation_bytes=activation_bytes(cfg, batch, kind, act_bytes, flash, vocab)
+        + (autocast_copy_bytes(cfg, vocab) if act_bytes == 2 else 0),
+    )
+
+
+def autocast_copy_bytes(cfg: dict, vocab: int = VOCAB) -> int:
+    """The bf16 copies autocast makes of the weights it casts (all but the embeddings)."""
+    return 2 * (
+        param_counts(cfg, vocab)["total"] - (vocab + cfg["context_length"]) * cfg["emb_dim"]
     )
 
 
@@ -394,4 +407,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from speed_ladder.errors import run_command
+
+    run_command(main)

@@ -221,4 +221,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from speed_ladder.errors import run_command
+
+    run_command(main)
