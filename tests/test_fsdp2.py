@@ -32,7 +32,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 MEASURE = """import runpy, sys
 sys.path.insert(0, {root!r})
 import torch
-from speed_ladder.measure import memory_model
+from speed_ladder.measure import rank_memory
 from speed_ladder.measure.run import Run
 seen = {{}}
 set_model, finish, adamw = Run.set_model, Run.finish, torch.optim.AdamW.__init__
@@ -43,7 +43,7 @@ def adamw_(self, *a, **k):
     seen["opt"] = self
     return adamw(self, *a, **k)
 def finish_(self, *a, **k):
-    held = memory_model.local_state_bytes(seen["model"], seen["opt"])
+    held = rank_memory.local_state_bytes(seen["model"], seen["opt"])
     self.note("measured state bytes: %d" % held)
     return finish(self, *a, **k)
 Run.set_model, Run.finish, torch.optim.AdamW.__init__ = set_model_, finish_, adamw_

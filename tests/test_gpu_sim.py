@@ -213,7 +213,7 @@ def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch,
 
     from speed_ladder.files import ROOT
     from speed_ladder.ladder import discover
-    from speed_ladder.measure import memory_model
+    from speed_ladder.measure import rank_memory
     from speed_ladder.measure.run import Run
     from speed_ladder.sweep import driver as sweep
     from speed_ladder.sweep import preflight
@@ -227,14 +227,14 @@ def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch,
     assert (planned.batch("00"), planned.batch("10")) == (batch, 4 * batch)
     assert planned.bf16 is (major >= 8)
     ladder = {s.num: s for s in discover(ROOT)}
-    monkeypatch.setenv(memory_model.PREDICTED_ENV, "1")  # as the sweep launches a step
+    monkeypatch.setenv(rank_memory.PREDICTED_ENV, "1")  # as the sweep launches a step
     for step in ("00", "05", "10"):
         run = Run(_run_args(max_steps=values["max_steps"], warmup_steps=values["warmup_steps"]),
                   step, __file__)  # fmt: skip
         assert run.spec == planned
         run.cfg = {"vocab_size": 50257 if step < "09" else 50304}  # what set_model is given
         run.batch_size = run.preset["large_batch_size" if step >= "10" else "batch_size"]
-        recorded = memory_model.announce(run, torch.nn.Linear(1, 1))["memory_model"]
+        recorded = rank_memory.announce(run, torch.nn.Linear(1, 1))["memory_model"]
         assert asdict(preflight.predict(ladder[step], planned, 1)) == recorded
         assert recorded["batch"] == planned.batch(step)
     assert "predicted per rank" not in capsys.readouterr().out

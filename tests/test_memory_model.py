@@ -1,5 +1,6 @@
 """speed_ladder/measure/memory_model.py: the prediction against a direct count of the ladder's
-model, the GPT-2 family's sizes, and the "largest preset that fits" table (predicted)."""
+model, the GPT-2 family's sizes, and the "largest preset that fits" table (predicted); and
+rank_memory.py's announcement of it before a run."""
 
 import functools
 import sys
@@ -9,6 +10,7 @@ import torch
 from conftest import run_script
 
 from speed_ladder.measure import memory_model as mm
+from speed_ladder.measure import rank_memory
 from speed_ladder.presets import PRESETS
 
 
@@ -96,13 +98,13 @@ def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
                           spec=SimpleNamespace(bf16=None))  # fmt: skip
     monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
-    fields = mm.announce(run, model)
+    fields = rank_memory.announce(run, model)
     assert fields["memory_model"]["mode"] == "single" and fields["memory_model"]["act_bytes"] == 4
     assert fields["predicted_state_bytes_per_rank"] == mm.state_bytes(cfg, 1, "single")["total"]
     assert len(printed) == 1 and "predicted per rank (tiny, single" in printed[0] and not notes
-    monkeypatch.setattr(mm, "capacity_bytes", lambda device: 1)
-    monkeypatch.setenv(mm.PREDICTED_ENV, "1")  # under the sweep, which printed it before the run
-    assert mm.announce(run, model) == fields and len(printed) == 1
+    monkeypatch.setattr(rank_memory, "capacity_bytes", lambda device: 1)
+    monkeypatch.setenv(rank_memory.PREDICTED_ENV, "1")  # under the sweep, which printed it first
+    assert rank_memory.announce(run, model) == fields and len(printed) == 1
     assert len(notes) == 1 and "expect out-of-memory" in notes[0]
 
 

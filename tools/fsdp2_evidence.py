@@ -52,6 +52,7 @@ def one(a) -> dict:
     sys.path.insert(0, str(ROOT))
     from speed_ladder.measure import device as dev
     from speed_ladder.measure import memory_model as mm
+    from speed_ladder.measure import rank_memory
     from speed_ladder.measure.data import load_split
     from speed_ladder.presets import PRESETS
 
@@ -133,7 +134,7 @@ def one(a) -> dict:
         loss = fused_ce(out_head.weight, hidden.flatten(0, 1), y.flatten())
         loss.backward()
         opt.step()
-        state = mm.local_state_bytes(model, opt)  # grads still set: the full state
+        state = rank_memory.local_state_bytes(model, opt)  # grads still set: the full state
         lt = torch.tensor([loss.item()], dtype=torch.float64, device=device)
         dist.all_reduce(lt)
         losses.append(lt.item() / world)

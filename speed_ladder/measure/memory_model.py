@@ -37,8 +37,7 @@ that fits per GPU for steps 10-14 (docs/memory.md, "How big can you go"): predic
 
 import argparse
 import math
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from speed_ladder.presets import GPT2_VOCAB, PRESETS
 
@@ -267,9 +266,6 @@ def breakdown_table(steps=("13", "14"), gpus=(1, 4)) -> str:
 
 
 # ---------------------------------------------------------------- for the harness
-PREDICTED_ENV = "SPEED_LADDER_PREDICTED"  # set by the sweep, which printed the prediction itself
-
-
 def act_bytes_of(step: str, bf16: bool | None, device_type: str) -> int:
     """Bytes per activation element in ladder step `step`: 2 under step 05's bf16 autocast, else
     4. bf16: RunSpec.bf16 (None on a CPU or MPS: device.bf16_is_fast measures it, cached)."""
@@ -299,87 +295,6 @@ def predict_run(shape: dict, step: str, world: int, batch: int, bf16: bool | Non
     p = predict(shape, world, step, batch, act, flash, mode, vocab)
     p.preset = name
     return p
-
-
-def announce(run, model) -> dict:
-    """Called by Run.set_model before the first step: print the prediction for this run (from
-    the preset's shape, its RunSpec's bf16; the mode from the model: FSDP2, DDP or one process;
-    not printed again under the sweep, which printed it before the run), note when it exceeds
-    the device's memory, and return the record's fields."""
-    cfg, step, device = run.cfg, run.step, run.device
-    shape = {**PRESETS[run.preset_name], **cfg}
-    vocab = cfg.get("vocab_size", VOCAB)  # every step passes it; a bare test config may not
-    p = predict_run(shape, step, _world(), run.batch_size, run.spec.bf16, device.type,
-                    detect_mode(model), vocab, run.preset_name)  # fmt: skip
-    if not os.environ.get(PREDICTED_ENV):
-        run.print(f"[{step}] {p.line()}")
-    cap = capacity_bytes(device)
-    if cap and p.total_bytes > cap:
-        run.note(
-            f"predicted {p.total_bytes / GIB:.1f} GiB per rank exceeds this {device.type}'s "
-            f"{cap / GIB:.1f} GiB: expect out-of-memory "
-            "(python -m speed_ladder.measure.memory_model)"
-        )
-    return {
-        "predicted_state_bytes_per_rank": p.state_bytes,
-        "predicted_peak_bytes_per_rank": p.total_bytes,
-        "memory_model": asdict(p),
-    }
-
-
-def _world() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def detect_mode(model) -> str:
-    """fsdp2 when parameters are DTensors, ddp under DistributedDataParallel, else single."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch without distributed
-        DTensor = ()
-    if any(isinstance(p, DTensor) for p in model.parameters()):
-        return "fsdp2"
-    from torch.nn.parallel import DistributedDataParallel
-
-    return "ddp" if isinstance(model, DistributedDataParallel) else "single"
-
-
-def local_state_bytes(model, optimizer) -> int:
-    """Measured: bytes this rank holds of params, grads and optimizer state (local shards)."""
-    import torch
-
-    def local(t):
-        t = t.to_local() if hasattr(t, "to_local") else t
-        return t.numel() * t.element_size()
-
-    total = 0
-    for p in model.parameters():
-        total += local(p) + (local(p.grad) if p.grad is not None else 0)
-    for st in optimizer.state.values():
-        total += sum(local(v) for v in st.values() if torch.is_tensor(v) and v.dim())
-    return total
-
-
-def capacity_bytes(device) -> int | None:
-    """Memory a rank may use: its GPU's total, else the machine's RAM over the local ranks."""
-    if device.type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024 // max(1, _local_world())
-    except OSError:
-        pass
-    return None
-
-
-def _local_world() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 # ---------------------------------------------------------------- command line

@@ -90,7 +90,7 @@ class Run:
         self._busy: dict | None = None  # cpu_load.Meter.stop(), at the window's end
         self._memory = dev.PeakWindow(self.device)  # the timed steps' peak, pauses left out
         self._written = False
-        self.memory_prediction: dict = {}  # memory_model.announce, before the first step
+        self.memory_prediction: dict = {}  # rank_memory.announce, before the first step
         self._window_peak = None  # (reserved, allocated) at the window's end, when work follows
         self.profiler = profile.from_args(args, self)  # --profile/--trace, else None
         on_failure.register(self.write_failure)  # from here on, a failure can be recorded
@@ -140,8 +140,8 @@ class Run:
     def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
         """Count FLOPs per token and start the clock (call right before the training loop)."""
         self.cfg, self.batch_size = cfg, batch_size
-        # lazy: `python -m speed_ladder.measure.memory_model` runs that module as __main__
-        from speed_ladder.measure.memory_model import announce
+        # lazy: rank_memory imports memory_model, which `python -m ...memory_model` runs as __main__
+        from speed_ladder.measure.rank_memory import announce
 
         self.memory_prediction = announce(self, model)
         emb = {

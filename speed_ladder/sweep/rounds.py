@@ -88,7 +88,7 @@ def _start(p: Plan, force: bool) -> Progress:
 
 def _before_run(p: Plan, job: Job, wait_s: float | None) -> None:
     """The machine's load (waiting for quiet with --wait-quiet), and the memory prediction (the
-    step does not print it again: memory_model.PREDICTED_ENV)."""
+    step does not print it again: rank_memory.PREDICTED_ENV)."""
     check_s = float(os.environ.get("SPEED_LADDER_CHECK_S", cpu_load.CHECK_S))
     if check_s > 0 and cpu_load.supported():
         measure = lambda: cpu_load.measure_others(check_s)
