@@ -9,20 +9,14 @@ python -m speed_ladder check results/<tag>          # a results folder validated
 import argparse
 import sys
 
-from speed_ladder.errors import UserError, broken_pipe, fail, flush_stdout
+from speed_ladder.errors import UserError, fail, pipe_safe
 from speed_ladder.flags import Parser
 from speed_ladder.report import check
 from speed_ladder.sweep import command as sweep_command
 
 
 def main(argv=None) -> int:
-    try:
-        try:
-            return _main(argv)
-        finally:
-            flush_stdout()  # `--help | head`: a closed pipe is caught here, not at exit
-    except BrokenPipeError:
-        broken_pipe()
+    return pipe_safe(_main, argv)  # `--help | head`: a closed pipe is one line, not a traceback
 
 
 def parser() -> Parser:

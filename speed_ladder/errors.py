@@ -188,14 +188,13 @@ def broken_pipe(message: str = "output closed (broken pipe)", code: int = 1) -> 
     raise SystemExit(code)
 
 
-def run_command(main) -> "NoReturn":  # noqa: F821
-    """`if __name__ == "__main__": run_command(main)`: exit with main()'s code; a closed stdout
-    (`... | head`) is one line on stderr, not a traceback."""
+def pipe_safe(main, *args) -> int:
+    """main(*args)'s exit code, stdout flushed inside: a closed stdout (`... | head`) is one line
+    on stderr and exit 1, not a traceback (`python -m speed_ladder`, the module commands)."""
     try:
         try:
-            code = main()
+            return main(*args)
         finally:
             flush_stdout()
     except BrokenPipeError:
         broken_pipe()
-    raise SystemExit(code)

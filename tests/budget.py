@@ -37,10 +37,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "limit(seconds): the test fails after this many seconds")
-    if config.getoption("--state") and getattr(config.option, "numprocesses", None):
+    state = config.getoption("--state")
+    if state and getattr(config.option, "numprocesses", None):
         # every xdist worker would write its own part over the one file
         raise pytest.UsageError("--state runs in one process: leave out -n")
-    if config.getoption("--state") and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    if state and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         # started with SIGINT ignored (a script's background job inherits that), a budget's
         # `timeout --signal=INT` would never cut this run: the SIGINT is ours again
         signal.signal(signal.SIGINT, signal.default_int_handler)

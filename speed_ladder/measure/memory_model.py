@@ -322,6 +322,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from speed_ladder.errors import run_command
+    from speed_ladder.errors import pipe_safe
 
-    run_command(main)
+    raise SystemExit(pipe_safe(main))
