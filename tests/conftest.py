@@ -25,8 +25,9 @@ from budget import (  # noqa: E402, F401
 # under pytest-xdist, the tests that measure the machine run alone: tests/alone.py
 pytest_plugins = ["alone"]
 
+from speed_ladder.errors import UserError  # noqa: E402
 from speed_ladder.files import ROOT, atomic_write_bytes, mirror  # noqa: E402
-from speed_ladder.measure.data import read_text, stage_bpe  # noqa: E402
+from speed_ladder.measure.data import gpt2_tokenizer, read_text, stage_bpe  # noqa: E402
 
 BPE = mirror() / "gpt2_bpe"
 # The small test text: the mirror's The Verdict (CI: ../shared), else the first 20,000 characters
@@ -34,6 +35,31 @@ BPE = mirror() / "gpt2_bpe"
 VERDICT = mirror() / "the-verdict.txt"
 if not VERDICT.is_file():
     VERDICT = ROOT / "data" / "cache" / "test-text.txt"
+
+
+def missing_inputs() -> str | None:
+    """Why the tests cannot have their text and GPT-2's tokenizer (offline, no mirror), or None.
+    The text is made here when missing: the first 20,000 characters of Middlemarch."""
+    try:
+        if not VERDICT.is_file():
+            atomic_write_bytes(VERDICT, read_text(None)[0][:20_000].encode())
+        if not BPE.is_dir():
+            gpt2_tokenizer()  # tiktoken's own download and cache
+    except UserError as e:
+        return (
+            f"the tests need a text and GPT-2's BPE files ({str(e).split('; ')[0]}); "
+            f"offline, put the-verdict.txt (any text) and gpt2_bpe/ (encoder.json, vocab.bpe) in "
+            f"{mirror()}, or set SPEED_LADDER_SHARED to a folder whose data/ holds them"
+        )
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """Before any test (under xdist in the controller, before the workers start): one line and
+    exit 4 (a usage error) when the inputs cannot be had, not the same error in every test."""
+    if not hasattr(session.config, "workerinput") and (why := missing_inputs()):
+        raise pytest.UsageError(why)
 
 
 def load_script(rel: str):
@@ -61,8 +87,6 @@ def offline_env(tmp_path_factory):
     if BPE.is_dir():
         tk = stage_bpe(BPE, tmp_path_factory.mktemp("tiktoken"))
         os.environ["TIKTOKEN_CACHE_DIR"] = str(tk)
-    if not VERDICT.is_file():
-        atomic_write_bytes(VERDICT, read_text(None)[0][:20_000].encode())
     # private to this run; under xdist shared by its workers, the CPU peak cached (tests/alone.py)
     from alone import cache
 
