@@ -11,6 +11,7 @@ milliseconds to random ops and would blur the shares compared here.
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -150,18 +151,19 @@ def _profile_steps(m, model, opt, x, y, steps: int, pause: bool = False):
 
 
 def _ev(eid, name, start, end, thread=1, device=DeviceType.CPU, linked=0, seq=-1, fwd=None):
+    """A FunctionEvent as torch 2.13 makes it: linked to its op and typed. torch 2.11's
+    FunctionEvent takes neither argument, so both are set after it is made."""
     kind = "cpu_op" if device == DeviceType.CPU else "gpu_memcpy" if "Memcpy" in name else "kernel"
-    return FunctionEvent(
+    e = FunctionEvent(
         id=eid, name=name, thread=thread, start_us=start, end_us=end, fwd_thread=fwd,
-        sequence_nr=seq, device_type=device, linked_correlation_id=linked, use_device="cuda",
-        activity_type=kind,
+        sequence_nr=seq, device_type=device, use_device="cuda",
     )  # fmt: skip
+    e.linked_correlation_id, e.activity_type = linked, kind
+    return e
 
 
-def test_device_time_breakdown():
-    """CUDA: kernels counted in their launching op's category (the backward thread's too),
-    overlapping kernels scaled to the busy time, idle GPU time and host copies data and host,
-    a paused evaluation's kernels left out; no GPU needed (the profiler's events, made up)."""
+def _device_events():
+    """One profiled step on a made-up GPU: its CPU ops and the kernels they launched."""
     gpu = DeviceType.CUDA
     events = [
         _ev(1, breakdown.STEP_RANGE + "0", 0, 1000),
@@ -176,6 +178,10 @@ def test_device_time_breakdown():
         # the autograd engine's device thread: the node of forward op 4 (sequence number 7)
         _ev(10, breakdown.BACKWARD + "UnsafeViewBackward0", 500, 560, thread=2, seq=7, fwd=1),
         _ev(11, "aten::mul", 510, 520, thread=2),
+        # the runtime calls that launched kernels 102 and 103: CPU events with the kernels'
+        # own ids (CUPTI's correlation ids, another count than the ops'), linked to their op
+        _ev(102, "cudaLaunchKernel", 55, 58, linked=5),
+        _ev(103, "cudaLaunchKernel", 110, 113, linked=6),
         # the kernels, each linked to the op that launched it
         _ev(101, "Memcpy HtoD (Pageable -> Device)", 20, 60, device=gpu, linked=2),
         _ev(102, "ampere_sgemm_128x64_tn", 60, 100, device=gpu, linked=5),
@@ -187,7 +193,15 @@ def test_device_time_breakdown():
     ]
     drawn = _ev(108, breakdown.STEP_RANGE + "0", 0, 1000, device=gpu)  # a range, not device work
     drawn.activity_type = "gpu_user_annotation"
-    events.append(drawn)
+    drawn.is_user_annotation = True
+    return events + [drawn]
+
+
+def test_device_time_breakdown():
+    """CUDA: kernels counted in their launching op's category (the backward thread's too),
+    overlapping kernels scaled to the busy time, idle GPU time and host copies data and host,
+    a paused evaluation's kernels left out; no GPU needed (the profiler's events, made up)."""
+    events = _device_events()
     el = EventList(events, use_device="cuda")
     el._build_tree()
     res = breakdown.breakdown(el, 1, use_device=True)
@@ -202,6 +216,58 @@ def test_device_time_breakdown():
     assert us["data_host"] == pytest.approx(40 * scale + (900 - 590))  # the copy, the idle GPU
     assert sum(us.values()) == pytest.approx(900)
     assert_adds_up(breakdown.shares(res["seconds"]))
+
+
+def _tree(events):
+    el = EventList(events, use_device="cuda")
+    el._build_tree()
+    return el
+
+
+def _as_torch_2_11(events):
+    """The same events as torch 2.11 gives them: no `linked_correlation_id`, no
+    `activity_type`; and the profiler's kineto events they were made from, which have the
+    link (torch's _ProfilerResult: trace_start_ns(), events())."""
+    t0 = 1_764_000_000_000_000_000
+    kineto = [
+        SimpleNamespace(
+            correlation_id=lambda e=e: e.id,
+            device_type=lambda e=e: e.device_type,
+            start_ns=lambda e=e: t0 + round(e.time_range.start * 1000),
+            linked_correlation_id=lambda k=e.linked_correlation_id: k,
+        )
+        for e in events
+    ]
+    for e in events:
+        del e.linked_correlation_id, e.activity_type
+    return events, SimpleNamespace(trace_start_ns=lambda: t0, events=lambda: kineto)
+
+
+def test_without_linked_ids_kernels_are_linked_from_kineto():
+    """torch 2.11 (the GPU image's) leaves a kernel's launching op out of its events:
+    link_kernels copies it from the kineto events, and the breakdown is the one above. Without
+    it the kernels lose their ops (a paused evaluation's kernel counts, the copy is other)."""
+    want = breakdown.breakdown(_tree(_device_events()), 1, use_device=True)
+    events, kineto = _as_torch_2_11(_device_events())
+    assert breakdown.link_kernels(events, kineto) == 8  # 6 kernels + 2 runtime calls linked
+    assert breakdown.breakdown(_tree(events), 1, use_device=True) == want
+    unlinked, _ = _as_torch_2_11(_device_events())
+    assert breakdown.breakdown(_tree(unlinked), 1, use_device=True) != want
+    assert breakdown.link_kernels(_device_events(), kineto) == 0  # torch 2.13: has them
+
+
+def test_every_profiled_event_is_found_among_its_kineto_events():
+    """link_kernels's match, on a real profile of this torch: each FunctionEvent's
+    (correlation id, device, start) is one of the kineto events torch made it from."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    x = torch.randn(32, 32, requires_grad=True)
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        (x @ x).relu().sum().backward()
+    links = breakdown.kineto_links(prof.profiler.kineto_results)
+    events = prof.events()
+    assert len(events) > 10 and all(breakdown.event_key(e) in links for e in events)
 
 
 # ---------------------------------------------------------------- the Run's schedule

@@ -32,7 +32,14 @@ import torch
 from speed_ladder.errors import os_error_why
 from speed_ladder.files import portable_path
 from speed_ladder.flags import PROFILE_STEPS
-from speed_ladder.measure.breakdown import PAUSED_RANGE, STEP_RANGE, breakdown, describe, shares
+from speed_ladder.measure.breakdown import (
+    PAUSED_RANGE,
+    STEP_RANGE,
+    breakdown,
+    describe,
+    link_kernels,
+    shares,
+)
 from speed_ladder.measure.op_categories import ModuleRanges, is_compiled
 
 
@@ -179,7 +186,10 @@ class StepProfiler:
 
     def _analyse(self) -> None:
         use_device = self.run.device.type == "cuda"
-        res = breakdown(self.prof.events(), self.profiled, use_device)
+        events = self.prof.events()
+        if use_device:  # torch 2.11: a kernel's launching op, from kineto (breakdown.py)
+            link_kernels(events, self.prof.profiler.kineto_results)
+        res = breakdown(events, self.profiled, use_device)
         if use_device and res and res["basis"] != "device time":
             self.run.note("profile: no device activity recorded (CUPTI?): self CPU time instead")
         if not res:
