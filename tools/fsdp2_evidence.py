@@ -81,17 +81,25 @@ def one(a) -> dict:
     def nbytes(t):
         return t.numel() * t.element_size()
 
-    ag, rs = dist.all_gather_single, dist.reduce_scatter_single
+    # Count what FSDP2 calls, by wrapping exactly that name: *_single where torch has it (2.13,
+    # whose deprecated *_into_tensor / reduce_scatter_tensor call *_single, so wrapping both would
+    # count twice), else the older names (2.11), which take the same (output, input): the
+    # gathered whole out of an all-gather, the unscattered whole into a reduce-scatter.
+    new = hasattr(dist, "all_gather_single")
+    ag_name = "all_gather_single" if new else "all_gather_into_tensor"
+    rs_name = "reduce_scatter_single" if new else "reduce_scatter_tensor"
+    ag, rs = getattr(dist, ag_name), getattr(dist, rs_name)
 
-    def all_gather_single(output, input, *args, **kw):
+    def all_gather(output, input, *args, **kw):
         sent["all_gather"] += nbytes(output)
         return ag(output, input, *args, **kw)
 
-    def reduce_scatter_single(output, input, *args, **kw):
+    def reduce_scatter(output, input, *args, **kw):
         sent["reduce_scatter"] += nbytes(input)
         return rs(output, input, *args, **kw)
 
-    dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
+    setattr(dist, ag_name, all_gather)
+    setattr(dist, rs_name, reduce_scatter)
 
     def allreduce_hook(state, bucket):
         sent["all_reduce"] += nbytes(bucket.buffer())
