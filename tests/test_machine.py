@@ -6,6 +6,7 @@ machines cloned from one image: a Zen 3 without native bf16 and a Zen 4 with it 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -154,9 +155,13 @@ def _copy_checkout(dest: Path) -> None:
     subprocess.run([*git, "commit", "-q", "-m", "clone"], cwd=dest, check=True)
 
 
-def test_a_sweep_on_another_cpu_with_the_same_machine_id_touches_no_committed_file(tmp_path):
-    """A fresh clone on a Zen 4 (same /etc/machine-id, name and cores as the committed Zen 3
-    results' machine) writes its own tag folder and leaves every committed file as it was."""
+def test_a_sweep_writes_only_its_own_tag_folder_and_never_into_another_machines_records(tmp_path):
+    """A fresh clone on a simulated Zen 4 (the CPU of the committed `...-m17-bf16-2c-x1` records,
+    and this host's /etc/machine-id) writes one folder, `<tag>-x1` or `<tag>-<6 hex>-x1`, and no
+    other tag's. Which one depends on this host and torch version: where `<tag>-x1` is new or
+    holds only this machine's records (the same fingerprint, torch version included) the sweep
+    appends there, leaving the committed lines as they were; where it holds another machine's,
+    it uses the suffixed folder and no tracked file changes at all."""
     clone = tmp_path / "clone"
     _copy_checkout(clone)
     info = tmp_path / "cpuinfo"
@@ -171,6 +176,26 @@ def test_a_sweep_on_another_cpu_with_the_same_machine_id_touches_no_committed_fi
     git_status = ["git", "status", "--porcelain", "--untracked-files=all"]
     status = subprocess.run(git_status, cwd=clone, capture_output=True, text=True).stdout
     changed = [line[3:] for line in status.splitlines()]
-    mine = f"results/cpu-amd-epyc-f25-m17-bf16-{os.cpu_count()}c-x1/"
-    assert changed and all(p.startswith(mine) for p in changed), status
-    assert any(p.endswith("runs.jsonl") for p in changed)
+    base = f"results/cpu-amd-epyc-f25-m17-bf16-{os.cpu_count()}c"
+    folders = {re.match(rf"{re.escape(base)}(-[0-9a-f]{{6}})?-x1/", p) for p in changed}
+    assert changed and None not in folders, status  # only this machine's tag's folders
+    (folder,) = {m.group(0) for m in folders}  # and one of them
+    assert folder + "runs.jsonl" in changed
+
+    def committed(rel):  # the lines of `rel` in the clone's commit; [] where it has none
+        show = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=clone, capture_output=True,
+                              text=True)  # fmt: skip
+        return show.stdout.splitlines() if show.returncode == 0 else []
+
+    before = committed(folder + "runs.jsonl")
+    after = (clone / folder / "runs.jsonl").read_text().splitlines()
+    assert after[: len(before)] == before and len(after) > len(before)
+    (fp,) = {json.dumps(json.loads(line)["sweep"]["machine"]) for line in after[len(before) :]}
+    fp = json.loads(fp)
+    if folder == f"{base}-x1/":  # appended to its own tag: no committed record is another's
+        assert not foreign([json.loads(line) for line in before], fp)
+    else:  # the tag's folder holds another machine's records: this machine's own, all new
+        assert folder == f"{base}-{machine.short_id(fp)}-x1/"
+        others = foreign([json.loads(line) for line in committed(f"{base}-x1/runs.jsonl")], fp)
+        assert others and "holds another machine's records" in proc.stdout
+        assert all(line.startswith("?? ") for line in status.splitlines()), status
