@@ -35,13 +35,32 @@ for _mod in ("liger_kernel", "triton", "numpy"):
 INTERPRET = {"TRITON_INTERPRET": "1", "TORCH_COMPILE_DISABLE": "1", "SPEED_LADDER_BF16": "0"}
 TINY = ["--device", "cpu", "--preset", "tiny", "--max-steps", 3, "--warmup-steps", 1,
         "--batch-size", 2, "--data", VERDICT]  # fmt: skip
+# Triton 3.6's interpreter (the GPU image's Triton) with numpy >= 2.4 (2.2 and 2.3 pass): a loop
+# bound `range(0, n_cols, BLOCK)` becomes int() of a one-element array, an error in numpy 2.4.
+# Triton 3.9 runs it. Not step 12's fault, and no GPU runs the interpreter: skipped, saying so.
+NUMPY_VS_INTERPRETER = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def interpreted_ok(proc) -> None:
+    """Assert an interpreted run passed; skip where this Triton's interpreter cannot run on this
+    numpy (NUMPY_VS_INTERPRETER), a known incompatibility of the two."""
+    if (
+        proc.returncode != 0
+        and NUMPY_VS_INTERPRETER in proc.stderr
+        and "interpreter" in proc.stderr
+    ):
+        from importlib.metadata import version  # triton not imported here (the docstring)
+
+        versions = f"Triton {version('triton')}'s interpreter on numpy {version('numpy')}"
+        pytest.skip(f"{versions} fails ({NUMPY_VS_INTERPRETER}): numpy < 2.4 or a newer Triton")
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def interpreted_cases(*names):
     """{case: result} of tests/liger_cases.py run through the interpreter in a subprocess."""
     proc = run_script([sys.executable, ROOT / "tests" / "liger_cases.py", "cpu", *names],
                       env=INTERPRET, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    interpreted_ok(proc)
     return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
 
 
@@ -59,7 +78,7 @@ def test_step12_liger_call_matches_plain_cross_entropy_through_the_interpreter()
 def step_run(tmp_path, script, name, env=INTERPRET, launcher=(sys.executable,), args=TINY):
     res = tmp_path / f"{name}.jsonl"
     proc = run_script([*launcher, ROOT / "steps" / script, *args, "--results", res], env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    interpreted_ok(proc)
     (rec,) = records(res)
     return rec
 
@@ -156,7 +175,7 @@ def first_grad(tmp_path, script, name, nproc):
         ]
     )
     proc = run_script([*launch, wrapper, *args], env=INTERPRET, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    interpreted_ok(proc)
     import torch
 
     (rec,) = records(tmp_path / f"{name}.jsonl")
@@ -202,7 +221,7 @@ def test_the_liger_kernel_floor_in_pyproject_passes_the_cases(tmp_path):
     )
     proc = run_script([sys.executable, "-c", code], timeout=300,
                       env={**INTERPRET, "PYTHONPATH": site})  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    interpreted_ok(proc)
     for res in map(json.loads, proc.stdout.splitlines()):
         bad = liger_cases.check(res)
         assert bool(bad) == res["case"].endswith("-control"), (res["case"], bad)
