@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, RSS_FOLLOWS_TENSORS, run_script
 
 from speed_ladder.measure.run import Run
 
@@ -88,7 +88,8 @@ def test_checkpointing_lowers_measured_peak_memory():
     growth = {}
     for step in ["12_liger_fused_ce", "13_gradient_checkpointing"]:
         proc = run_script([sys.executable, ROOT / "tools" / "checkpoint_trade.py", "--one",
-                           ROOT / "steps" / f"{step}.py"], timeout=300)  # fmt: skip
+                           ROOT / "steps" / f"{step}.py"], timeout=300,
+                          env=RSS_FOLLOWS_TENSORS)  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]
         growth[step] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_growth_bytes"]
     plain, ckpt = growth["12_liger_fused_ce"], growth["13_gradient_checkpointing"]
