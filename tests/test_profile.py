@@ -162,6 +162,13 @@ def _ev(eid, name, start, end, thread=1, device=DeviceType.CPU, linked=0, seq=-1
     return e
 
 
+def _tree(events):
+    """The events as torch hands them over: an EventList, its CPU call tree built."""
+    el = EventList(events, use_device="cuda")
+    el._build_tree()
+    return el
+
+
 def _device_events():
     """One profiled step on a made-up GPU: its CPU ops and the kernels they launched."""
     gpu = DeviceType.CUDA
@@ -201,10 +208,7 @@ def test_device_time_breakdown():
     """CUDA: kernels counted in their launching op's category (the backward thread's too),
     overlapping kernels scaled to the busy time, idle GPU time and host copies data and host,
     a paused evaluation's kernels left out; no GPU needed (the profiler's events, made up)."""
-    events = _device_events()
-    el = EventList(events, use_device="cuda")
-    el._build_tree()
-    res = breakdown.breakdown(el, 1, use_device=True)
+    res = breakdown.breakdown(_tree(_device_events()), 1, use_device=True)
     assert res["basis"] == "device time" and res["wall_s"] == pytest.approx(900e-6)
     us = {c: v * 1e6 for c, v in res["seconds"].items()}
     # kernels: 40 + 40 + 300 + 200 + 60 + 100 = 740 us, busy (their union) 590 us
@@ -216,12 +220,6 @@ def test_device_time_breakdown():
     assert us["data_host"] == pytest.approx(40 * scale + (900 - 590))  # the copy, the idle GPU
     assert sum(us.values()) == pytest.approx(900)
     assert_adds_up(breakdown.shares(res["seconds"]))
-
-
-def _tree(events):
-    el = EventList(events, use_device="cuda")
-    el._build_tree()
-    return el
 
 
 def _as_torch_2_11(events):
