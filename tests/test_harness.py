@@ -201,3 +201,20 @@ def test_no_committed_data_or_tokenizer_files():
     tracked = os.popen(f"git -C {ROOT} ls-files").read().split()
     assert not [t for t in tracked if Path(t).name in
                 {"middlemarch.txt", "encoder.json", "vocab.bpe", "the-verdict.txt"}]  # fmt: skip
+
+
+def test_a_measuring_run_evaluates_only_after_its_last_step():
+    """gpt2-124m evaluates every 50 steps: in a tutorial run, yes; in a measuring run (the
+    sweep's --max-steps/--results) no, since its step 50 was inside the timed window (the H200
+    sweep, 2026-11-27) and its pause empties the allocator. The final evaluation stays."""
+    from types import SimpleNamespace as NS
+
+    from speed_ladder.measure.run import Run
+
+    def due(max_steps, results, step):
+        run = NS(preset={"eval_freq": 50}, args=NS(max_steps=max_steps, results=results),
+                 steps_done=step)  # fmt: skip
+        return Run.eval_due(run)
+
+    assert due(None, None, 50) and not due(None, None, 49)
+    assert not due(60, None, 50) and not due(None, "r.jsonl", 50)

@@ -167,8 +167,14 @@ class Run:
         return m is not None and self.steps_done >= m and not more
 
     def eval_due(self) -> bool:
+        """Every eval_freq steps in a tutorial run. A measuring run (--max-steps or --results,
+        as in the sweep) evaluates once, after its last step (the step's `finish`): an
+        evaluation inside the run costs wall time that no record shows (gpt2-124m evaluated at
+        step 50 of 60, inside the timed window), and its pause empties the allocator's cache,
+        so the next step allocates its memory again (tens of GB on a GPU)."""
         f = self.preset["eval_freq"]
-        return bool(f) and self.steps_done % f == 0
+        measuring = self.args.max_steps is not None or self.args.results is not None
+        return bool(f) and not measuring and self.steps_done % f == 0
 
     def sample_due(self) -> bool:
         """Epoch-end samples belong to tutorial runs; a measuring run (--max-steps or
