@@ -178,7 +178,7 @@ class GPTDataset(Dataset):
 
 def create_dataloader(token_ids, batch_size, context_length, shuffle, drop_last, seed):
     dataset = GPTDataset(token_ids, context_length, stride=context_length)
-    # The sampler owns a seeded generator, so the batch order is the same in every step.
+    # A seeded generator, reseeded every epoch by the loop: the same batch order in every step.
     sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
     return DataLoader(
         dataset,
@@ -283,6 +283,9 @@ def main():
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):
+        # Each epoch's order is randperm(seed + epoch), as DistributedSampler draws it (step 11):
+        # every step of the ladder trains on the same batches in every epoch, not just the first.
+        train_loader.sampler.generator.manual_seed(args.seed + epoch)
         model.train()
         for input_batch, target_batch in train_loader:
             input_batch = input_batch.to(device)  # (B, T)

@@ -174,8 +174,8 @@ class GPTDataset(Dataset):
 
 def create_dataloader(token_ids, batch_size, context_length, shuffle, drop_last, seed, pin_memory):
     dataset = GPTDataset(token_ids, context_length, stride=context_length)
-    # step 11: each rank takes every world_size-th index of one seeded permutation per epoch
-    # (the same permutation as step 10's sampler, so a world of one sees the same batches)
+    # step 11: each rank takes every world_size-th index of one seeded permutation per epoch,
+    # randperm(seed + epoch): steps 00-10's order, so a world of one sees the same batches
     sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
     return DataLoader(
         dataset,
@@ -381,7 +381,9 @@ def main():
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):
-        train_loader.sampler.set_epoch(epoch)  # step 11: a new shuffle per epoch, same on all ranks
+        # Each epoch's order is randperm(seed + epoch), as DistributedSampler draws it (step 11):
+        # every step of the ladder trains on the same batches in every epoch, not just the first.
+        train_loader.sampler.set_epoch(epoch)  # step 11: that reseed, the same on all ranks
         model.train()
         for input_batch, target_batch in train_loader:
             input_batch = input_batch.to(device, non_blocking=True)  # (B, T); step 04

@@ -20,7 +20,6 @@ a call stopped by its budget records the test in flight as cut and the next call
 tests that did not finish.
 """
 
-import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +36,7 @@ pytestmark = [
 sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 
+from speed_ladder import parity  # noqa: E402
 from speed_ladder.measure import device as dev  # noqa: E402
 from speed_ladder.measure import inactive  # noqa: E402
 from speed_ladder.presets import PRESETS  # noqa: E402
@@ -44,7 +44,6 @@ from speed_ladder.presets import PRESETS  # noqa: E402
 STEPS = [p.relative_to(ROOT).as_posix() for p in ladder.ladder()]
 SUMMARIES = list(ladder.SUMMARIES)
 MAX_STEPS, WARMUP = 4, 1  # as the CPU ladder test: its tolerances are for 4 steps
-PARITY = json.loads((ROOT / "tests" / "loss_parity.json").read_text())["cuda"]
 GPU = torch.device("cuda", 0)
 # what a test checks here is not the compiled graph (the sweep measures that): eager runs start
 # in seconds instead of a compile's 30-60 s
@@ -227,11 +226,10 @@ def test_every_script_writes_an_ok_record_on_cuda(cuda_runs, script):
 @pytest.mark.parametrize("script", STEPS[1:])
 def test_loss_matches_previous_step_on_cuda(cuda_runs, script):
     i = STEPS.index(script)
-    prev = _ok(*cuda_runs[STEPS[i - 1]])["losses"]
-    cur = _ok(*cuda_runs[script])["losses"]
-    rule = PARITY["steps"][ladder.step_of(ROOT / script)]
-    worst = max(abs(a - b) for a, b in zip(cur, prev, strict=True))
-    assert worst <= rule["atol"], f"{worst:.2e} > {rule['atol']}: {rule['why']} ({cur} vs {prev})"
+    prev, cur = _ok(*cuda_runs[STEPS[i - 1]]), _ok(*cuda_runs[script])
+    # tests/loss_parity.json's CUDA tolerance for tiny's 4 steps (parity.judge)
+    ok, how = parity.check(ladder.step_of(ROOT / script), prev, cur)
+    assert ok, f"{how} ({cur['losses']} vs {prev['losses']})"
 
 
 @pytest.mark.slow

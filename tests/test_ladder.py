@@ -37,18 +37,36 @@ COMPILED = [s for s in STEPS if ladder.step_of(ROOT / s) >= "08"]
 BF16 = [s for s in STEPS if ladder.step_of(ROOT / s) >= "05"]
 BF16_FAST = [s for s in BF16 if ladder.step_of(ROOT / s) <= "08"]  # the rest: compiled, slow
 MAX_STEPS, WARMUP = 4, 1
+# The ladder trains on the first 330 tokens of the test text: 9 training windows of tiny's 32
+# tokens, so an epoch is 2 steps at batch 4 and 1 at step 10's 8, and every run crosses an epoch
+# boundary within its 4 steps. A pair of neighbours that must see the same batches shows it in
+# every epoch, not only the first (steps 00-10 drew a new order from one generator each epoch,
+# 11-14 DistributedSampler's randperm(seed + epoch): the same first epoch only, 2026-11-27).
+EPOCH_TOKENS = 330
+
+
+def epoch_text(folder: Path) -> Path:
+    """The test text cut to EPOCH_TOKENS tokens (written once per folder)."""
+    from speed_ladder.measure.data import gpt2_tokenizer
+
+    path = folder / "epochs.txt"
+    if not path.exists():
+        tok = gpt2_tokenizer()
+        path.write_text(tok.decode(tok.encode(VERDICT.read_text())[:EPOCH_TOKENS]))
+    return path
 PARITY = json.loads((ROOT / "tests" / "loss_parity.json").read_text())
 REGIME = {"fp32": {"SPEED_LADDER_BF16": "0"}, "bf16": {"SPEED_LADDER_BF16": "1"}}
 
 
 def run_ladder(out, scripts, eager=(), env=None):
     """{script: (CompletedProcess, [records])} for one tiny run of each script."""
+    text = epoch_text(out)
 
     def one(script):
         res = out / (Path(script).stem + ".jsonl")
         proc = run_script(
             [sys.executable, str(ROOT / script), "--preset", "tiny", "--device", "cpu",
-             "--max-steps", MAX_STEPS, "--warmup-steps", WARMUP, "--data", VERDICT,
+             "--max-steps", MAX_STEPS, "--warmup-steps", WARMUP, "--data", text, "--epochs", 9,
              "--results", res],
             timeout=900,
             env={**(env or {}), **({"TORCH_COMPILE_DISABLE": "1"} if script in eager else {})},
@@ -197,6 +215,18 @@ def test_a_bf16_step_off_by_more_than_its_regime_allows_fails(bf16_runs):
     small = dict(cur, losses=[x + 5e-4 for x in prev["losses"]])
     assert parity.check("06", prev, small)[0]
     assert not parity.check("06", dict(prev, regime="fp32"), dict(small, regime="fp32"))[0]
+
+
+def test_every_run_of_the_ladder_crosses_an_epoch_boundary(tmp_path):
+    """What the parity tests above compare spans epochs: an epoch of the test text is shorter
+    than MAX_STEPS at both of tiny's batches (and --epochs lets the runs go on)."""
+    from speed_ladder.measure.data import TRAIN_RATIO, gpt2_tokenizer, num_windows
+    from speed_ladder.presets import PRESETS
+
+    n = len(gpt2_tokenizer().encode(epoch_text(tmp_path).read_text()))
+    windows = num_windows(int(TRAIN_RATIO * n), PRESETS["tiny"]["context_length"])
+    for batch in (PRESETS["tiny"]["batch_size"], PRESETS["tiny"]["large_batch_size"]):
+        assert windows // batch < MAX_STEPS, (n, windows, batch)
 
 
 def test_parity_manifest_covers_every_step():

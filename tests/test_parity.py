@@ -7,8 +7,8 @@ from speed_ladder import parity
 BASE = [11.0, 10.4, 10.0, 9.6]
 
 
-def rec(step, shift=0.0, regime="fp32", preset="tiny", rnd=1, losses=BASE):
-    r = {"step": step, "status": "ok", "device": "cpu", "preset": preset,
+def rec(step, shift=0.0, regime="fp32", preset="tiny", rnd=1, losses=BASE, device="cpu"):
+    r = {"step": step, "status": "ok", "device": device, "preset": preset,
          "losses": [x + shift for x in losses], "sweep": {"round": rnd}}  # fmt: skip
     if regime is not None:
         r["regime"] = regime
@@ -88,3 +88,70 @@ def test_no_losses_no_parity():
     used = {"00": [rec("00")], "01": [dict(rec("01"), losses=[])]}
     assert columns(used)["01"] == (None, None)
     assert parity.judge("01", rec("00"), dict(rec("01"), losses=[]))[0] == "off"  # NaN: off
+
+
+def test_a_pair_across_a_step_missing_from_the_tag_is_not_comparable():
+    """The H200 tag of 2026-11-27 had no step 11 (run by hand, outside the sweep): step 12 was
+    judged against step 10 and read `off` (0.233), though 12 keeps 11's losses and 11 differs
+    from 10 by DDP's data order. A rule compares a step with the step before it in the ladder;
+    without that step's runs the pair is `not comparable`, saying which step is missing."""
+    used = {"10": [rec("10", 0)], "12": [rec("12", 0.233)], "13": [rec("13", 0.233)]}
+    rows = [{"step": "10", "status": "ok"}, {"step": "11", "status": "not run"},
+            {"step": "12", "status": "ok"}, {"step": "13", "status": "ok"}]  # fmt: skip
+    parity.add_columns(rows, used)
+    got = {r["step"]: (r.get("parity"), r.get("parity_detail")) for r in rows}
+    assert got["11"] == (None, None)
+    assert got["12"] == ("not comparable", "not comparable: step 11 was not run in this tag")
+    assert got["13"][0] == "ok"  # 13 against 12, both here
+    # a previous step that failed: not comparable either, with its status
+    rows = [{"step": "10", "status": "ok"}, {"step": "11", "status": "oom"},
+            {"step": "12", "status": "ok"}]  # fmt: skip
+    parity.add_columns(rows, used)
+    assert rows[2]["parity_detail"] == "not comparable: step 11 has no ok run (oom) in this tag"
+
+
+def test_a_tolerance_holds_for_the_preset_and_run_length_it_was_measured_on():
+    """Rounding differences grow with the run: step 07's 0.02 was set for tiny's 4 steps and
+    the H200 sweep measured 0.021 and 0.024 over gpt2-124m's 63. Each CUDA tolerance names its
+    preset and length; a run past it, or on a preset without one, is not comparable. The CPU's
+    rules hold on tiny (4 steps) and the cpu preset (13), except exact ones, at any length."""
+    long = [11.0 - 0.08 * i for i in range(63)]
+    cuda = dict(device="cuda", regime="bf16", preset="gpt2-124m", losses=long)
+    prev, cur = rec("06", **cuda), rec("07", 0.024, **cuda)
+    state, _, detail = parity.judge("07", prev, cur)
+    assert state == "ok" and "<= 0.05" in detail
+    assert parity.judge("07", prev, rec("07", 0.06, **cuda))[0] == "off"
+    state, _, detail = parity.judge("07", dict(prev, preset="tiny"), dict(cur, preset="tiny"))
+    assert state == "not comparable"
+    assert "63 steps of tiny: the CUDA tolerance holds for up to 4" in detail
+    state, _, detail = parity.judge("07", dict(prev, preset="gpt2-xl"), dict(cur, preset="gpt2-xl"))
+    assert state == "not comparable" and "no CUDA tolerance for preset gpt2-xl" in detail
+    short = dict(device="cuda", regime="bf16", preset="tiny")
+    assert parity.judge("07", rec("06", **short), rec("07", 0.01, **short))[0] == "ok"
+    # the CPU: 4 steps of tiny hold, 20 do not (a close rule); an exact rule holds at any length
+    twenty = [11.0 - 0.1 * i for i in range(20)]
+    state, _, detail = parity.judge("06", rec("05", losses=twenty), rec("06", 1e-5, losses=twenty))
+    assert (
+        state == "not comparable" and "20 steps of tiny: the CPU rule holds for up to 4" in detail
+    )
+    assert parity.judge("01", rec("00", losses=twenty), rec("01", losses=twenty))[0] == "ok"
+    assert parity.judge("06", rec("05"), rec("06", 1e-5))[0] == "ok"
+
+
+def test_the_h200_tags_parity_reads_what_the_steps_did():
+    """The committed H200 sweep (results/nvidia-h200-x1, one round, 63 steps of gpt2-124m):
+    step 07 (0.024) within gpt2-124m's measured tolerance, 12 not comparable (11 was run by
+    hand, outside the sweep), 10 not comparable (a larger batch), none off."""
+    from speed_ladder.files import ROOT
+    from speed_ladder.records import read_jsonl
+
+    runs = {}
+    for r in read_jsonl(ROOT / "results" / "nvidia-h200-x1" / "runs.jsonl"):
+        if r.get("status") == "ok" and not (r.get("sweep") or {}).get("control"):
+            runs.setdefault(r["step"], []).append(r)
+    rows = [{"step": f"{i:02d}", "status": "ok" if f"{i:02d}" in runs else "not run"}
+            for i in range(15)]  # fmt: skip
+    parity.add_columns(rows, runs)
+    got = {r["step"]: r.get("parity") for r in rows}
+    assert got["07"] == "ok" and got["12"] == "not comparable" and got["10"] == "not comparable"
+    assert "off" not in got.values(), got
