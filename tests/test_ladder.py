@@ -54,6 +54,8 @@ def epoch_text(folder: Path) -> Path:
         tok = gpt2_tokenizer()
         path.write_text(tok.decode(tok.encode(VERDICT.read_text())[:EPOCH_TOKENS]))
     return path
+
+
 PARITY = json.loads((ROOT / "tests" / "loss_parity.json").read_text())
 REGIME = {"fp32": {"SPEED_LADDER_BF16": "0"}, "bf16": {"SPEED_LADDER_BF16": "1"}}
 
