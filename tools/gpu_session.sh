@@ -34,10 +34,11 @@
 #                 hands back only a few files. The compile caches (OUT/cache: inductor's and
 #                 Triton's) go in when the archive stays within --pack-limit MiB (default 16)
 #
-#   tools/gpu_session.sh --plan [--gpu NAME] [--preset P] [--budget S] [--steps A-B] [--lease S]
-#                               [--tests-budget S] [--results DIR] [--target S] [--slower X]
-#   prints the calls a lent GPU needs for the bounded ladder and their expected device time,
-#   then exits (0: within the 20-minute target, 1: over; speed_ladder/sweep/lease_plan.py says the model)
+#   tools/gpu_session.sh --plan [--kind K] [--lease S] [--cap S] [--steps LIST] [--tests S]
+#                               [--extra LIST] [--no-profile] [--slower X] [--results DIR]
+#   prints the calls of a session on a lent GPU (default: the 15-minute lease, the H200's
+#   measured durations) and the exact `run` calls, then exits (0: it fits with room to rerun
+#   its longest call, 1: it does not, and what to drop; speed_ladder/sweep/lease_plan.py)
 #
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
@@ -49,7 +50,7 @@ set -u -o pipefail
 # to go on from, not a silent death: the TERM trap below must still pack
 trap '' PIPE
 
-usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 if [ "$1" = --plan ]; then  # the plan only: speed_ladder/sweep/lease_plan.py, before any other work
     shift; cd "$(dirname "$0")/.." || exit 2
