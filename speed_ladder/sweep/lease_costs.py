@@ -12,8 +12,23 @@ results/nvidia-h200-x1/runs.jsonl; two calls of tools/gpu_session.sh on one warm
 - `SETUP_S` 26 s: gpu_session.sh before the sweep (the wheel, the Liger check, versions, pip
   freeze, nvidia-smi): each call's --budget less its sweep's budget less the 45 s it keeps
   (485 - 45 - 414 and 320 - 45 - 249). `SWEEP_START_S` 5 s: the sweep's imports and plan.
-- `END_S` 20 s: the summary, the charts and the pack after the sweep: call 2 took 240 s of
-  command time, 26 s of set-up and 194 s of sweep.
+- `END_S` 20 s: what followed the sweep in call 2 (240 s of command time, 26 s of set-up, 194 s
+  of sweep, its summary and charts included): the pack, which gzipped the 86 MiB compile cache,
+  found the archive over the 16 MiB --pack-limit and archived again without it. A lease's calls
+  pass `--no-cache-pack` (the cache can never come back: over 16 MiB a file, and carry holds
+  64 MiB in all): one tar of ~2 MB. `END_LEAN_S` 8 s for it, assumed.
+- `SETUP_AGAIN_S` 3 s, assumed: a later call on the same warm machine into the same OUT, where
+  gpu_session.sh finds its own `.setup` mark (this boot's id) and skips the wheel install, the
+  Liger check and the machine's description (nvidia-smi, pip freeze, versions: three Python
+  starts importing torch, 5.6 s each on this project's 2-core CPU, and pip freeze 2.4 s).
+- `MID_EVAL`: every measuring run evaluated at step 50 (sweep.log: "Ep 1 (step 000050): train
+  loss ...", gpt2-124m's eval_freq 50) as well as at its end: 2 x eval_iters (5) forward passes
+  at the run's batch, eager (compiled steps evaluate under set_stance("force_eager")). A forward
+  is taken as a third of a training step, and a compiled step's eager forward as 1.75x its
+  compiled one (step 07 eager 46.7 ms against step 08 compiled 26.8 ms a step): 0.16-0.74 s a
+  run, 6 s over the 15. The lead developer's change to measure/run.py (a measuring run, with
+  --max-steps or --results, evaluates at its end only) removes it; `MID_EVAL_SKIPPED` says the
+  plan counts on that change (until it lands each run is that much longer, inside SLACK).
 - `KINDS["nvidia-h200"].start_s` 30 s: that session's machine start-up.
 
 Not measured, and said so where the plan prints them:
@@ -28,6 +43,10 @@ Not measured, and said so where the plan prints them:
   tests (Triton compiles its kernels once), ~45 s for three eager gpt2-124m processes of the
   peak test, ~20 s for the two DDP runs (one through torchrun), rounded up. At their limits
   (@pytest.mark.limit) they could take 900 s: the --budget cuts them, and the next call resumes.
+  `TESTS_SMALL_S` 125 s: the same with the peak test's three processes on a small preset instead
+  of gpt2-124m (~7 s each: a process start, torch's import, CUDA's start; not yet in test_gpu.py).
+  `LONGEST_TEST_S` 60 s: the longest single test (the peak test's three processes), what a cut
+  test costs to run again.
 - `TRANSFER_S` 10 s a call (the ~6 MB tree and ~4 MB .carry/ out, an archive of at most 16 MiB
   back), `GAP_S` 30 s between calls (the most that keeps the machine), `CLOSE_S` 10 s for
   give_back; `PROFILE_S` 4.5 s a run that --no-profile would save (sweep.log: "profile analysed
@@ -50,13 +69,20 @@ BETWEEN_RUNS_S = 1.0
 SETUP_S = 26.0
 SWEEP_START_S = 5.0
 END_S = 20.0
+END_LEAN_S = 8.0
+SETUP_AGAIN_S = 3.0
 TESTS_S = 150.0
+TESTS_SMALL_S = 125.0
+LONGEST_TEST_S = 60.0
 TRANSFER_S = 10.0
 IDLE_S = 30.0
 GAP_S = 30.0
 CLOSE_S = 10.0
 PROFILE_S = 4.5
 ASSUMED_RUN_S = 90.0
+MID_EVAL_SKIPPED = True  # measure/run.py: a measuring run evaluates at its end only
+EVAL_FORWARDS = 2 * 5  # train and val, gpt2-124m's eval_iters
+EAGER_OVER_COMPILED = 1.75  # step 07's 46.7 ms a step against step 08's 26.8 ms
 MODELLED = {"11": ("12", 1.0), "14": ("13", 1.1)}  # step: (the measured step, factor)
 
 
@@ -129,9 +155,23 @@ def run_seconds(step, recs: list, kind: Kind, profile: bool = True) -> Run:
                   f"assumed: measured nowhere, {ASSUMED_RUN_S:.0f} s")  # fmt: skip
     if kind.factor != 1.0 and run.source != "assumed":
         run.seconds *= kind.factor
+    if MID_EVAL_SKIPPED and run.source != "assumed":
+        run.seconds -= mid_eval_s(step, recs, compiled) * kind.factor
     if not profile:
         run.seconds = max(1.0, run.seconds - PROFILE_S)
     return run
+
+
+def mid_eval_s(step, recs: list, compiled: bool) -> float:
+    """The step-50 evaluation a measured run of `step` (or the step it is modelled on) spent:
+    EVAL_FORWARDS eager forwards at a third of its median step time each."""
+    num = MODELLED.get(step.num, (step.num, 1.0))[0]
+    ms = sorted(r["step_time_ms"] for r in recs if r.get("step") == num and r.get("status") == "ok"
+                and isinstance(r.get("step_time_ms"), (int, float)))  # fmt: skip
+    if not ms:
+        return 0.0
+    forward = ms[len(ms) // 2] / 3 * (EAGER_OVER_COMPILED if compiled else 1.0)
+    return EVAL_FORWARDS * forward / 1000
 
 
 def _base(step, recs: list) -> float | None:
@@ -144,9 +184,13 @@ def _base(step, recs: list) -> float | None:
 def cost_lines(kind: Kind) -> list[str]:
     return [
         f"{kind.name}: {kind.why}; start-up {kind.start_s:.0f} s",
-        f"a call: {SETUP_S:.0f} s set-up + {SWEEP_START_S:.0f} s sweep start + runs (+"
-        f"{BETWEEN_RUNS_S:.0f} s each) + tests + {END_S:.0f} s summary and pack (measured), "
-        f"{TRANSFER_S:.0f} s transfers; {GAP_S:.0f} s idle between calls, {CLOSE_S:.0f} s "
-        "give_back (assumed)",
-        f"the GPU tests: {TESTS_S:.0f} s estimated (never run on CUDA)",
+        f"a call: {SETUP_S:.0f} s set-up (measured; {SETUP_AGAIN_S:.0f} s again on the same "
+        f"machine, assumed) + {SWEEP_START_S:.0f} s sweep start + runs (+{BETWEEN_RUNS_S:.0f} s "
+        f"each) + tests + {END_LEAN_S:.0f} s pack without the compile cache (assumed; "
+        f"{END_S:.0f} s measured with it), {TRANSFER_S:.0f} s transfers; {GAP_S:.0f} s idle "
+        f"between calls, {CLOSE_S:.0f} s give_back (assumed)",
+        "each run less its step-50 evaluation (measuring runs evaluate at their end only): "
+        + ("counted" if MID_EVAL_SKIPPED else "not counted"),
+        f"the GPU tests: {TESTS_S:.0f} s estimated (never run on CUDA; {TESTS_SMALL_S:.0f} s "
+        "with the peak test on a small preset)",
     ]

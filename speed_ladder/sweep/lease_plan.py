@@ -9,15 +9,19 @@ back to back (each within 30 s of the last, so /tmp/s survives between them), th
 (`--steps`, default every step of ladder.discover()) then the fast GPU tests (`--tests` s), as
 tools/gpu_session.sh runs them; give_back after the last call.
 
-**Fits** means: the session's worst case (each call running to its --budget) plus a reserve to
-run the longest call again on a fresh machine (its start-up too: a lost machine) within the
-lease. Where it does not fit, the plan says by how much, and what to drop: the steps the tag
-already measured (`--results`), the eager ones first, then the compiled ones, until it fits;
-their records stay in the summary with `--resume results`. Then, **if time is left** (the reserve
-not spent), an extra call: `--extra` steps (08,09) for `--extra-rounds` 2 rounds in a fresh
-folder, so that one machine measures both twice (08 and 09 are host-bound at batch 8: one round
-cannot tell them apart). Exit 0 when the session asked for fits, 1 when it does not (the plan
-that fits is printed after it), 2 on bad input.
+**Fits** means: the session's worst case (each call running to its --budget) within the lease, and
+the planned session plus a reserve to finish a call cut mid-way: the sweep resumes (`--resume` the
+call's pack: finished runs are kept and skipped, only the tests that did not finish run), so the
+rerun is a fresh machine's start-up, one call's set-up and the longest single run (or test) that was
+in flight, not the whole call. A machine lost mid-call returns nothing: that call's work is lost
+whole, which no reserve in a 15-minute lease covers; the plan says how much is at stake. Where it
+does not fit, the plan says by how much, and what to drop: the steps the tag already measured
+(`--results`), the eager ones first, then the compiled ones, until it fits; their records stay in
+the summary with `--resume results`. Then, **if time is left** (the reserve not spent), an extra
+call: `--extra` steps (08,09) for `--extra-rounds` 2 rounds in a fresh folder, so that one machine
+measures both twice (08 and 09 are host-bound at batch 8: one round cannot tell them apart). Exit 0
+when the session asked for fits, 1 when it does not (the plan that fits is printed after it), 2 on
+bad input.
 """
 
 import argparse
@@ -40,23 +44,25 @@ FLAGS = "--data .carry/middlemarch.txt --bpe .carry/gpt2_bpe --wheels .carry/whe
 
 class Call:
     """One `run` call: gpu_session.sh on `out` with these steps (`rounds` rounds), then the tests
-    when `tests` (seconds) is not 0."""
+    when `tests` (seconds) is not 0; `again`: a later call into the same OUT on the same warm
+    machine (gpu_session.sh skips the set-up it did there)."""
 
-    def __init__(self, number, runs, tests=0.0, out="/tmp/s", rounds=1, resume=False):
+    def __init__(self, number, runs, tests=0.0, out="/tmp/s", rounds=1, resume=False, again=False):
         self.number, self.runs, self.tests = number, runs, tests
-        self.out, self.rounds, self.resume = out, rounds, resume
+        self.out, self.rounds, self.resume, self.again = out, rounds, resume, again
 
     @property
     def seconds(self) -> float:
-        """Planned command seconds: set-up, the sweep's runs, the tests, summary and pack."""
+        """Planned command seconds: set-up, the sweep's runs, the tests, the pack."""
         sweep = lc.SWEEP_START_S + sum(r.seconds + lc.BETWEEN_RUNS_S for r in self.runs)
-        return lc.SETUP_S + (sweep if self.runs else 0.0) + self.tests + lc.END_S
+        setup = lc.SETUP_AGAIN_S if self.again else lc.SETUP_S
+        return setup + (sweep if self.runs else 0.0) + self.tests + lc.END_LEAN_S
 
     @property
     def budget(self) -> int:
         """gpu_session.sh's --budget: the work before the summary x SLACK, the 45 s it keeps
         after the last phase (the summary and pack), and the 20 s it keeps to stop the tests."""
-        work = (self.seconds - lc.END_S) * SLACK + KEPT_S + (TESTS_KILL_S if self.tests else 0)
+        work = (self.seconds - lc.END_LEAN_S) * SLACK + KEPT_S + (TESTS_KILL_S if self.tests else 0)
         return int(math.ceil(work / 10) * 10)
 
     @property
@@ -82,7 +88,7 @@ class Call:
             parts.append("--no-sweep")
         if not self.tests:
             parts.append("--no-tests")
-        parts.append(f"--budget {self.budget} --pack $OUT/call{self.number}.tgz;")
+        parts.append(f"--budget {self.budget} --no-cache-pack --pack $OUT/call{self.number}.tgz;")
         parts.append(f"cp {self.out}/status.txt $OUT/status{self.number}.txt")
         cmd = " ".join(parts)
         assert len(cmd) <= 2000, len(cmd)
@@ -97,13 +103,16 @@ def pack(runs: list, tests: float, cap: float, first: int = 1, resume: bool = Fa
     def fits(call: Call) -> bool:
         return call.timeout <= cap
 
+    def new() -> Call:
+        return Call(first + len(calls), [], resume=resume and not calls, again=bool(calls))
+
     for run in runs:
-        if not calls or not fits(Call(0, [*calls[-1].runs, run])):
-            calls.append(Call(first + len(calls), [], resume=resume and not calls))
+        if not calls or not fits(Call(0, [*calls[-1].runs, run], again=calls[-1].again)):
+            calls.append(new())
         calls[-1].runs.append(run)
     if tests:
-        if not calls or not fits(Call(0, calls[-1].runs, tests)):
-            calls.append(Call(first + len(calls), [], resume=resume and not calls))
+        if not calls or not fits(Call(0, calls[-1].runs, tests, again=calls[-1].again)):
+            calls.append(new())
         calls[-1].tests = tests
     return calls
 
@@ -124,9 +133,17 @@ class Session:
     def longest(self) -> Call:
         return max(self.calls, key=lambda c: c.seconds)
 
+    def in_flight(self) -> float:
+        """The longest single thing a cut call can have been doing: a run, or one test."""
+        runs = [r.seconds for c in self.calls for r in c.runs]
+        tests = [lc.LONGEST_TEST_S] if any(c.tests for c in self.calls) else []
+        return max(runs + tests, default=0.0)
+
     def reserve(self) -> float:
-        """Running the longest call again on a fresh machine (a lost one): start-up and all."""
-        return self.kind.start_s + self.longest().seconds + lc.TRANSFER_S
+        """Finishing a call cut mid-way, its pack back: a fresh machine, one call's set-up, and
+        with --resume only what was in flight (the longest run or test), then the pack."""
+        return (self.kind.start_s + lc.TRANSFER_S + lc.SETUP_S + lc.SWEEP_START_S
+                + self.in_flight() + lc.BETWEEN_RUNS_S + lc.END_LEAN_S)  # fmt: skip
 
     def fits(self) -> bool:
         """Planned, with the reserve, within the lease; and each call to its --budget too."""
@@ -188,10 +205,14 @@ def describe(session: Session, extra: Call | None) -> list[str]:
         )
     plain, worst = session.device_seconds(), session.device_seconds(worst=True)
     out.append(
-        f"session: {plain:.0f} s planned + {session.reserve():.0f} s reserve (call "
-        f"{session.longest().number} again on a fresh machine) = "
-        f"{plain + session.reserve():.0f} s; {worst:.0f} s with each call to its --budget; "
-        f"lease {session.lease:.0f} s"
+        f"session: {plain:.0f} s planned + {session.reserve():.0f} s reserve (a cut call "
+        f"resumed on a fresh machine: start-up, set-up, its {session.in_flight():.0f} s in "
+        f"flight again) = {plain + session.reserve():.0f} s; {worst:.0f} s with each call to its "
+        f"--budget; lease {session.lease:.0f} s"
+    )
+    out.append(
+        f"not covered: a machine lost mid-call returns nothing (call {session.longest().number}: "
+        f"{session.longest().seconds:.0f} s of work); the next session resumes from the last pack"
     )
     return out
 
@@ -224,7 +245,7 @@ def report(a, runs: list, kind: lc.Kind, source: str) -> tuple[list[str], bool]:
     out += describe(session, extra)
     if session.fits():
         out.append(
-            f"fits: the session and a rerun of its longest call within the "
+            f"fits: the session and the reserve to finish a cut call within the "
             f"{a.lease / 60:.0f}-minute lease"
         )
         out += ["calls:", *run_calls(session, extra)]
