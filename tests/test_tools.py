@@ -5,6 +5,7 @@ arguments in TOOL_ARGS.
 """
 
 import sys
+import tarfile
 
 import pytest
 from conftest import ROOT, VERDICT, run_script
@@ -155,6 +156,23 @@ exec {sys.executable} "$@"
     assert "wheels: ok (site-packages read-only: installed into OUT/site, on PYTHONPATH)" in status
     assert (out / "site" / "liger_kernel" / "ops" / "fused_linear_cross_entropy.py").is_file()
     assert "liger: ok (liger-kernel 0.0.1)" in status
+    # a later call into the same OUT on the same machine (a lease's call 2): the set-up is not
+    # done again (pip would fail now), its status lines and OUT/site come back; --no-cache-pack
+    # leaves the compile caches out of the archive without trying them
+    versions = (out / "versions.txt").stat().st_mtime_ns
+    shutil.rmtree(tmp_path / "wheels")
+    (out / "cache" / "triton").mkdir(parents=True)
+    (out / "cache" / "triton" / "kernel.so").write_bytes(b"\0" * 4096)
+    proc = run_script([*gpu_session, out, "--no-tests", "--no-sweep", "--no-cache-pack", "--pack",
+                       tmp_path / "c.tgz"], timeout=120, env={"PYTHON": "false"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "set-up: done by an earlier call on this machine" in proc.stdout
+    again = (out / "status.txt").read_text().splitlines()
+    assert again[:2] == status[:2] and "cache: not packed (--no-cache-pack)" in again
+    assert (out / "versions.txt").stat().st_mtime_ns == versions
+    with tarfile.open(tmp_path / "c.tgz") as tar:
+        names = tar.getnames()
+    assert "./status.txt" in names and not any("cache" in n for n in names), names
 
 
 @pytest.mark.parametrize(

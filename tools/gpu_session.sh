@@ -8,7 +8,7 @@
 #
 #   tools/gpu_session.sh OUT [--data FILE] [--bpe DIR] [--wheels DIR] [--no-tests] [--no-sweep]
 #                            [--slow-tests] [--budget SECONDS] [--resume PATH] [--pack FILE]
-#                            [--pack-limit MIB]
+#                            [--pack-limit MIB] [--no-cache-pack]
 #                            [any `python -m speed_ladder run` flag: --steps, --device, --preset, ...]
 #
 #   --data FILE   the training text (default: data/middlemarch.txt, or the offline mirror)
@@ -33,11 +33,17 @@
 #                 when the budget ran out or a signal stopped the call; for a machine that
 #                 hands back only a few files. The compile caches (OUT/cache: inductor's and
 #                 Triton's) go in when the archive stays within --pack-limit MiB (default 16)
+#   --no-cache-pack  the archive without the compile caches, tried no more (a lease's calls: the
+#                 86 MiB an H200 sweep compiles never fits a 16 MiB file: the 2026-11-27 pack
+#                 gzipped it, found it over and archived again, 20 s after the sweep)
+#   A later call into the same OUT on the same machine (its boot id in OUT/.setup) skips the set-up
+#   done there: the wheel install, the Liger check, nvidia-smi, pip freeze and versions.txt
 #
-#   tools/gpu_session.sh --plan [--gpu NAME] [--preset P] [--budget S] [--steps A-B] [--lease S]
-#                               [--tests-budget S] [--results DIR] [--target S] [--slower X]
-#   prints the calls a lent GPU needs for the bounded ladder and their expected device time,
-#   then exits (0: within the 20-minute target, 1: over; speed_ladder/sweep/lease_plan.py says the model)
+#   tools/gpu_session.sh --plan [--kind K] [--lease S] [--cap S] [--steps LIST] [--tests S]
+#                               [--extra LIST] [--no-profile] [--slower X] [--results DIR]
+#   prints the calls of a session on a lent GPU (default: the 15-minute lease, the H200's
+#   measured durations) and the exact `run` calls, then exits (0: it fits with room to finish
+#   a cut call, 1: it does not, the shortfall and what to drop; speed_ladder/sweep/lease_plan.py)
 #
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
@@ -49,7 +55,7 @@ set -u -o pipefail
 # to go on from, not a silent death: the TERM trap below must still pack
 trap '' PIPE
 
-usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 if [ "$1" = --plan ]; then  # the plan only: speed_ladder/sweep/lease_plan.py, before any other work
     shift; cd "$(dirname "$0")/.." || exit 2
@@ -61,7 +67,7 @@ shift
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 DATA="" BPE="" WHEELS="" TESTS=1 RUN_SWEEP=1 PROFILE=1 SWEEP=() HAVE_DEVICE=0
-BUDGET="" RESUME="" PACK="" PACK_LIMIT=16 MARK="gpu and not slow"
+BUDGET="" RESUME="" PACK="" PACK_LIMIT=16 MARK="gpu and not slow" CACHE_PACK=1
 T0=$(date +%s)
 MARGIN=45  # seconds kept for a run's kill, the summary, the charts and the pack after a phase
 num() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -gt 0 ] \
@@ -88,6 +94,7 @@ while [ $# -gt 0 ]; do
                     || { echo "error: --pack ${2-}: cannot make its folder" >&2; exit 2; }
                 PACK=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
         --no-profile) PROFILE=0; shift ;;
+        --no-cache-pack) CACHE_PACK=0; shift ;;
         --device) HAVE_DEVICE=1; SWEEP+=("$1" "$2"); shift 2 ;;
         -h|--help) usage ;;
         *) SWEEP+=("$1"); shift ;;
@@ -107,11 +114,14 @@ tar_out() {  # OUT into $PACK.tmp less the staged inputs and any extra --exclude
 pack() {  # one archive of OUT, the staged inputs left out; the caches when the archive fits
     [ -n "$PACK" ] || return 0
     local ok=0 cache=0
-    if [ -n "$(find "$OUT/cache" -type f 2>/dev/null | head -n 1)" ]; then
+    if [ -n "$(find "$OUT/cache" -type f 2>/dev/null | head -n 1)" ] && [ $CACHE_PACK = 0 ]; then
+        note cache "not packed (--no-cache-pack)"
+        tar_out --exclude=./cache && ok=1
+    elif [ -n "$(find "$OUT/cache" -type f 2>/dev/null | head -n 1)" ]; then
         cache=1  # said first, so that the archive's status.txt says it; undone if over
         note cache "packed ($(du -sm "$OUT/cache" | cut -f1) MiB before compression): a fresh machine loads compiled kernels from it"
     fi
-    tar_out && ok=1
+    [ $ok = 1 ] || tar_out && ok=1
     if [ $ok = 1 ] && [ $cache = 1 ] \
         && [ "$(stat -c %s "$PACK.tmp")" -gt $(( PACK_LIMIT * 1048576 )) ]; then
         local mib=$(( $(stat -c %s "$PACK.tmp") / 1048576 ))
@@ -161,9 +171,21 @@ fi
 [ $STAGED = 1 ] && export SPEED_LADDER_SHARED="$OUT/offline"  # else: as it was
 echo "TIKTOKEN_CACHE_DIR=${TIKTOKEN_CACHE_DIR:-unset} SPEED_LADDER_SHARED=${SPEED_LADDER_SHARED:-unset}"
 
+# ---- set-up done already by an earlier call into this OUT on this machine (same boot id): its
+# status lines again, its OUT/site on PYTHONPATH, and nothing run twice
+BOOT=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+AGAIN=0
+[ "$BOOT" != none ] && [ -f "$OUT/.setup" ] && [ "$(head -n 1 "$OUT/.setup")" = "$BOOT" ] && AGAIN=1
+if [ $AGAIN = 1 ]; then
+    echo "set-up: done by an earlier call on this machine (OUT/.setup): not run again"
+    [ -d "$OUT/site" ] && export PYTHONPATH="$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
+    while IFS= read -r line; do note "${line%%: *}" "${line#*: }"; done < <(tail -n +2 "$OUT/.setup")
+fi
+
 # ---- carried wheels, installed offline where the package is missing; where site-packages is
 # read-only (a lent machine's image), into OUT/site, put on PYTHONPATH for everything after
-if [ -n "$WHEELS" ]; then
+if [ $AGAIN = 1 ]; then :
+elif [ -n "$WHEELS" ]; then
     if "$PY" -c "import liger_kernel" 2>/dev/null; then
         echo "liger-kernel present: --wheels $WHEELS not needed"
     elif "$PY" -c "import os, sys, sysconfig
@@ -183,7 +205,8 @@ fi
 
 # ---- Liger for step 12: the import the step makes; without it step 12 falls back to chunked
 # PyTorch (its record says so, step_active false), and status.txt says so here too
-if LIGER=$("$PY" -c "import importlib.metadata as md
+if [ $AGAIN = 1 ]; then :
+elif LIGER=$("$PY" -c "import importlib.metadata as md
 from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 print(md.version('liger-kernel'))" 2>&1); then
     note liger "ok (liger-kernel ${LIGER##*$'\n'})"
@@ -192,6 +215,7 @@ else
 fi
 
 # ---- what this machine is
+[ $AGAIN = 1 ] || {
 { command -v nvidia-smi >/dev/null && nvidia-smi || echo "no nvidia-smi"; } > "$OUT/nvidia-smi.txt" 2>&1
 "$PY" -m pip freeze > "$OUT/pip-freeze.txt" 2>&1
 "$PY" - <<'EOF' 2>&1 | tee "$OUT/versions.txt"
@@ -209,6 +233,9 @@ try:
 except Exception as e:
     print("liger-kernel/triton:", e.__class__.__name__, e)
 EOF
+# this boot's id and the set-up's status lines, for a later call into this OUT; not after a failure
+[ $FAILED = 0 ] && { echo "$BOOT"; cat "$OUT/status.txt"; } > "$OUT/.setup"
+}
 
 # ---- an earlier call, to resume: its results, its test state and its compile caches
 STATE="$OUT/pytest-gpu-state.json"

@@ -1,223 +1,356 @@
-"""A plan for a lent GPU (`tools/gpu_session.sh --plan`): which calls, which steps in each,
-and how much device time the bounded ladder should take, before any device time is spent.
+"""A plan for a lent GPU (`tools/gpu_session.sh --plan`): which calls, which steps and tests in
+each, how much device time they take against the lease, and the exact `run` calls to make,
+before any device time is spent. What a call costs is lease_costs.py's.
 
-The lease (docs/gpu-machines.md, "A machine lent for a while"): at most `--lease` 1800 s of
-device time a session, each fresh machine's start-up counted (`MACHINE_START_S` = 90 s: the
-lease says 1-2 minutes), each command at most 600 s (the plan uses calls of `--budget` 540 s,
-the session script's own --budget, leaving 60 s for the lease's transfers), a fresh bare
-machine a call (only the packed archive survives). Target: the whole ladder in at most
-`--target` 1200 s.
+The lease (docs/gpu-machines.md, "A machine lent for a while"): `--lease` 900 s of device time a
+session, start-ups, idle time and transfers counted; each command at most `--cap` 600 s; a machine
+goes back after `--idle` 30 s without a command. The session: one machine of `--kind`, its calls
+back to back (each within 30 s of the last, so /tmp/s survives between them), the bounded ladder
+(`--steps`, default every step of ladder.discover()) then the fast GPU tests (`--tests` s), as
+tools/gpu_session.sh runs them; give_back after the last call.
 
-The timing model, per run of a step (every number is an assumption until a GPU measures it):
-- tok/s: the published A100 ladder (results/reference/published_a100_ladder.csv, steps 00-10;
-  rasbt/LLMs-from-scratch, not measured here). Not in it on one GPU, assumed: step 11 (DDP, one
-  process) at step 10's rate (the csv's 11 is 4 GPUs), 12 at 10's rate, 13 at 0.75x of 12
-  (gradient checkpointing recomputes the forward), 14 at 0.9x of 13 (FSDP2 on one process).
-- scaled to `--gpu` by the ratio of dense bf16 peaks in speed_ladder/measure/gpus.py (H100 SXM 989.5
-  / A100 312 TFLOP/s = 3.17x), fp32 steps (00-04) by the same ratio (one ratio, kept simple), and to
-  a larger preset by the ratio of matmul parameters (12 d^2 L + d V) to gpt2-124m's.
-- tokens: (warm-up + timed steps, presets.SWEEP_LENGTH: 10 + 50) x batch x context, batch =
-  the preset's batch_size, large_batch_size from step 10 on (gpt2-124m: 8, then 32; x 1024).
-- a run's seconds = `PROCESS_S` 15 (python + torch import, the data) + `TORCHRUN_S` 5 for a
-  step launched through torchrun (11-14) + tokens / tok/s + `EVAL_S` 5 (eval_freq 50: two
-  evaluations of eval_iters batches, forward only) + `PROFILE_S` 10 (the session's --profile
-  window after the timed steps) + compile: `COMPILE_S` 40 on an H100 for a step that calls
-  torch.compile (08-14; one compile a run).
-- with `--results DIR` (a tag's runs.jsonl), a step's measured durations replace the model
-  (preflight.run_seconds: the median of its ok runs) and measured compile seconds replace
-  `COMPILE_S` (preflight.compile_seconds, else step 08's).
-Calls are packed greedily in ladder order: a call holds the runs whose expected seconds fit its
-budget less its machine's start-up and `MARGIN_S` 65 s (the session script keeps 45 s after the
-last phase for the summary, the charts and the pack, and 20 s for stopping a test). The GPU tests
-come after the sweep, as tools/gpu_session.sh runs them: `--tests` seconds (`TESTS_S` 150 s, the
-fast part `-m "gpu and not slow"` on an H100: about 20 s of pytest and imports, 40 s of Liger's
-Triton kernels compiling, 45 s for three eager gpt2-124m runs of the peak test, 30 s for two DDP
-starts, a guess until a GPU measures it) in the last call's time left, else in a call of their
-own. `total` is the ladder's device time (its calls' start-ups and runs), the 20-minute target;
-`session` adds the tests, within the lease.
+**Fits** means: the session's worst case (each call running to its --budget) within the lease, and
+the planned session plus a reserve to finish a call cut mid-way: the sweep resumes (`--resume` the
+call's pack: finished runs are kept and skipped, only the tests that did not finish run), so the
+rerun is a fresh machine's start-up, one call's set-up and the longest single run (or test) that was
+in flight, not the whole call. A machine lost mid-call returns nothing: that call's work is lost
+whole, which no reserve in a 15-minute lease covers; the plan says how much is at stake. Where it
+does not fit, the plan says by how much, and what to drop: the steps the tag already measured
+(`--results`), the eager ones first, then the compiled ones, until it fits; their records stay in
+the summary with `--resume results`. Then, **if time is left** (the reserve not spent), an extra
+call: `--extra` steps (08,09) for `--extra-rounds` 2 rounds in a fresh folder, so that one machine
+measures both twice (08 and 09 are host-bound at batch 8: one round cannot tell them apart). Exit 0
+when the session asked for fits, 1 when it does not (the plan that fits is printed after it), 2 on
+bad input.
 """
 
 import argparse
-import csv
-import json
+import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from speed_ladder.errors import UserError
 from speed_ladder.ladder import ROOT, discover, parse_steps
-from speed_ladder.measure import gpus
-from speed_ladder.presets import GPT2_VOCAB, PRESETS, SWEEP_LENGTH
-from speed_ladder.spec import config_of
-from speed_ladder.sweep import preflight
+from speed_ladder.sweep import lease_costs as lc
 
-CSV = ROOT / "results" / "reference" / "published_a100_ladder.csv"
-A100 = "NVIDIA A100-SXM4-80GB"  # the published ladder's GPU (its bf16 peak: gpus.py)
-DEFAULT_GPU = "NVIDIA H100 80GB HBM3"  # the lent H100 (gpus.py: the SXM board)
-MACHINE_START_S = 90.0
-PROCESS_S = 15.0
-TORCHRUN_S = 5.0
-EVAL_S = 5.0
-PROFILE_S = 10.0
-COMPILE_S = 40.0
-MARGIN_S = 65.0
-TESTS_S = 150.0
-ASSUMED = {"11": ("10", 1.0), "12": ("10", 1.0), "13": ("12", 0.75), "14": ("13", 0.9)}
+RESULTS = ROOT / "results"
+EXTRA = "08,09"
+SLACK = 1.1  # a call's --budget: its planned seconds x this, rounded up to 10 s
+KEPT_S, TESTS_KILL_S = 45, 20  # tools/gpu_session.sh: MARGIN, and the tests' `timeout` less 20
+CUSHION_S = 30  # timeout_s over --budget: gpu_session.sh ends within its budget, this is spare
+CARRY = [".carry"]  # the text, the BPE files and the liger wheel (docs/gpu-machines.md)
+FLAGS = "--data .carry/middlemarch.txt --bpe .carry/gpt2_bpe --wheels .carry/wheels"
 
 
-@dataclass
-class Run:
-    step: str
-    seconds: float
-    measured: bool = False
-
-
-@dataclass
 class Call:
-    number: int
-    runs: list  # [Run]
-    budget: float
-    tests: float = 0.0  # expected seconds of the GPU tests in this call, after its runs
+    """One `run` call: gpu_session.sh on `out` with these steps (`rounds` rounds), then the tests
+    when `tests` (seconds) is not 0; `again`: a later call into the same OUT on the same warm
+    machine (gpu_session.sh skips the set-up it did there)."""
+
+    def __init__(self, number, runs, tests=0.0, out="/tmp/s", rounds=1, resume=False, again=False):
+        self.number, self.runs, self.tests = number, runs, tests
+        self.out, self.rounds, self.resume, self.again = out, rounds, resume, again
 
     @property
     def seconds(self) -> float:
-        return MACHINE_START_S + sum(r.seconds for r in self.runs) + self.tests
+        """Planned command seconds: set-up, the sweep's runs, the tests, the pack."""
+        sweep = lc.SWEEP_START_S + sum(r.seconds + lc.BETWEEN_RUNS_S for r in self.runs)
+        setup = lc.SETUP_AGAIN_S if self.again else lc.SETUP_S
+        return setup + (sweep if self.runs else 0.0) + self.tests + lc.END_LEAN_S
+
+    @property
+    def budget(self) -> int:
+        """gpu_session.sh's --budget: the work before the summary x SLACK, the 45 s it keeps
+        after the last phase (the summary and pack), and the 20 s it keeps to stop the tests."""
+        work = (self.seconds - lc.END_LEAN_S) * SLACK + KEPT_S + (TESTS_KILL_S if self.tests else 0)
+        return int(math.ceil(work / 10) * 10)
+
+    @property
+    def timeout(self) -> int:
+        return self.budget + CUSHION_S
+
+    def steps(self) -> str:
+        return ",".join(dict.fromkeys(r.step for r in self.runs))
+
+    def command(self, host_id: str) -> str:
+        """The shell command of this call's `run`, at most 2,000 characters."""
+        parts = [
+            f"export SPEED_LADDER_HOST_ID={host_id} PYTHONUNBUFFERED=1;",
+            f"tools/gpu_session.sh {self.out} {FLAGS}",
+        ]
+        if self.resume:
+            parts.append("--resume results")
+        if self.runs:
+            parts.append(f"--steps {self.steps()}")
+            if self.rounds > 1:
+                parts.append(f"--repeats {self.rounds} --no-control")
+        else:
+            parts.append("--no-sweep")
+        if not self.tests:
+            parts.append("--no-tests")
+        parts.append(f"--budget {self.budget} --no-cache-pack --pack $OUT/call{self.number}.tgz;")
+        parts.append(f"cp {self.out}/status.txt $OUT/status{self.number}.txt")
+        cmd = " ".join(parts)
+        assert len(cmd) <= 2000, len(cmd)
+        return cmd
 
 
-def a100_rates(path: Path = CSV) -> dict[str, float]:
-    """Single-GPU tok/s a step on the A100, the csv's and the assumed ones (ASSUMED)."""
-    with open(path, newline="") as f:
-        rates = {r["step"]: float(r["tokens_per_sec"]) for r in csv.DictReader(f)
-                 if r["hardware"].startswith("1x")}  # fmt: skip
-    for step, (base, factor) in ASSUMED.items():
-        rates[step] = rates[base] * factor
-    return rates
-
-
-def matmul_params(p: dict) -> float:
-    return 12 * p["emb_dim"] ** 2 * p["n_layers"] + p["emb_dim"] * GPT2_VOCAB
-
-
-def load_records(results: Path | None) -> list[dict]:
-    path = results / "runs.jsonl" if results and results.is_dir() else results
-    if path is None or not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def expected(step, preset: str, gpu: str, recs: list[dict]) -> Run:
-    """One run's expected seconds (the module doc's model, or this tag's measurements)."""
-    mine = [r for r in recs if r.get("step") == step.num]
-    if recs:
-        last = recs[-1].get("sweep") or {}
-        cmp = preflight.compile_seconds(step, recs, config_of(recs[-1]), last.get("machine"))
-        took, measured = preflight.run_seconds(step, mine, "cuda", cmp)
-        if measured:
-            return Run(step.num, took, True)
-    else:
-        cmp = None
-    p = PRESETS[preset]
-    ratio = gpus.lookup(gpu).flops / gpus.lookup(A100).flops
-    rate = a100_rates()[step.num] * ratio * matmul_params(PRESETS["gpt2-124m"]) / matmul_params(p)
-    length = SWEEP_LENGTH.get(preset, {"warmup_steps": 10, "timed_steps": 50})
-    batch = p["large_batch_size"] if step.num >= "10" else p["batch_size"]
-    tokens = (length["warmup_steps"] + length["timed_steps"]) * batch * p["context_length"]
-    s = PROCESS_S + tokens / rate + EVAL_S + PROFILE_S
-    s += TORCHRUN_S if step.distributed else 0.0
-    s += (cmp or COMPILE_S) if preflight.uses_compile(step.path) else 0.0
-    return Run(step.num, s)
-
-
-def plan(runs: list[Run], budget: float, tests: float = 0.0) -> list[Call]:
-    """Greedy packing in ladder order, then the tests in the last call's time left or a call of
-    their own; a run that fits no call still gets one of its own (and `fits` then says over)."""
+def pack(runs: list, tests: float, cap: float, first: int = 1, resume: bool = False) -> list:
+    """The runs in ladder order, then the tests, into calls whose timeout fits `cap`: a call
+    takes the next run (or the tests) while its timeout stays within the cap."""
     calls: list[Call] = []
-    room = budget - MACHINE_START_S - MARGIN_S
+
+    def fits(call: Call) -> bool:
+        return call.timeout <= cap
+
+    def new() -> Call:
+        return Call(first + len(calls), [], resume=resume and not calls, again=bool(calls))
+
     for run in runs:
-        used = calls[-1].seconds - MACHINE_START_S if calls else 0.0
-        if not calls or (calls[-1].runs and used + run.seconds > room):
-            calls.append(Call(len(calls) + 1, [], budget))
+        if not calls or not fits(Call(0, [*calls[-1].runs, run], again=calls[-1].again)):
+            calls.append(new())
         calls[-1].runs.append(run)
     if tests:
-        if not calls or calls[-1].seconds - MACHINE_START_S + tests > room:
-            calls.append(Call(len(calls) + 1, [], budget))
+        if not calls or not fits(Call(0, calls[-1].runs, tests, again=calls[-1].again)):
+            calls.append(new())
         calls[-1].tests = tests
     return calls
 
 
-def total(calls: list[Call]) -> float:
-    """The ladder's device time: its calls' start-ups and runs (the tests left out)."""
-    return sum(c.seconds - c.tests for c in calls if c.runs)
+class Session:
+    """The calls on one machine, and what they cost of the lease."""
+
+    def __init__(self, calls: list, kind: lc.Kind, lease: float):
+        self.calls, self.kind, self.lease = calls, kind, lease
+
+    def device_seconds(self, worst: bool = False) -> float:
+        """Start-up, each call (planned, or `worst`: to its --budget) and its transfers, the idle
+        gap before each later call, give_back."""
+        took = sum((c.budget if worst else c.seconds) + lc.TRANSFER_S for c in self.calls)
+        gaps = lc.GAP_S * max(0, len(self.calls) - 1)
+        return self.kind.start_s + took + gaps + lc.CLOSE_S
+
+    def longest(self) -> Call:
+        return max(self.calls, key=lambda c: c.seconds)
+
+    def in_flight(self) -> float:
+        """The longest single thing a cut call can have been doing: a run, or one test."""
+        runs = [r.seconds for c in self.calls for r in c.runs]
+        tests = [lc.LONGEST_TEST_S] if any(c.tests for c in self.calls) else []
+        return max(runs + tests, default=0.0)
+
+    def reserve(self) -> float:
+        """Finishing a call cut mid-way, its pack back: a fresh machine, one call's set-up, and
+        with --resume only what was in flight (the longest run or test), then the pack."""
+        return (self.kind.start_s + lc.TRANSFER_S + lc.SETUP_S + lc.SWEEP_START_S
+                + self.in_flight() + lc.BETWEEN_RUNS_S + lc.END_LEAN_S)  # fmt: skip
+
+    def fits(self) -> bool:
+        """Planned, with the reserve, within the lease; and each call to its --budget too."""
+        within = self.device_seconds() + self.reserve() <= self.lease
+        return within and self.device_seconds(worst=True) <= self.lease
 
 
-def session(calls: list[Call]) -> float:
-    """Everything: the ladder and the tests, start-ups included."""
-    return sum(c.seconds for c in calls)
+def plan(
+    runs: list, tests: float, kind: lc.Kind, lease: float, cap: float, resume: bool = False
+) -> Session:
+    return Session(pack(runs, tests, cap, resume=resume), kind, lease)
 
 
-def fits(calls: list[Call], target: float, lease: float) -> bool:
-    within = all(c.seconds + MARGIN_S <= c.budget for c in calls)
-    return within and total(calls) <= target and session(calls) <= lease
+def drops(runs: list, tests: float, kind, lease, cap) -> tuple[list, Session | None]:
+    """(the steps dropped, the session that then fits): measured steps, the eager ones first,
+    then the compiled ones, each in ladder order; (all measured, None) when nothing fits."""
+    measured = [r for r in runs if r.source == "measured"]
+    order = [r for r in measured if not r.compiled] + [r for r in measured if r.compiled]
+    dropped: list = []
+    for run in order:
+        dropped.append(run)
+        left = [r for r in runs if r not in dropped]
+        session = plan(left, tests, kind, lease, cap, resume=True)
+        if session.fits():
+            return dropped, session
+    return dropped, None
 
 
-def report(calls: list[Call], target: float, lease: float, gpu: str, preset: str) -> list[str]:
-    peak = gpus.lookup(gpu)
-    ratio = peak.flops / gpus.lookup(A100).flops
-    out = [
-        f"plan: {preset} on {gpu} ({peak.label}, {peak.flops / 1e12:.1f} TFLOP/s {peak.precision}"
-        f" = {ratio:.2f}x the A100's 312); lease {lease:.0f} s, calls of {calls[-1].budget:.0f} s",
-        "model: A100 tok/s (published csv) x peak ratio; assumed: 11 and 12 at 10's rate, 13 at "
-        "0.75x of 12, 14 at 0.9x of 13",
-        f"  a run: {PROCESS_S:.0f} s start-up (+{TORCHRUN_S:.0f} torchrun) + tokens/rate + "
-        f"{EVAL_S:.0f} s eval + {PROFILE_S:.0f} s profile (+{COMPILE_S:.0f} s compile if not "
-        f"measured); a call: +{MACHINE_START_S:.0f} s machine start-up, {MARGIN_S:.0f} s margin",
-    ]
-    for c in calls:
+def extra_call(session: Session, runs: list, rounds: int, cap: float) -> Call | None:
+    """The extra call, if time is left after the session (its reserve unspent)."""
+    if not runs:
+        return None
+    call = Call(
+        len(session.calls) + 1,
+        [r for _ in range(rounds) for r in runs],
+        out="/tmp/e",
+        rounds=rounds,
+    )
+    left = session.lease - session.device_seconds(worst=True)
+    return call if call.timeout <= cap and call.budget + lc.TRANSFER_S + lc.GAP_S <= left else None
+
+
+def describe(session: Session, extra: Call | None) -> list[str]:
+    out = []
+    for c in [*session.calls, *([extra] if extra else [])]:
         what = []
         if c.runs:
-            steps = " ".join(f"{r.step}={r.seconds:.0f}s{'*' * r.measured}" for r in c.runs)
-            what.append(f"steps {c.runs[0].step}-{c.runs[-1].step}: {steps}")
+            rounds = f", {c.rounds} rounds in a fresh folder" if c.rounds > 1 else ""
+            what.append(
+                f"steps {c.steps()}{rounds}: "
+                + " ".join(f"{r.step}={r.seconds:.0f}s{r.mark}" for r in c.runs)
+            )
         if c.tests:
-            what.append(f"then the GPU tests {c.tests:.0f}s (--tests)")
-        out.append(f"call {c.number}: {'; '.join(what)}; "
-                   f"{c.seconds:.0f} s with start-up (budget {c.budget:.0f} s)")  # fmt: skip
-    if any(r.measured for c in calls for r in c.runs):
-        out.append("  * measured (--results)")
-    out.append(f"session: {session(calls):.0f} s ({session(calls) / 60:.1f} min) of the "
-               f"{lease:.0f} s lease, the tests included")  # fmt: skip
-    t = total(calls)
-    word = "within" if fits(calls, target, lease) else "over"
-    out.append(f"total: {t:.0f} s ({t / 60:.1f} min) of device time, {word} the "
-               f"{target / 60:.0f}-minute target")  # fmt: skip
+            what.append(f"then the GPU tests {c.tests:.0f}s")
+        head = "if time is left, call" if c is extra else "call"
+        out.append(
+            f"{head} {c.number}: {'; '.join(what)}; {c.seconds:.0f} s planned, "
+            f"--budget {c.budget}, timeout_s {c.timeout}"
+        )
+    plain, worst = session.device_seconds(), session.device_seconds(worst=True)
+    out.append(
+        f"session: {plain:.0f} s planned + {session.reserve():.0f} s reserve (a cut call "
+        f"resumed on a fresh machine: start-up, set-up, its {session.in_flight():.0f} s in "
+        f"flight again) = {plain + session.reserve():.0f} s; {worst:.0f} s with each call to its "
+        f"--budget; lease {session.lease:.0f} s"
+    )
+    out.append(
+        f"not covered: a machine lost mid-call returns nothing (call {session.longest().number}: "
+        f"{session.longest().seconds:.0f} s of work); the next session resumes from the last pack"
+    )
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tools/gpu_session.sh --plan", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--gpu", default=DEFAULT_GPU, help="a torch.cuda.get_device_name()")
-    ap.add_argument("--preset", default="gpt2-124m", choices=list(PRESETS))
-    ap.add_argument("--budget", type=float, default=540.0, help="seconds a call")
-    ap.add_argument("--lease", type=float, default=1800.0, help="device seconds a session")
-    ap.add_argument("--target", type=float, default=1200.0, help="device seconds, the ladder")
-    ap.add_argument("--steps", default="00-14")
-    ap.add_argument("--tests", type=float, default=TESTS_S,
-                    help="expected seconds of the GPU tests after the sweep (0: none)")  # fmt: skip
-    ap.add_argument("--slower", type=float, default=1.0, help="every run this many times slower")
-    ap.add_argument("--results", type=Path, help="a tag's folder (runs.jsonl): measured times")
-    a = ap.parse_args(argv)
-    if gpus.lookup(a.gpu) is None or gpus.lookup(a.gpu).flops is None:
-        print(
-            f"error: --gpu {a.gpu!r}: not in speed_ladder/measure/gpus.py's table", file=sys.stderr
+def run_calls(session: Session, extra: Call | None) -> list[str]:
+    """The exact `run` calls (the device tool's), one a line."""
+    lines = []
+    for c in [*session.calls, *([extra] if extra else [])]:
+        lines.append(
+            f'run(kind="{session.kind.name}", carry={CARRY!r}, timeout_s={c.timeout}, '
+            f'command="{c.command(session.kind.host_id)}")'
         )
+    return lines + ["give_back()"]
+
+
+def report(a, runs: list, kind: lc.Kind, source: str) -> tuple[list[str], bool]:
+    out = [
+        f"plan: gpt2-124m on {kind.name} ({kind.gpu}); lease {a.lease:.0f} s of device time, "
+        f"commands of at most {a.cap:.0f} s, idle release {lc.IDLE_S:.0f} s",
+        f"  durations: {source}",
+        *("  " + line for line in lc.cost_lines(kind)),
+    ]
+    marks = {r.mark: r.why for r in runs if r.mark}
+    out += [f"  {m} {why}" for m, why in marks.items()]
+    asked = {r.step for r in runs}
+    resume = any(r.get("step") not in asked and r.get("status") == "ok" for r in a.measured)
+    session = plan(runs, a.tests, kind, a.lease, a.cap, resume=resume and kind.factor == 1.0)
+    extra_runs = [r for r in extras(a, kind)]
+    extra = extra_call(session, extra_runs, a.extra_rounds, a.cap) if session.fits() else None
+    out += describe(session, extra)
+    if session.fits():
+        out.append(
+            f"fits: the session and the reserve to finish a cut call within the "
+            f"{a.lease / 60:.0f}-minute lease"
+        )
+        out += ["calls:", *run_calls(session, extra)]
+        return out, True
+    plain = session.device_seconds()
+    bare = "over it even without" if plain > a.lease else f"{a.lease - plain:.0f} s left without"
+    out.append(
+        f"does not fit: {plain + session.reserve() - a.lease:.0f} s over the "
+        f"{a.lease:.0f} s lease with the reserve ({bare} it)"
+    )
+    if kind.factor != 1.0:  # another kind's records: no steps of this kind to resume
+        out.append(
+            f"no {kind.name} run is measured: ask for a kind whose runs are "
+            f"(--kind nvidia-h200), or fewer --steps"
+        )
+        return out, False
+    dropped, fitting = drops(runs, a.tests, kind, a.lease, a.cap)
+    if fitting is None:
+        out.append(
+            "it does not fit with only the steps not measured either: fewer --steps, "
+            "or a shorter --tests"
+        )
+        return out, False
+    nums = ",".join(r.step for r in dropped)
+    out.append(
+        f"to fit, drop steps {nums} (measured in {rel(a.results)}: --resume results keeps "
+        f"them in the summary); the session that fits, --steps "
+        f"{','.join(dict.fromkeys(r.step for c in fitting.calls for r in c.runs))}:"
+    )
+    extra = extra_call(fitting, extra_runs, a.extra_rounds, a.cap)
+    out += ["  " + line for line in describe(fitting, extra)]
+    out += ["calls:", *run_calls(fitting, extra)]
+    return out, False
+
+
+def rel(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def extras(a, kind: lc.Kind) -> list:
+    if not a.extra:
+        return []
+    return [lc.run_seconds(s, a.measured, kind, a.profile) for s in parse_steps(a.extra, a.ladder)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="tools/gpu_session.sh --plan",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--kind",
+        default="nvidia-h200",
+        choices=list(lc.KINDS),
+        help="the lent machine (lease_costs.KINDS: its start-up and speed)",
+    )
+    ap.add_argument("--lease", type=float, default=900.0, help="device seconds a session")
+    ap.add_argument("--cap", type=float, default=600.0, help="seconds a command at most")
+    ap.add_argument("--steps", default="all", help="the ladder's steps in this session")
+    ap.add_argument(
+        "--tests",
+        type=float,
+        default=lc.TESTS_S,
+        help="expected seconds of the fast GPU tests after the sweep (0: none)",
+    )
+    ap.add_argument("--extra", default=EXTRA, help="steps of the extra call ('' for none)")
+    ap.add_argument("--extra-rounds", type=int, default=2, help="its rounds")
+    ap.add_argument(
+        "--no-profile",
+        dest="profile",
+        action="store_false",
+        help="the sweep without --profile (each run ~4.5 s shorter, an estimate)",
+    )
+    ap.add_argument("--slower", type=float, default=1.0, help="every run this many times slower")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="the tag folder of measured durations (default: the kind's, results/)",
+    )
+    a = ap.parse_args(argv)
+    try:
+        if min(a.lease, a.cap, a.slower) <= 0 or a.tests < 0 or a.extra_rounds < 1:
+            raise UserError(
+                "--lease, --cap, --slower and --extra-rounds must be above 0, --tests at least 0"
+            )
+        kind = lc.KINDS[a.kind]
+        a.results = a.results or RESULTS / kind.tag
+        a.measured, source = lc.measured(a.results, rel(a.results))
+        a.ladder = discover()
+        runs = [
+            lc.run_seconds(s, a.measured, kind, a.profile) for s in parse_steps(a.steps, a.ladder)
+        ]
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    recs = load_records(a.results)
-    steps = parse_steps(a.steps, discover())
-    runs = [expected(s, a.preset, a.gpu, recs) for s in steps]
     for r in runs:
         r.seconds *= a.slower
-    calls = plan(runs, a.budget, a.tests)
-    print("\n".join(report(calls, a.target, a.lease, a.gpu, a.preset)))
-    return 0 if fits(calls, a.target, a.lease) else 1
+    lines, ok = report(a, runs, kind, source)
+    print("\n".join(lines))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
