@@ -60,9 +60,8 @@ def choose(tag: str, df, committed: list[Path]) -> tuple[Path, str] | None:
     preset, name = _first(df, "preset"), _first(df, "device_name")
     scored = []
     for d in committed:
-        if _kind(d.name) != _kind(tag) or _SUFFIX.search(d.name) is None:
-            continue
-        if suffix is None or _SUFFIX.search(d.name).group(0) != suffix.group(0):
+        same_processes = suffix is not None and d.name.endswith(suffix.group(0))
+        if _kind(d.name) != _kind(tag) or not same_processes:
             continue
         try:
             theirs = read_summary(d)
