@@ -14,6 +14,7 @@ from pathlib import Path
 from speed_ladder.files import ROOT
 from speed_ladder.measure.cpu_load import is_busy, threshold
 from speed_ladder.records import jsonl_lines
+from speed_ladder.report.validity import foreign, impossible
 from speed_ladder.store import RUNS, _snippet, _unparsed, record_problem
 
 _PATH = re.compile(r"(?:^|[\s=:'\"(,])(?:/[\w.-]+/|~/|[A-Za-z]:\\)|/(?:home|root|Users|work|tmp)/")
@@ -157,17 +158,11 @@ def check_script(rep: Report, n: int, rec: dict, git: Git) -> None:
 
 # ---------------------------------------------------------------- 3, 6, 8: each record
 def check_arithmetic(rep: Report, n: int, rec: dict) -> None:
-    tps, ms = _num(rec.get("tokens_per_sec")), _num(rec.get("step_time_ms"))
-    tok = _num(rec.get("tokens_per_step"))
-    if tps is None or ms is None:
-        rep.problem(f"{who(rec, n)}: an ok record without tokens_per_sec or step_time_ms")
-    elif tok is None:
+    """Each reason an ok record is impossible or foreign to its tag (validity.py), a line each."""
+    if _num(rec.get("tokens_per_step")) is None:
         rep.note("no tokens_per_step (an older record): tok/s not checked against step time")
-    elif ms <= 0 or tok <= 0:
-        rep.problem(f"{who(rec, n)}: step_time_ms {ms:g}, tokens_per_step {tok:g}")
-    elif abs(tps - tok / (ms / 1000)) > max(1e-3 * tok / (ms / 1000), 0.051):
-        rep.problem(f"{who(rec, n)}: tokens_per_sec {tps:g} is not tokens_per_step / step time "
-                    f"= {tok:g} / {ms / 1000:g} s = {tok / (ms / 1000):.1f}")  # fmt: skip
+    for why in impossible(rec) + foreign(rec, rep.tag):
+        rep.problem(f"{who(rec, n)}: {why}")
 
 
 def fingerprint(rec: dict):
