@@ -48,11 +48,13 @@ from pathlib import Path
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.files import RESULTS, ROOT
+from speed_ladder.report.by_hand import BY_HAND
 from speed_ladder.report.record_checks import (
     Git,
     Report,
     check_arithmetic,
     check_busy,
+    check_corrections,
     check_machines,
     check_private,
     check_script,
@@ -61,6 +63,7 @@ from speed_ladder.report.record_checks import (
     who,
 )
 from speed_ladder.report.summary_checks import check_claims, check_summary, rebuilt
+from speed_ladder.report.validity import impossible
 from speed_ladder.store import RUNS
 
 
@@ -73,6 +76,7 @@ def check_tag(tag_dir: Path, steps=None, git: Git | None = None) -> Report:
     df, used, columns = rebuilt(tag_dir, steps, records, rep)
     for n, rec in records:
         check_script(rep, n, rec, git)
+        check_corrections(rep, n, rec, git)
         if rec.get("status") == "ok":
             check_arithmetic(rep, n, rec)
             check_busy(rep, n, rec, used)
@@ -82,7 +86,25 @@ def check_tag(tag_dir: Path, steps=None, git: Git | None = None) -> Report:
                         "numerics only, not a measurement")  # fmt: skip
     check_machines(rep, records)
     check_claims(rep, check_summary(rep, tag_dir, records, df, columns))
+    check_by_hand(rep, tag_dir, git, hosts)
     return rep
+
+
+def check_by_hand(rep: Report, tag_dir: Path, git: Git, hosts) -> None:
+    """Runs started by hand beside a tag (`by-hand/*.jsonl`: not sweep runs, never in its
+    summary) are checked as records are: script, corrections, impossible, private."""
+    for path in sorted((tag_dir / BY_HAND).glob("*.jsonl")):
+        sub = Report(f"{rep.tag}/{BY_HAND}/{path.name}")
+        for n, rec in read_records(path, sub):
+            check_script(sub, n, rec, git)
+            check_corrections(sub, n, rec, git)
+            for why in impossible(rec):
+                sub.problem(f"{who(rec, n)}: {why}")
+            check_private(sub, n, rec, hosts)
+        rep.problems += [f"{BY_HAND}/{path.name}: {p}" for p in sub.problems]
+        for t, k in sub.notes.items():
+            rep.notes[f"{BY_HAND}/{path.name}: {t}"] = k
+        rep.note(f"{BY_HAND}/{path.name}: run by hand, not a sweep run: not in the summary")
 
 
 def tag_dirs(results: Path = RESULTS) -> list[Path]:
