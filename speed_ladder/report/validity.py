@@ -193,8 +193,13 @@ def invalid(rec: dict, tag: str | None = None) -> str | None:
 
 
 def marked(records: list[dict], tag: str | None = None) -> list[dict]:
-    """The records as the summary takes them: an `ok` one that is impossible or foreign becomes
-    status `invalid` with its reason (a copy; the file is untouched)."""
+    """The records as a tag's rebuilt summary takes them (`tag`: its folder's name): an `ok` one
+    that is impossible or foreign becomes status `invalid` with its reason (a copy; the file is
+    untouched). Without a tag (the sweep's own summary of the runs it just made) they are taken
+    as they are: `plot_results.py --rebuild` and `check` (which compares summary.csv with its
+    rebuild) judge them."""
+    if tag is None:
+        return records
     out = []
     for r in records:
         why = invalid(r, tag)
