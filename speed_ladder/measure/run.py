@@ -47,7 +47,7 @@ from speed_ladder.measure.inactive import (
     triton_interpreted,
 )
 from speed_ladder.outputs import check_file
-from speed_ladder.records import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
+from speed_ladder.records import FIELDS, append_jsonl, file_sha256, git_state, mfu_problem
 from speed_ladder.spec import resolve
 
 # The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
@@ -283,7 +283,7 @@ class Run:
             "context_length": (self.cfg or {}).get("context_length"),
             "torch_version": torch.__version__,
             "cuda_version": torch.version.cuda if cuda else None,
-            "git_sha": git_sha(ROOT),
+            **git_state(ROOT),  # git_sha, git_sha_reason
             "script_sha256": file_sha256(self.script),
             "started_at": self.started_at,
             "duration_s": round(time.time() - self.t_begin, 2),
