@@ -258,10 +258,10 @@ class Run:
         if self._profile_or_window():
             self.clock.restart()
         now = time.perf_counter()
-        if self.is_rank0 and (now - self._t_print > 2.0 or self.finished):
+        if now - self._t_print > 2.0 or self.finished:  # every rank reads what has passed
             self._t_print = now
             total = self.preset["max_steps"] or "?"
-            print(self.clock.progress(self.steps_done, total, tokens * self._world()), flush=True)
+            self.print(self.clock.progress(self.steps_done, total, tokens * self._world()))
 
     def _world(self) -> int:
         d = process_group()
