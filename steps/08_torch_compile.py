@@ -1,15 +1,17 @@
 """Step 08: torch.compile.
 
-`torch.compile(model)` traces the model with TorchDynamo and compiles it with TorchInductor
-(Ansel et al. 2024, "PyTorch 2"): element-wise chains (residual adds, dropout, bias, GELU) fuse
-into generated Triton (GPU) or C++/OpenMP (CPU) kernels, and Python overhead per op disappears.
-Compilation happens in the first steps, which the harness's warm-up keeps out of the timed
-window. Evaluation and sampling run eager (`torch.compiler.set_stance("force_eager")`): they are
-never timed, and compiling them would add graphs (one under no_grad, one for the last, shorter
-batch, more for sampling's growing prompt) that cost compile time only; so a run compiles one
-graph, the training step's (its record's `compiles`). Where it cannot compile (no C++
-compiler, no Triton) the run stops with one line naming the fix; under TORCH_COMPILE_DISABLE=1
-torch.compile returns the model unchanged, and the record says `step_active: false`.
+`torch.compile(model)` traces the model with TorchDynamo and compiles it with TorchInductor (Ansel
+et al. 2024, "PyTorch 2"): element-wise chains (residual adds, dropout, bias, GELU) fuse into
+generated Triton (GPU) or C++/OpenMP (CPU) kernels, and Python overhead per op disappears.
+Compilation happens in the first steps, which the harness's warm-up keeps out of the timed window.
+Evaluation and sampling run eager (`torch.compiler.set_stance("force_eager")`): they are never
+timed, and compiling them would add graphs (one under no_grad, one for the last, shorter batch, more
+for sampling's growing prompt) that cost compile time only; so a run compiles two graphs, the
+training step's model and its loss (its record's `compiles`); the loss is its own graph so that
+inductor fuses cross-entropy's fp32 upcast, log-softmax and nll instead of writing fp32 copies of
+the logits. Where it cannot compile (no C++ compiler, no Triton) the run stops with one line naming
+the fix; under TORCH_COMPILE_DISABLE=1 torch.compile returns the model unchanged, and the record
+says `step_active: false`.
 
 Costs: compile time in the first steps (tens of seconds on gpt2-124m, more with
 mode="max-autotune"; left out of the timing by the warm-up), a C++ compiler (and Triton on a
@@ -169,9 +171,17 @@ def create_dataloader(token_ids, batch_size, context_length, shuffle, drop_last,
 
 
 # ---------------------------------------------------------------- loss, evaluation, sampling
+# step 08: the loss compiled too, as a graph of its own: inductor fuses the logits' fp32 upcast
+# (autocast runs cross-entropy in fp32), log-softmax and nll, forward and backward, instead of
+# writing (B*T, V) fp32 copies of the logits (6.6 GB each at batch 32 on gpt2-124m)
+@torch.compile  # step 08
+def cross_entropy(logits, targets):  # (N, V), (N,) -> mean loss
+    return torch.nn.functional.cross_entropy(logits, targets)
+
+
 def calc_loss_batch(input_batch, target_batch, model):
     logits = model(input_batch)  # (B, T, V)
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target_batch.flatten())
+    return cross_entropy(logits.flatten(0, 1), target_batch.flatten())  # step 08
 
 
 def calc_loss_loader(data_loader, model, device, num_batches):

@@ -3,14 +3,15 @@
 DistributedDataParallel (Li et al. 2020, "PyTorch Distributed"): one process per GPU, each with a
 full replica; every process trains on its own shard of each epoch (DistributedSampler) and the
 gradients are averaged by all-reduce during backward, bucket by bucket, overlapping with the
-remaining backward compute. The global batch is batch_size x world_size. Launched by stock
-torchrun, which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the device comes
-from LOCAL_RANK, data sharding and the record from RANK/WORLD_SIZE. The backend is nccl on CUDA
-and gloo on CPU (DDP_BACKEND overrides: one of torch.distributed's backends). Every setting
-(TF32, ...) runs on every rank; only printing and the record are rank 0's (the harness). A rank
-that fails ends the job: torchrun stops the others, and the process group's timeout bounds any
-wait on a lost peer. Under plain `python` it is a world of one (an in-memory store, no port): the
-record says `step_active: false`, as there is no one to share the work with. tokens/s is global.
+remaining backward compute. The global batch is batch_size x world_size. Launched by stock torchrun,
+which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the device comes from
+LOCAL_RANK, data sharding and the record from RANK/WORLD_SIZE. The backend is nccl on CUDA and gloo
+on CPU (DDP_BACKEND overrides: one of torch.distributed's backends). Every setting (TF32, ...) runs
+on every rank; only printing and the record are rank 0's (the harness). A rank that fails ends the
+job: torchrun stops the others, and the process group's timeout bounds any wait on a lost peer.
+Under plain `python` it is a world of one (an in-memory store, no port): the record says
+`step_active: false`, as there is no one to share the work with, and DDP does not wrap the model:
+with no replica to average with, its hooks would cost time for nothing. tokens/s is global.
 
 Seeds. Every rank builds the model from the common --seed, so the replicas start equal (DDP
 also broadcasts rank 0's weights when it wraps the model). Then each rank other than 0 reseeds
@@ -187,9 +188,17 @@ def create_dataloader(token_ids, batch_size, context_length, shuffle, drop_last,
 
 
 # ---------------------------------------------------------------- loss, evaluation, sampling
+# step 08: the loss compiled too, as a graph of its own: inductor fuses the logits' fp32 upcast
+# (autocast runs cross-entropy in fp32), log-softmax and nll, forward and backward, instead of
+# writing (B*T, V) fp32 copies of the logits (6.6 GB each at batch 32 on gpt2-124m)
+@torch.compile  # step 08
+def cross_entropy(logits, targets):  # (N, V), (N,) -> mean loss
+    return torch.nn.functional.cross_entropy(logits, targets)
+
+
 def calc_loss_batch(input_batch, target_batch, model):
     logits = model(input_batch)  # (B, T, V)
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target_batch.flatten())
+    return cross_entropy(logits.flatten(0, 1), target_batch.flatten())  # step 08
 
 
 def calc_loss_loader(data_loader, model, device, num_batches):
@@ -303,8 +312,10 @@ def main():
     model = GPTModel(GPT_CONFIG).to(device)
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
     run.inactive("08", speed_ladder.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
-    # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
-    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward; a
+    # world of one has no replica, and the wrapper would only cost its hooks (2 ms a step, H200)
+    if dist.get_world_size() > 1:  # step 11
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     # step 11: every rank built the same weights from --seed; from here each rank draws its own
     # dropout masks (rank 0 goes on with one process's stream: a world of one is step 10's run)
     if dist.get_rank() > 0:  # step 11

@@ -181,9 +181,17 @@ def create_dataloader(token_ids, batch_size, context_length, shuffle, drop_last,
 
 
 # ---------------------------------------------------------------- loss, evaluation, sampling
+# step 08: the loss compiled too, as a graph of its own: inductor fuses the logits' fp32 upcast
+# (autocast runs cross-entropy in fp32), log-softmax and nll, forward and backward, instead of
+# writing (B*T, V) fp32 copies of the logits (6.6 GB each at batch 32 on gpt2-124m)
+@torch.compile  # step 08
+def cross_entropy(logits, targets):  # (N, V), (N,) -> mean loss
+    return torch.nn.functional.cross_entropy(logits, targets)
+
+
 def calc_loss_batch(input_batch, target_batch, model):
     logits = model(input_batch)  # (B, T, V)
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target_batch.flatten())
+    return cross_entropy(logits.flatten(0, 1), target_batch.flatten())  # step 08
 
 
 def _chunk_ce_sum(hidden, weight, targets):  # step 12
@@ -353,8 +361,10 @@ def main():
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
     run.inactive("08", speed_ladder.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
-    # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward
-    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward; a
+    # world of one has no replica, and the wrapper would only cost its hooks (2 ms a step, H200)
+    if dist.get_world_size() > 1:  # step 11
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     # step 11: every rank built the same weights from --seed; from here each rank draws its own
     # dropout masks (rank 0 goes on with one process's stream: a world of one is step 10's run)
     if dist.get_rank() > 0:  # step 11

@@ -121,3 +121,26 @@ def test_a_failing_rank_ends_the_job_promptly(tmp_path):
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stderr + proc.stdout
     assert elapsed < 120, f"took {elapsed:.0f} s"
+
+
+def test_a_world_of_one_is_not_wrapped_in_ddp(monkeypatch, tmp_path):
+    """Under plain python (one process) step 11 does not wrap the model: no replica to average
+    with, and DDP's hooks cost about 2 ms a step on an H200 (the 2026-11-27 sweep's step 12).
+    The record says why the step is inactive; two processes wrap it (the test above: their
+    losses match one process only because gradients are all-reduced)."""
+    import torch._dynamo
+    import torch.nn.parallel
+    from conftest import load_script
+
+    def refuse(*a, **k):
+        raise AssertionError("DDP wrapped a world of one")
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    monkeypatch.setattr(torch.nn.parallel.DistributedDataParallel, "__init__", refuse)
+    out = tmp_path / "r.jsonl"
+    argv = ["11", *map(str, TINY), "--max-steps", "2", "--results", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    load_script("steps/11_ddp.py").main()
+    rec = records(out)[0]
+    assert rec["status"] == "ok" and rec["world_size"] == 1
+    assert "DDP does not wrap the model" in rec["inactive_reason"]

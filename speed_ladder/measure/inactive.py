@@ -80,8 +80,8 @@ def compile_disabled() -> str | None:
 
 
 WORLD_OF_ONE = {  # steps 11 and 14 in one process: what such a run measures instead
-    "11": "a world of one: no other process shares the batch, so this run measures DDP's "
-    "overhead, not its gain; run it with torchrun",
+    "11": "a world of one: no other process shares the batch, so DDP does not wrap the model "
+    "(step 10's run, in a process group); run it with torchrun",
     "14": "a world of one: nothing to shard (a rank's shard is the whole tensor), so this run "
     "measures FSDP2's hooks, not its saving",
 }

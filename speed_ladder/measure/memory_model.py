@@ -93,8 +93,8 @@ def state_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB) -> dict:
 def buffer_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB) -> int:
     """Communication buffers and gathered copies on top of the state (see the module doc)."""
     pc = param_counts(cfg, vocab)
-    if mode == "ddp":
-        return FP32 * pc["total"]  # gradient buckets
+    if mode == "ddp":  # gradient buckets; a world of one is not wrapped in DDP (step 11)
+        return FP32 * pc["total"] if world > 1 else 0
     if mode == "fsdp2":
         root = 2 * FP32 * pc["root"]  # gathered root params + their full grads
         blocks = (2 + 1) * FP32 * pc["block"] if cfg["n_layers"] else 0
