@@ -235,6 +235,15 @@ def rung(num: str) -> Step:
     raise UserError(f"no step {num} in {_rel(REGISTRY)} (steps {rungs()[0].num}-{rungs()[-1].num})")
 
 
+def step_of(path: Path | str) -> str:
+    """The number of this checkout's rung whose step file (or summary file) `path` is."""
+    name = Path(path).name
+    for s in rungs():
+        if name in (s.path.name, s.summary_file):
+            return s.num
+    raise UserError(f"{path}: not a step file of this ladder ({_rel(REGISTRY)})")
+
+
 def first(pred, steps=None) -> Step | None:
     """The first rung of `steps` (this checkout's) for which pred(step) holds, or None."""
     return next((s for s in (rungs() if steps is None else steps) if pred(s)), None)

@@ -222,7 +222,7 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     from speed_ladder.report import ladder_page
 
     by = {s.num: s for s in discover(ROOT)}
-    assert ladder_page.change(by["02"])[0].startswith(
+    assert ladder_page.change(by["02"], by["01"])[0].startswith(
         '+    torch.set_float32_matmul_precision("high")'
     )
     assert ladder_page.why(ladder_page.paragraphs(by["02"])).startswith("On Ampere and newer")

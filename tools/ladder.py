@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from speed_ladder.files import ROOT  # noqa: E402
 from speed_ladder.ladder import discover, rungs  # noqa: E402
+from speed_ladder.ladder import step_of as _step_of  # noqa: E402
 from speed_ladder.ladder import unified as _unified  # noqa: E402
 from speed_ladder.report import ladder_table  # noqa: E402
 
@@ -32,8 +33,7 @@ def ladder() -> list[Path]:
 
 def step_of(path: Path) -> str:
     """The rung number of a step file of this ladder."""
-    path = Path(path).resolve()
-    return next(s.num for s in discover(ROOT) if s.path == path)
+    return _step_of(path)
 
 
 def unified(a: Path, b: Path) -> str:

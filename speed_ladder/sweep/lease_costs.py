@@ -83,7 +83,6 @@ ASSUMED_RUN_S = 90.0
 MID_EVAL_SKIPPED = True  # measure/run.py: a measuring run evaluates at its end only
 EVAL_FORWARDS = 2 * 5  # train and val, gpt2-124m's eval_iters
 EAGER_OVER_COMPILED = 1.75  # step 07's 46.7 ms a step against step 08's 26.8 ms
-MODELLED = {"11": ("12", 1.0), "14": ("13", 1.1)}  # step: (the measured step, factor)
 
 
 @dataclass(frozen=True)
@@ -140,16 +139,17 @@ def _own(step, recs: list) -> float | None:
 
 
 def run_seconds(step, recs: list, kind: Kind, profile: bool = True) -> Run:
-    """One run of `step` on `kind`: measured in the tag, modelled from a measured step
-    (MODELLED), else assumed; x the kind's factor, less PROFILE_S without --profile."""
-    compiled = preflight.uses_compile(step.path)
+    """One run of `step` on `kind`: measured in the tag, modelled from a measured step (the
+    rung's `lease` in ladder.json), else assumed; x the kind's factor, less PROFILE_S without
+    --profile."""
+    compiled = step.compiled
     took = _own(step, recs)
     if took is not None:
         run = Run(step.num, took, "measured", compiled)
-    elif step.num in MODELLED and (base := _base(step, recs)) is not None:
-        factor = MODELLED[step.num][1]
+    elif step.lease and (base := _base(step, recs)) is not None:
+        like, factor = step.lease["like"], step.lease["factor"]
         run = Run(step.num, base * factor, "modelled", compiled,
-                  "modelled, no sweep record: 11 as step 12's run, 14 as 1.1x 13's")  # fmt: skip
+                  f"modelled, no sweep record: {factor:g}x step {like}'s run")  # fmt: skip
     else:
         run = Run(step.num, ASSUMED_RUN_S, "assumed", compiled,
                   f"assumed: measured nowhere, {ASSUMED_RUN_S:.0f} s")  # fmt: skip
@@ -165,7 +165,7 @@ def run_seconds(step, recs: list, kind: Kind, profile: bool = True) -> Run:
 def mid_eval_s(step, recs: list, compiled: bool) -> float:
     """The step-50 evaluation a measured run of `step` (or the step it is modelled on) spent:
     EVAL_FORWARDS eager forwards at a third of its median step time each."""
-    num = MODELLED.get(step.num, (step.num, 1.0))[0]
+    num = (step.lease or {"like": step.num})["like"]
     ms = sorted(r["step_time_ms"] for r in recs if r.get("step") == num and r.get("status") == "ok"
                 and isinstance(r.get("step_time_ms"), (int, float)))  # fmt: skip
     if not ms:
@@ -175,7 +175,7 @@ def mid_eval_s(step, recs: list, compiled: bool) -> float:
 
 
 def _base(step, recs: list) -> float | None:
-    num, _ = MODELLED[step.num]
+    num = step.lease["like"]
     mine = [r for r in recs if r.get("step") == num]
     took, ok = preflight.run_seconds(step, mine, "cuda")
     return took if ok else None
