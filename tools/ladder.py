@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from speed_ladder.errors import UserError  # noqa: E402
 from speed_ladder.files import ROOT  # noqa: E402
 from speed_ladder.ladder import discover, rungs  # noqa: E402
 from speed_ladder.ladder import step_of as _step_of  # noqa: E402
@@ -23,7 +24,10 @@ from speed_ladder.ladder import unified as _unified  # noqa: E402
 from speed_ladder.report import ladder_table  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden"
-SUMMARIES = {r.summary_file: r.num for r in rungs() if r.summary_file}  # file: the rung it copies
+try:  # file: the rung it copies
+    SUMMARIES = {r.summary_file: r.num for r in rungs() if r.summary_file}
+except UserError as e:  # a step file without its entry, a bad entry: one line
+    sys.exit(f"error: {e}")
 
 
 def ladder() -> list[Path]:
@@ -55,9 +59,13 @@ def goldens() -> None:
 
 
 def check() -> int:
-    bad = [
-        b.name for a, b in pairs() if (GOLDEN / f"{step_of(b)}.diff").read_text() != unified(a, b)
-    ]
+    bad = []
+    for a, b in pairs():
+        golden = GOLDEN / f"{step_of(b)}.diff"
+        if not golden.is_file():
+            bad.append(f"{b.name} (no golden diff)")
+        elif golden.read_text() != unified(a, b):
+            bad.append(b.name)
     for name, step in SUMMARIES.items():
         src = next((p for p in ladder() if step_of(p) == step), None)
         if src and (ROOT / name).read_bytes() != src.read_bytes():
