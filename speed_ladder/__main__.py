@@ -1,9 +1,10 @@
 """python -m speed_ladder: the ladder's tools.
 
-python -m speed_ladder run                          # every step, results/<tag>/ + charts
+python -m speed_ladder run                          # every step, results/local/<tag>/ + charts
 python -m speed_ladder run --steps 05-08 --repeats 3
 python -m speed_ladder run --device cpu --preset tiny --max-steps 5 --data the-verdict.txt
 python -m speed_ladder check results/<tag>          # a results folder validated (another machine's)
+python -m speed_ladder publish                      # checked, results/local/<tag> into results/
 """
 
 import argparse
@@ -11,7 +12,7 @@ import sys
 
 from speed_ladder.errors import UserError, fail, pipe_safe
 from speed_ladder.flags import Parser
-from speed_ladder.report import check
+from speed_ladder.report import check, publish
 from speed_ladder.sweep import command as sweep_command
 
 
@@ -29,6 +30,7 @@ def parser() -> Parser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sweep_command.add_run_parser(sub)
     check.add_check_parser(sub)
+    publish.add_publish_parser(sub)
     return p
 
 

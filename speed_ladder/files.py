@@ -1,9 +1,11 @@
-"""Where things live (the repository, its results, the offline mirror, the cache), how a record
-names a path (`portable_path`, `data_id`: never where this machine keeps it) and the one atomic
-write every file the harness replaces goes through."""
+"""Where things live (the repository, its committed results and this machine's own, the offline
+mirror, the cache), whether git tracks a path, how a record names a path (`portable_path`,
+`data_id`: never where this machine keeps it) and the one atomic write every file the harness
+replaces goes through."""
 
 import hashlib
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -12,7 +14,45 @@ from speed_ladder import outputs
 from speed_ladder.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: 00_orig.py, steps/, speed_ladder/
-RESULTS = ROOT / "results"
+RESULTS = ROOT / "results"  # the committed tags: reference data, never written by a run
+# a sweep's own results (git ignores them: .gitignore); `python -m speed_ladder publish` adds
+# them to RESULTS
+LOCAL_RESULTS = RESULTS / "local"
+
+
+def is_within(path: str | Path, folder: str | Path) -> bool:
+    """Whether `path` is `folder` or inside it (links followed)."""
+    return _relative(path, folder) is not None
+
+
+def shown(path: str | Path) -> str:
+    """How a message names a path: relative to the current folder when inside it
+    (`results/local/cpu-...-x1`), else as given."""
+    rel = _relative(path, os.getcwd())
+    return rel if rel not in (None, ".") else str(path)
+
+
+def tracked(path: str | Path) -> list[str]:
+    """The files under `path` (a file or a folder) that git tracks in the checkout holding it:
+    committed reference data, which a run never writes. [] outside a git checkout, where git
+    is not installed, or where nothing there is tracked."""
+    p = Path(os.path.abspath(path))
+    where = p
+    while not where.is_dir():  # git runs in the nearest folder that exists
+        if where.parent == where:
+            return []
+        where = where.parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(where), "ls-files", "-z", "--full-name", "--", str(p)],
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:  # not a git checkout, or `path` outside the one it is in
+        return []
+    return [x for x in out.stdout.decode(errors="replace").split("\0") if x]
 
 
 def _relative(path: str | Path, base: str | Path) -> str | None:

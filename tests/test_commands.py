@@ -135,9 +135,9 @@ def test_each_documented_speed_ladder_command_parses():
     from speed_ladder.__main__ import parser
 
     commands = speed_ladder_commands()
-    assert {c.split()[3] for c in commands} == {"run", "check"}
+    assert {c.split()[3] for c in commands} == {"run", "check", "publish"}
     for command in commands:  # a bad flag would exit 2 here
-        assert parser().parse_args(shlex.split(command)[3:]).command in ("run", "check")
+        assert parser().parse_args(shlex.split(command)[3:]).command in ("run", "check", "publish")
 
 
 def test_a_text_too_short_for_the_world_size_names_the_batch_that_fits(tmp_path):

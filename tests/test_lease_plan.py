@@ -3,6 +3,7 @@ durations come from the committed H200 tag, and the plan is replayed as a simula
 the lease's limits (start-up, the per-command cap, idle release between calls, the device-time
 budget, transfers), which fails when one is broken."""
 
+import json
 import os
 import statistics
 import subprocess
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from speed_ladder.ladder import Step, discover
-from speed_ladder.records import read_jsonl
+from speed_ladder.records import file_sha256, read_jsonl
 from speed_ladder.sweep import lease_costs as lc
 from speed_ladder.sweep import lease_plan as lp
 
@@ -22,6 +23,7 @@ TAG = ROOT / "results" / "nvidia-h200-x1"
 H200 = lc.KINDS["nvidia-h200"]
 LEASE, CAP, MARGIN = 900.0, 600.0, 45  # MARGIN: what gpu_session.sh keeps after a phase
 SWEEP_ROUGH_S = 86.0  # the sweep's own guess for a step it never ran (60 s + step 08's compile)
+BLIND_S = {False: 60.0, True: 120.0}  # its guess with no record at all (preflight: rough+compile)
 
 
 def wall_times() -> dict[str, float]:
@@ -59,6 +61,7 @@ def simulate(session, extra=None, factor=1.0, gaps=None, lose=None, cut=None):
     calls = [*session.calls, *([extra] if extra else [])]
     queue = [(c, i) for i, c in enumerate(calls)]
     fresh, kept = True, []  # the machine's first call: the whole set-up; kept: --resume's runs
+    informed = set()  # the folders the tag's records were resumed into
     while queue:
         call, i = queue.pop(0)
         if commands and not fresh:
@@ -68,6 +71,7 @@ def simulate(session, extra=None, factor=1.0, gaps=None, lose=None, cut=None):
                 problems.append(f"call {call.number}: a {gap:.0f} s gap: the machine went back")
                 clock += H200.start_s
         clock += lc.TRANSFER_S / 2  # the tree out; the archive back below
+        informed |= {call.out} if call.resume else set()
         t = lc.SETUP_AGAIN_S if call.again and not fresh else lc.SETUP_S
         deadline, left, stopped, fresh = call.budget - MARGIN, False, False, False
         if call.runs:
@@ -80,7 +84,12 @@ def simulate(session, extra=None, factor=1.0, gaps=None, lose=None, cut=None):
                     t += walls.get(r.step, modelled.get(r.step)) * factor / 2
                     stopped = True
                     break
-                expected = walls.get(r.step, SWEEP_ROUGH_S)
+                # the sweep's estimate: the tag's records of the step, any script version,
+                # where the folder holds them (--resume results, or its own earlier run)
+                if call.resume or call.out in informed or r.step in done:
+                    expected = walls.get(r.step, SWEEP_ROUGH_S)
+                else:
+                    expected = BLIND_S[r.compiled]
                 if t + expected > deadline:
                     left = True
                     continue
@@ -131,7 +140,7 @@ def assert_within(session, extra=None, **kw):
 
 
 WHOLE = "00,01,02,03,04,05,06,07,08,09,10,11,12,13,14"
-FITS = "09,10,11,12,13,14"  # what the plan says fits with the GPU tests: 00-08 dropped
+FITS = "09,10,11,12,13,14"  # what fits with the GPU tests where 00-08 are current: dropped
 
 
 def fitting_session(steps=FITS):
@@ -182,8 +191,7 @@ def test_the_whole_ladder_and_the_tests_do_not_fit_even_without_a_reserve(capsys
     assert [c.again for c in whole.calls] == [False, True]
     assert whole.device_seconds() == pytest.approx(946, abs=1)
     assert "does not fit: 214 s over the 900 s lease with the reserve (over it even" in out
-    assert "to fit, drop steps 00,01,02,03,04,05,06,07,08 " in out
-    assert f"the session that fits, --steps {FITS}:" in out
+    assert "to fit, drop" not in out  # no record is of the scripts as they are now
     with pytest.raises(AssertionError, match="device time"):
         assert_within(whole)  # the simulated session agrees: over the lease
     # with the peak test on a small preset (125 s) it is still over, by 21 s before the reserve
@@ -207,21 +215,93 @@ def test_the_reserve_is_a_resumed_call_not_the_whole_call_again():
     assert clock - simulate(session)[0] < session.reserve()
 
 
-def test_the_fitting_session_prints_its_exact_run_calls(capsys):
-    assert lp.main(["--steps", FITS]) == 0
+def current_tag(tmp_path, but=()):
+    """The committed tag with each record's script sha256 made the file's as it is now (as a
+    sweep of these scripts would have written it), but for the steps in `but`."""
+    files = {s.num: file_sha256(s.path) for s in discover()}
+    lines = []
+    for r in read_jsonl(TAG / "runs.jsonl"):
+        if r["step"] not in but:
+            r["sweep"]["script_sha256"] = r["script_sha256"] = files[r["step"]]
+        lines.append(json.dumps(r))
+    (tmp_path / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def test_a_record_of_another_version_of_the_script_is_not_current(tmp_path):
+    """Commit 870e67d changed every step file: the H200 records give durations, not results."""
+    recs = read_jsonl(TAG / "runs.jsonl")
+    assert not any(r.current for r in runs(recs=recs))  # durations measured, no step current
+    assert sum(r.source == "measured" for r in runs(recs=recs)) == 13
+    step = next(s for s in discover() if s.num == "05")
+    copy = tmp_path / step.path.name
+    copy.write_bytes(step.path.read_bytes())
+    mine = Step("05", copy, step.title, step.distributed)  # a ladder of this copy
+    rec = json.loads(json.dumps(next(r for r in recs if r["step"] == "05")))
+    rec["sweep"]["script_sha256"] = file_sha256(copy)  # a record of this very file
+    assert lc.is_current(mine, [rec], H200) and lc.run_seconds(mine, [rec], H200).current
+    assert not lc.is_current(mine, [rec], lc.KINDS["nvidia-h100-x1"])  # another GPU's
+    other = json.loads(json.dumps(rec))
+    other["sweep"]["config"]["preset"] = "gpt2-medium"
+    assert not lc.is_current(mine, [other], H200)  # another configuration
+    copy.write_text(copy.read_text() + "# changed\n")  # the file changes: the record is old
+    assert not lc.is_current(mine, [rec], H200)
+    assert lc.run_seconds(mine, [rec], H200).source == "measured"  # its duration still counts
+
+
+def test_a_current_record_counts_as_measured_and_can_be_dropped(tmp_path, capsys):
+    assert lp.main(["--results", str(current_tag(tmp_path))]) == 1
+    out = capsys.readouterr().out
+    assert "to fit, drop steps 00,01,02,03,04,05,06,07,08 " in out and "leases" not in out
+    assert f"the session that fits, --steps {FITS}:" in out
+    assert f"--resume results --steps {FITS} --no-tests --budget 530" in out
+    # step 05 of another version: it is run again, never dropped
+    assert lp.main(["--results", str(current_tag(tmp_path, but=("05",)))]) == 1
+    out = capsys.readouterr().out
+    drop = out.split("to fit, drop steps ")[1].split(" ")[0].split(",")
+    assert "05" not in drop and "05=" in out.split("the session that fits")[1]
+
+
+def two_leases():
+    leases = lp.split(runs(), lc.TESTS_S, H200, LEASE, CAP, resume=True)
+    return leases, lp.extra_call(leases[-1], runs("08,09"), 2, CAP)
+
+
+def test_the_whole_ladder_and_the_tests_split_into_two_leases_that_each_fit(capsys):
+    (a, b), extra = two_leases()
+    assert [c.steps() for c in a.calls] == [WHOLE[:35], ""] and a.calls[1].tests
+    assert [c.steps() for c in b.calls] == ["12,13,14"] and not any(c.tests for c in b.calls)
+    assert [c.number for c in [*a.calls, *b.calls, extra]] == [1, 2, 3, 4]
+    assert a.calls[0].resume and b.calls[0].resume  # A: the tag's durations, B: A's records too
+    assert a.fits() and b.fits() and extra is not None and extra.steps() == "08,09"
+    assert a.device_seconds() + a.reserve() == pytest.approx(850, abs=1)
+    assert a.device_seconds(worst=True) == pytest.approx(890, abs=1)  # each call to its budget
+    assert_within(a)
+    assert_within(a, cut=(1, "11"))  # cut mid-way through A's longest run: resumed, still fits
+    assert_within(a, factor=1.1)
+    assert_within(b, extra)
+    assert_within(b, cut=(3, "14"))
+    with pytest.raises(AssertionError, match="device time"):  # one session of both: over
+        assert_within(lp.Session([*a.calls, *b.calls], H200, LEASE))
+    assert lp.main([]) == 1
     out = capsys.readouterr().out.splitlines()
-    fits = "fits: the session and the reserve to finish a cut call within the 15-minute lease"
-    assert fits in out
-    calls = [line for line in out if line.startswith("run(")]
-    assert len(calls) == 2 and out[-1] == "give_back()"
-    first, tests = calls
-    assert 'kind="nvidia-h200"' in first and "carry=['.carry']" in first
-    assert f"--resume results --steps {FITS} --no-tests --budget 530 --no-cache-pack" in first
-    assert "SPEED_LADDER_HOST_ID=h200-lease" in first  # one pool with the committed records
-    assert "/tmp/s " in tests and "--no-sweep --budget 240 --no-cache-pack" in tests
+    assert (
+        "current in results/nvidia-h200-x1 (an ok NVIDIA H200 record of the file's sha256 now, "
+        "gpt2-124m): no step; nothing can be left out"
+    ) in out
+    assert "2 leases (sessions of their own, 15 minutes each):" in out
+    assert f"lease A: --steps {WHOLE[:35]}, then the GPU tests:" in out
+    assert "lease B: --steps 12,13,14 (once lease A's records are committed to " in "\n".join(out)
+    calls = [line.strip() for line in out if line.strip().startswith("run(")]
+    assert len(calls) == 4 and sum(line.strip() == "give_back()" for line in out) == 2
+    # --budget 560: room for the sweep's own estimate of 11 (86 s, no record) after 00-10
+    assert f"--resume results --steps {WHOLE[:35]} --no-tests --budget 560" in calls[0]
+    assert "--resume" not in calls[1] and "/tmp/s --" in calls[1]  # the same folder, warm
+    assert "--no-sweep --budget 240" in calls[1]
+    assert "--resume results --steps 12,13,14 --no-tests --budget 340" in calls[2]
+    assert "/tmp/e " in calls[3] and "--steps 08,09 --repeats 2 --no-control" in calls[3]
     for line in calls:
-        command = line.split('command="', 1)[1].rstrip('")')
-        assert len(command) <= 2000
+        assert len(line.split('command="', 1)[1].rstrip('")')) <= 2000
         assert int(line.split("timeout_s=")[1].split(",")[0]) <= CAP
 
 

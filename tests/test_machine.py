@@ -6,13 +6,12 @@ machines cloned from one image: a Zen 3 without native bf16 and a Zen 4 with it 
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from clone import fresh_clone, git_status
 from conftest import ROOT
 
 from speed_ladder import machine
@@ -139,33 +138,20 @@ def test_records_from_before_the_new_fingerprint_keep_the_old_rule(cpu_as):
     assert len(foreign(recs, machine.fingerprint("cpu"))) == len(recs)
 
 
-def _copy_checkout(dest: Path) -> None:
-    """The tracked files as they are in the working tree, committed in a new repository: a
-    fresh clone of this change."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")  # fmt: skip
-    for rel in filter(None, files):
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "clone"], cwd=dest, check=True)
-
-
-def test_a_sweep_writes_only_its_own_tag_folder_and_never_into_another_machines_records(tmp_path):
+def test_a_fresh_clone_on_the_committed_zen4_writes_its_own_folder_and_no_tracked_file(
+    tmp_path,
+):
     """A fresh clone on a simulated Zen 4 (the CPU of the committed `...-m17-bf16-2c-x1` records,
-    and this host's /etc/machine-id) writes one folder, `<tag>-x1` or `<tag>-<6 hex>-x1`, and no
-    other tag's. Which one depends on this host and torch version: where `<tag>-x1` is new or
-    holds only this machine's records (the same fingerprint, torch version included) the sweep
-    appends there, leaving the committed lines as they were; where it holds another machine's,
-    it uses the suffixed folder and no tracked file changes at all."""
-    clone = tmp_path / "clone"
-    _copy_checkout(clone)
+    and this host's /etc/machine-id): the sweep writes results/local/<tag>-x1/, which git
+    ignores, and nothing else: `git status` stays clean and the committed folder of its kind
+    keeps every byte (issue 29: it used to append there, on a machine that matched it). Its
+    closing table sets its tok/s beside that committed tag's, named as the same hardware."""
+    clone = fresh_clone(tmp_path / "clone")
     info = tmp_path / "cpuinfo"
     info.write_text(ZEN4)
+    base = f"cpu-amd-epyc-f25-m17-bf16-{os.cpu_count()}c"
+    committed = clone / "results" / f"{base}-x1"
+    before = {p: p.read_bytes() for p in (clone / "results").rglob("*") if p.is_file()}
     env = {**os.environ, machine.CPUINFO_ENV: str(info), "SPEED_LADDER_CHECK_S": "0"}
     proc = subprocess.run(
         [sys.executable, "-m", "speed_ladder", "run", "--ladder-dir", FIXTURES / "ladder_ok",
@@ -173,29 +159,16 @@ def test_a_sweep_writes_only_its_own_tag_folder_and_never_into_another_machines_
         cwd=clone, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    git_status = ["git", "status", "--porcelain", "--untracked-files=all"]
-    status = subprocess.run(git_status, cwd=clone, capture_output=True, text=True).stdout
-    changed = [line[3:] for line in status.splitlines()]
-    base = f"results/cpu-amd-epyc-f25-m17-bf16-{os.cpu_count()}c"
-    folders = {re.match(rf"{re.escape(base)}(-[0-9a-f]{{6}})?-x1/", p) for p in changed}
-    assert changed and None not in folders, status  # only this machine's tag's folders
-    (folder,) = {m.group(0) for m in folders}  # and one of them
-    assert folder + "runs.jsonl" in changed
-
-    def committed(rel):  # the lines of `rel` in the clone's commit; [] where it has none
-        show = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=clone, capture_output=True,
-                              text=True)  # fmt: skip
-        return show.stdout.splitlines() if show.returncode == 0 else []
-
-    before = committed(folder + "runs.jsonl")
-    after = (clone / folder / "runs.jsonl").read_text().splitlines()
-    assert after[: len(before)] == before and len(after) > len(before)
-    (fp,) = {json.dumps(json.loads(line)["sweep"]["machine"]) for line in after[len(before) :]}
-    fp = json.loads(fp)
-    if folder == f"{base}-x1/":  # appended to its own tag: no committed record is another's
-        assert not foreign([json.loads(line) for line in before], fp)
-    else:  # the tag's folder holds another machine's records: this machine's own, all new
-        assert folder == f"{base}-{machine.short_id(fp)}-x1/"
-        others = foreign([json.loads(line) for line in committed(f"{base}-x1/runs.jsonl")], fp)
-        assert others and "holds another machine's records" in proc.stdout
-        assert all(line.startswith("?? ") for line in status.splitlines()), status
+    assert git_status(clone) == ""
+    after = {p: p.read_bytes() for p in (clone / "results").rglob("*") if p.is_file()}
+    mine = clone / "results" / "local" / f"{base}-x1"
+    assert {p for p in after if p not in before} == {p for p in after if mine in p.parents}
+    assert all(after[p] == b for p, b in before.items())  # not one committed byte changed
+    recs = [json.loads(line) for line in (mine / "runs.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == ["00", "01"]
+    assert {r["sweep"]["tag"] for r in recs} == {f"{base}-x1"}
+    if committed.is_dir():  # a 2-core machine: the committed tag of this very hardware
+        assert f"this machine against results/{base}-x1 (the same hardware" in proc.stdout
+    else:
+        assert "this machine against results/" in proc.stdout
+    assert (mine / "vs_committed.csv").is_file()

@@ -18,6 +18,9 @@ ch05/10, results/reference/published_a100_ladder.csv) are drawn in their own gre
 panel, labelled as such: they are not this project's measurements. The README's table between
 `<!-- results:begin -->` and `<!-- results:end -->` is regenerated from the same summaries, and
 LADDER.md beside it (ladder_page.py: each step's change, why, cost and measured effect).
+A tag folder in results/local/ (this machine's own, from `python -m speed_ladder run`) gets
+its charts only: it never enters the README, LADDER.md or results/comparison.png until
+`python -m speed_ladder publish` adds it to results/.
 Headless: matplotlib's Agg backend, no display needed.
 """
 
@@ -35,7 +38,7 @@ from speed_ladder.errors import (
     os_error_line,
     warn,
 )
-from speed_ladder.files import ROOT
+from speed_ladder.files import LOCAL_RESULTS, ROOT, is_within
 from speed_ladder.report.charts import CHARTS, plot_tag
 from speed_ladder.report.comparison_chart import plot_comparison
 from speed_ladder.report.gain_chart import GAIN_CHART, plot_gains
@@ -181,12 +184,19 @@ def _main(argv=None) -> int:
     for t in tags:  # every summary readable, every output writable, before anything is drawn
         read_summary(t)
         outputs.check_dir(t, "results folder")
-    if not args.no_readme and Path(args.readme).exists():  # a missing README is only a warning
+    local = [t for t in tags if is_within(t, LOCAL_RESULTS)]  # this machine's own: charts only
+    tags = [t for t in tags if t not in local]
+    readme = not args.no_readme and bool(tags)
+    if readme and Path(args.readme).exists():  # a missing README is only a warning
         outputs.check_file(args.readme, "--readme")
         outputs.check_file(Path(args.readme).parent / PAGE, "the ladder page")
-    for path in draw_charts(tags):
+    for path in draw_charts(local, []) + (draw_charts(tags) if tags else []):
         print(f"wrote {path}")
-    if not args.no_readme and update_readme(Path(args.readme), tags):
+    if local:
+        print(f"{', '.join(str(t) for t in local)}: this machine's own results (not committed): "
+              "charts only, never the README, LADDER.md or results/comparison.png; `python -m "
+              "speed_ladder publish` adds them to results/")  # fmt: skip
+    if readme and update_readme(Path(args.readme), tags):
         print(f"updated the results table in {args.readme}")
         page = write_page(Path(args.readme).parent / PAGE, tags)
         print(f"wrote {page}")

@@ -6,7 +6,7 @@ import signal
 import sys
 
 from speed_ladder.errors import UserError, broken_pipe, is_environment_os_error, os_error_line
-from speed_ladder.files import RESULTS
+from speed_ladder.files import LOCAL_RESULTS
 from speed_ladder.flags import add_step_flags, positive
 from speed_ladder.presets import check_name
 from speed_ladder.store import RUNS
@@ -32,8 +32,11 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
         help="run the ladder's steps, record and summarize them",
         description="Run every step of the ladder (00_orig.py, steps/NN_*.py) in rounds, each "
         "run in its own process (distributed steps through torchrun), and write "
-        "results/<tag>/runs.jsonl (one record per run), results/<tag>/summary.csv and the "
-        "charts. On N GPUs (or --nproc N) every step runs on one process in the <tag>-x1 "
+        "results/local/<tag>/runs.jsonl (one record per run), summary.csv and the charts "
+        "there (git ignores results/local/; the committed results/<tag>/ folders are never "
+        "written by a run), and close with this machine's tok/s beside the committed tag of "
+        "the same hardware, else the closest; `python -m speed_ladder publish` adds them to "
+        "results/. On N GPUs (or --nproc N) every step runs on one process in the <tag>-x1 "
         "folder and the distributed steps again on N in <tag>-xN. On the GPU presets each step "
         "runs 10 warm-up and 50 timed steps (presets.SWEEP_LENGTH; --warmup-steps and "
         "--max-steps override), not its full epochs. A rerun skips steps that "
@@ -100,9 +103,10 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--results-dir",
-        default=str(RESULTS),
+        default=str(LOCAL_RESULTS),
         metavar="DIR",
-        help="where the <tag> folders go (default: results/ in the repository)",
+        help="where the <tag> folders go (default: results/local/ in the repository, which "
+        "git ignores); a folder git tracks is refused",
     )
     p.add_argument(
         "--tag",

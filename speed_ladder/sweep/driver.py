@@ -1,5 +1,12 @@
 """`python -m speed_ladder run`: the ladder's steps in rounds, each run in its own process, recorded
-in `results/<tag>/` (the tag names the hardware), one sweep per tag folder at a time.
+in `results/local/<tag>/` (the tag names the hardware; git ignores results/local/), one sweep per
+tag folder at a time.
+
+- **Committed results are reference data.** A run never writes a folder git tracks (the
+  committed results/<tag>/, or any with --results-dir): that is one error line. It closes with
+  this machine's tok/s beside the committed tag of the same hardware, else the closest
+  (report/committed.py); `python -m speed_ladder publish` (report/publish.py) adds its folder to
+  results/ after `check`.
 
 - **Passes.** Every chosen step runs on one process (distributed steps through torchrun with
   one process) in `<hardware>-x1`; on N GPUs (or with --nproc N) the distributed steps run again
@@ -35,7 +42,7 @@ in `results/<tag>/` (the tag names the hardware), one sweep per tag folder at a 
   batch rule on this GPU, bf16) with the function every step resolves them with, so what it
   predicts and plans is the run the step does. Its types (Plan, Pass, Job) are plan.py's.
 
-`results/<tag>/summary.csv` is rewritten atomically after every run. How the records survive a
+`<tag>/summary.csv` is rewritten atomically after every run. How the records survive a
 kill is in store.py; how one run is launched and recorded, in launch.py.
 """
 
@@ -50,13 +57,14 @@ from types import SimpleNamespace
 
 from speed_ladder import machine, outputs
 from speed_ladder.errors import UserError
-from speed_ladder.files import ROOT
+from speed_ladder.files import LOCAL_RESULTS, ROOT, portable_path, shown, tracked
 from speed_ladder.flags import child_argv
 from speed_ladder.ladder import discover, expected_steps, parse_steps, processes_suffix
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.device import resolve as resolve_torch_device
 from speed_ladder.measure.gpus import bf16_for
 from speed_ladder.records import file_sha256
+from speed_ladder.report import committed
 from speed_ladder.report import redraw as report
 from speed_ladder.report.rows import pooled_text
 from speed_ladder.report.summary import SUMMARY, format_table
@@ -147,7 +155,16 @@ def run_spec(values: dict, device_type: str) -> RunSpec:
 # ---------------------------------------------------------------- the plan
 def check_outputs(tag_dir: Path) -> None:
     """Before any step runs: the tag folder (and --results-dir) can be made and written, and
-    runs.jsonl and summary.csv in it, where they exist, are files that can be written."""
+    runs.jsonl and summary.csv in it, where they exist, are files that can be written, and git
+    tracks nothing in it (committed results are reference data, never written by a run)."""
+    held = tracked(tag_dir)
+    if held:
+        raise UserError(
+            f"{tag_dir} holds files git tracks ({held[0]}{', ...' if len(held) > 1 else ''}): "
+            "committed results are reference data, never written by a run; leave out "
+            f"--results-dir (this machine's go to {portable_path(LOCAL_RESULTS)}/), and `python "
+            "-m speed_ladder publish` adds them to results/"
+        )
     try:
         outputs.check_dir(tag_dir, "results folder")
     except UserError as e:  # e.g. results/ in a read-only checkout
@@ -258,8 +275,20 @@ def _draw_charts(tag_dir: Path) -> None:
         )
 
 
+def _compare(tag_dir: Path, df) -> None:
+    """This tag's tok/s beside the committed tag of the same hardware, else the closest
+    (report/committed.py); a failure is only a warning."""
+    try:
+        print(committed.compare(tag_dir, df), flush=True)
+    except BrokenPipeError:
+        raise
+    except (UserError, ValueError, KeyError, OSError) as e:
+        print(f"warning: no comparison with the committed results ({e})", file=sys.stderr)
+
+
 def sweep(args) -> int:
-    """Run the plan's rounds, then print each tag's summary and the closing status lines: the
+    """Run the plan's rounds, then print each tag's summary, its comparison with the committed
+    results (report/committed.py) and the closing status lines: the
     runs --budget left, `parity off: step NN (...)` for a chosen step whose losses left the
     previous step's beyond tests/loss_parity.json's rule (summary `parity`, parity.py), and
     `failed: ...`. Exit code: 1 when a step failed, else BUDGET_EXIT (3) when runs were left,
@@ -285,13 +314,14 @@ def sweep(args) -> int:
     for ps in p.passes:
         df = dfs[ps.tag]
         print()
-        print(f"summary ({ps.tag_dir / SUMMARY}):")
+        print(f"summary ({shown(ps.tag_dir / SUMMARY)}):")
         print(format_table(df), flush=True)
         pooled = pooled_text(df.to_dict("records"))
         if pooled:
             print(pooled, flush=True)
         if not args.no_plots:
             _draw_charts(ps.tag_dir)
+        _compare(ps.tag_dir, df)
         chosen = {s.num for s in ps.steps}
         failed += [
             f"step {r['step']} ({r['status']}{', ' + ps.tag if len(p.passes) > 1 else ''})"
@@ -306,8 +336,10 @@ def sweep(args) -> int:
             for r in df.to_dict("records")
             if r["step"] in chosen and r.get("parity") == "off"
         ]
-    if not args.no_plots:
-        print("python plot_results.py redraws the comparison of all tags and the README table")
+    if Path(args.results_dir).resolve() == LOCAL_RESULTS.resolve():
+        print(f"these results are this machine's own ({LOCAL_RESULTS.name}/, which git ignores); "
+              "`python -m speed_ladder publish` checks them and adds them to results/, the "
+              "README and LADDER.md")  # fmt: skip
     if left:
         print(f"not run, --budget {budget:g} s ran out: {', '.join(labels(p, left))}; the same "
               "command resumes with them", file=sys.stderr)  # fmt: skip

@@ -51,6 +51,12 @@ Not measured, and said so where the plan prints them:
   back), `GAP_S` 30 s between calls (the most that keeps the machine), `CLOSE_S` 10 s for
   give_back; `PROFILE_S` 4.5 s a run that --no-profile would save (sweep.log: "profile analysed
   in 0.7-4.6 s", 3 profiled steps, the profiler's start).
+- **current** (what a plan may leave out and resume): a step whose committed record is an ok sweep
+  run of the file as it is now (`sweep.script_sha256` == records.file_sha256, as the summary
+  matches records), of the lease's configuration (`LEASE_CONFIG`: gpt2-124m, the sweep's length,
+  the carried text, the seed; nproc aside) on this kind's GPU, one of them. A record of another
+  version of the script still gives the step's duration, but the step must run again: commit
+  870e67d changed every step file, so no 2026-11-27 record is current.
 - the H100 (`nvidia-h100-x1`): no run measured there. Its start-up is taken as 90 s (the device
   tool's README: a cold start takes "a minute or more", and a start that fails costs 1-2
   minutes); its runs as 1.2x the H200's (the same bf16 rate, 798 vs 788 TFLOP/s measured by the
@@ -62,7 +68,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speed_ladder.errors import UserError
-from speed_ladder.records import read_jsonl
+from speed_ladder.records import file_sha256, read_jsonl
+from speed_ladder.spec import config_of
 from speed_ladder.sweep import preflight
 
 BETWEEN_RUNS_S = 1.0
@@ -83,6 +90,11 @@ ASSUMED_RUN_S = 90.0
 MID_EVAL_SKIPPED = True  # measure/run.py: a measuring run evaluates at its end only
 EVAL_FORWARDS = 2 * 5  # train and val, gpt2-124m's eval_iters
 EAGER_OVER_COMPILED = 1.75  # step 07's 46.7 ms a step against step 08's 26.8 ms
+# a lease's sweep (lease_plan.FLAGS: the carried text; presets.SWEEP_LENGTH; the default seed)
+LEASE_CONFIG = {"device": "cuda", "preset": "gpt2-124m", "max_steps": 60, "warmup_steps": 10,
+                "data": ".carry/middlemarch.txt", "seed": 123}  # fmt: skip
+# the sweep's own estimate of a run with no record (preflight: 60 s, step 08's compile measured)
+SWEEP_GUESS_S = 86.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,8 @@ class Run:
     source: str  # measured, modelled or assumed
     compiled: bool = False
     why: str = ""
+    current: bool = False  # a committed record of the file as it is now (is_current)
+    expected: float = SWEEP_GUESS_S  # what the sweep expects of it (its --budget's start check)
 
     @property
     def mark(self) -> str:
@@ -145,7 +159,7 @@ def run_seconds(step, recs: list, kind: Kind, profile: bool = True) -> Run:
     compiled = step.compiled
     took = _own(step, recs)
     if took is not None:
-        run = Run(step.num, took, "measured", compiled)
+        run = Run(step.num, took, "measured", compiled, expected=took)
     elif step.lease and (base := _base(step, recs)) is not None:
         like, factor = step.lease["like"], step.lease["factor"]
         run = Run(step.num, base * factor, "modelled", compiled,
@@ -159,7 +173,23 @@ def run_seconds(step, recs: list, kind: Kind, profile: bool = True) -> Run:
         run.seconds -= mid_eval_s(step, recs, compiled) * kind.factor
     if not profile:
         run.seconds = max(1.0, run.seconds - PROFILE_S)
+    run.current = is_current(step, recs, kind)
     return run
+
+
+def is_current(step, recs: list, kind: Kind) -> bool:
+    """Whether `step` is measured as it is now: an ok record of the file's sha256, the lease's
+    configuration and this kind's GPU (one); a record of another version of the script is not."""
+    sha = file_sha256(step.path)
+    for r in recs:
+        sw, machine = r.get("sweep") or {}, (r.get("sweep") or {}).get("machine") or {}
+        config = {k: v for k, v in (config_of(r) or {}).items() if k != "nproc"}
+        if (r.get("step") == step.num and r.get("status") == "ok"
+                and sw.get("script_sha256") == sha and config == LEASE_CONFIG
+                and machine.get("device_name") == kind.gpu
+                and machine.get("device_count") == 1):  # fmt: skip
+            return True
+    return False
 
 
 def mid_eval_s(step, recs: list, compiled: bool) -> float:

@@ -15,13 +15,18 @@ call's pack: finished runs are kept and skipped, only the tests that did not fin
 rerun is a fresh machine's start-up, one call's set-up and the longest single run (or test) that was
 in flight, not the whole call. A machine lost mid-call returns nothing: that call's work is lost
 whole, which no reserve in a 15-minute lease covers; the plan says how much is at stake. Where it
-does not fit, the plan says by how much, and what to drop: the steps the tag already measured
-(`--results`), the eager ones first, then the compiled ones, until it fits; their records stay in
-the summary with `--resume results`. Then, **if time is left** (the reserve not spent), an extra
+does not fit, the plan says by how much, and what to drop: the steps the tag holds **current**
+records of (lease_costs.is_current: the file's sha256 now, the lease's configuration, this kind's
+GPU), the eager ones first, then the compiled ones, until it fits; their records stay in the
+summary with `--resume results`. A record of another version of a step's script gives only its
+duration. When dropping those is not enough, the smallest split into leases (sessions of their
+own): in ladder order, the first lease the most steps that fit with the tests, each later one the
+most that fit, resumed on the results committed before it. Then, **if time is left** (the reserve
+not spent), an extra
 call: `--extra` steps (08,09) for `--extra-rounds` 2 rounds in a fresh folder, so that one machine
-measures both twice (08 and 09 are host-bound at batch 8: one round cannot tell them apart). Exit 0
-when the session asked for fits, 1 when it does not (the plan that fits is printed after it), 2 on
-bad input.
+measures both twice (08 and 09 are host-bound at batch 8: one round cannot tell them apart), in the
+last lease. Exit 0 when the session asked for fits, 1 when it does not (the plan that fits is
+printed after it), 2 on bad input.
 """
 
 import argparse
@@ -60,9 +65,16 @@ class Call:
 
     @property
     def budget(self) -> int:
-        """gpu_session.sh's --budget: the work before the summary x SLACK, the 45 s it keeps
-        after the last phase (the summary and pack), and the 20 s it keeps to stop the tests."""
-        work = (self.seconds - lc.END_LEAN_S) * SLACK + KEPT_S + (TESTS_KILL_S if self.tests else 0)
+        """gpu_session.sh's --budget: the work before the summary x SLACK, or more where the
+        sweep's start check needs it (each run's estimate, Run.expected, within --budget less
+        KEPT_S, the runs before it SLACK times slower), the 45 s it keeps after the last phase
+        (the summary and pack), and the 20 s it keeps to stop the tests."""
+        t = need = (lc.SETUP_AGAIN_S if self.again else lc.SETUP_S) + lc.SWEEP_START_S
+        for r in self.runs:
+            need = max(need, t + r.expected)
+            t += r.seconds * SLACK + lc.BETWEEN_RUNS_S
+        work = max((self.seconds - lc.END_LEAN_S) * SLACK, need)
+        work += KEPT_S + (TESTS_KILL_S if self.tests else 0)
         return int(math.ceil(work / 10) * 10)
 
     @property
@@ -158,9 +170,10 @@ def plan(
 
 
 def drops(runs: list, tests: float, kind, lease, cap) -> tuple[list, Session | None]:
-    """(the steps dropped, the session that then fits): measured steps, the eager ones first,
-    then the compiled ones, each in ladder order; (all measured, None) when nothing fits."""
-    measured = [r for r in runs if r.source == "measured"]
+    """(the steps dropped, the session that then fits): current steps (lease_costs.is_current),
+    the eager ones first, then the compiled ones, each in ladder order; (all of them, None) when
+    nothing fits."""
+    measured = [r for r in runs if r.current]
     order = [r for r in measured if not r.compiled] + [r for r in measured if r.compiled]
     dropped: list = []
     for run in order:
@@ -172,12 +185,30 @@ def drops(runs: list, tests: float, kind, lease, cap) -> tuple[list, Session | N
     return dropped, None
 
 
+def split(runs: list, tests: float, kind, lease, cap, resume: bool) -> list[Session] | None:
+    """The fewest leases in ladder order, each the most steps that fit (the first with the tests,
+    a later one resumed on those before it, committed); None when one step does not fit."""
+    leases: list[Session] = []
+    while runs:
+        tests_here = 0.0 if leases else tests  # the tests in the first lease
+        first = leases[-1].calls[-1].number + 1 if leases else 1
+        for k in range(len(runs), 0, -1):
+            calls = pack(runs[:k], tests_here, cap, first, resume=resume or bool(leases))
+            if (session := Session(calls, kind, lease)).fits():
+                break
+        else:
+            return None
+        leases.append(session)
+        runs = runs[k:]
+    return leases
+
+
 def extra_call(session: Session, runs: list, rounds: int, cap: float) -> Call | None:
     """The extra call, if time is left after the session (its reserve unspent)."""
     if not runs:
         return None
     call = Call(
-        len(session.calls) + 1,
+        session.calls[-1].number + 1 if session.calls else 1,
         [r for _ in range(rounds) for r in runs],
         out="/tmp/e",
         rounds=rounds,
@@ -238,9 +269,12 @@ def report(a, runs: list, kind: lc.Kind, source: str) -> tuple[list[str], bool]:
     marks = {r.mark: r.why for r in runs if r.mark}
     out += [f"  {m} {why}" for m, why in marks.items()]
     asked = {r.step for r in runs}
-    resume = any(r.get("step") not in asked and r.get("status") == "ok" for r in a.measured)
+    # --resume results: current records of steps not run stay in the summary, and every record
+    # of this kind (any script version) gives the sweep its estimates: without them it expects
+    # 60 s an eager run and 120 s a compiled one, and leaves the last runs of a call undone
+    resume = bool(a.current - asked) or any(r.get("status") == "ok" for r in a.measured)
     session = plan(runs, a.tests, kind, a.lease, a.cap, resume=resume and kind.factor == 1.0)
-    extra_runs = [r for r in extras(a, kind)]
+    extra_runs = extras(a, kind)
     extra = extra_call(session, extra_runs, a.extra_rounds, a.cap) if session.fits() else None
     out += describe(session, extra)
     if session.fits():
@@ -264,11 +298,7 @@ def report(a, runs: list, kind: lc.Kind, source: str) -> tuple[list[str], bool]:
         return out, False
     dropped, fitting = drops(runs, a.tests, kind, a.lease, a.cap)
     if fitting is None:
-        out.append(
-            "it does not fit with only the steps not measured either: fewer --steps, "
-            "or a shorter --tests"
-        )
-        return out, False
+        return out + leases(a, runs, kind, resume), False
     nums = ",".join(r.step for r in dropped)
     out.append(
         f"to fit, drop steps {nums} (measured in {rel(a.results)}: --resume results keeps "
@@ -279,6 +309,32 @@ def report(a, runs: list, kind: lc.Kind, source: str) -> tuple[list[str], bool]:
     out += ["  " + line for line in describe(fitting, extra)]
     out += ["calls:", *run_calls(fitting, extra)]
     return out, False
+
+
+def leases(a, runs: list, kind: lc.Kind, resume: bool) -> list[str]:
+    """The split into leases, when dropping the current steps does not make one fit."""
+    now = [r.step for r in runs if r.current]
+    out = [
+        f"current in {rel(a.results)} (an ok {kind.gpu} record of the file's sha256 now, "
+        f"{lc.LEASE_CONFIG['preset']}): {','.join(now) or 'no step'}; "
+        + ("leaving those out is not enough" if now else "nothing can be left out")
+    ]
+    todo = [r for r in runs if not r.current]
+    sessions = split(todo, a.tests, kind, a.lease, a.cap, resume)
+    if sessions is None:
+        return out + ["a step does not fit a lease even alone: a shorter --tests, or --lease"]
+    names = "ABCDEFGH"
+    out.append(f"{len(sessions)} leases (sessions of their own, {a.lease / 60:.0f} minutes each):")
+    for i, session in enumerate(sessions):
+        last = i == len(sessions) - 1
+        extra = extra_call(session, extras(a, kind), a.extra_rounds, a.cap) if last else None
+        steps = ",".join(r.step for c in session.calls for r in c.runs)
+        head = f"lease {names[i]}: --steps {steps}" + (", then the GPU tests" if i == 0 else "")
+        if i:  # --resume results: the checkout's results/, the leases before it committed there
+            head += f" (once lease {names[i - 1]}'s records are committed to {rel(a.results)}/)"
+        out += [head + ":", *("  " + line for line in describe(session, extra))]
+        out += ["  calls:", *("  " + line for line in run_calls(session, extra))]
+    return out
 
 
 def rel(path: Path) -> str:
@@ -300,36 +356,20 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument(
-        "--kind",
-        default="nvidia-h200",
-        choices=list(lc.KINDS),
-        help="the lent machine (lease_costs.KINDS: its start-up and speed)",
-    )
+    ap.add_argument("--kind", default="nvidia-h200", choices=list(lc.KINDS),
+                    help="the lent machine (lease_costs.KINDS)")  # fmt: skip
     ap.add_argument("--lease", type=float, default=900.0, help="device seconds a session")
     ap.add_argument("--cap", type=float, default=600.0, help="seconds a command at most")
     ap.add_argument("--steps", default="all", help="the ladder's steps in this session")
-    ap.add_argument(
-        "--tests",
-        type=float,
-        default=lc.TESTS_S,
-        help="expected seconds of the fast GPU tests after the sweep (0: none)",
-    )
+    ap.add_argument("--tests", type=float, default=lc.TESTS_S,
+                    help="expected seconds of the fast GPU tests (0: none)")  # fmt: skip
     ap.add_argument("--extra", default=EXTRA, help="steps of the extra call ('' for none)")
     ap.add_argument("--extra-rounds", type=int, default=2, help="its rounds")
-    ap.add_argument(
-        "--no-profile",
-        dest="profile",
-        action="store_false",
-        help="the sweep without --profile (each run ~4.5 s shorter, an estimate)",
-    )
+    ap.add_argument("--no-profile", dest="profile", action="store_false",
+                    help="no --profile (each run ~4.5 s shorter, an estimate)")  # fmt: skip
     ap.add_argument("--slower", type=float, default=1.0, help="every run this many times slower")
-    ap.add_argument(
-        "--results",
-        type=Path,
-        default=None,
-        help="the tag folder of measured durations (default: the kind's, results/)",
-    )
+    ap.add_argument("--results", type=Path, default=None,
+                    help="the tag folder of durations (default: the kind's)")  # fmt: skip
     a = ap.parse_args(argv)
     try:
         if min(a.lease, a.cap, a.slower) <= 0 or a.tests < 0 or a.extra_rounds < 1:
@@ -340,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         a.results = a.results or RESULTS / kind.tag
         a.measured, source = lc.measured(a.results, rel(a.results))
         a.ladder = discover()
+        a.current = {s.num for s in a.ladder if lc.is_current(s, a.measured, kind)}
         runs = [
             lc.run_seconds(s, a.measured, kind, a.profile) for s in parse_steps(a.steps, a.ladder)
         ]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speed_ladder import machine
+from speed_ladder.files import shown
 from speed_ladder.measure import cpu_load
 from speed_ladder.measure.profile import profiled_runs
 from speed_ladder.records import append_jsonl, read_jsonl
@@ -69,7 +70,7 @@ def _start(p: Plan, force: bool) -> Progress:
             estimate[job] = (max(estimate[job][0], cut * CUT_FACTOR), True)  # more than that
     prog = Progress(done, {j: s for j, (s, _) in estimate.items()})
     todo = [estimate[j] for j in prog.left(p.repeats) for _ in range(p.repeats - done[j])]
-    tags = ", ".join(str(ps.tag_dir) for ps in p.passes)
+    tags = ", ".join(shown(ps.tag_dir) for ps in p.passes)
     print(
         f"sweep {' + '.join(ps.tag for ps in p.passes)}: {len(p.jobs)} step run(s) per round, "
         f"{len(todo)} run(s) to do in {p.repeats} round(s); results in {tags}",

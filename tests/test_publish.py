@@ -1,0 +1,163 @@
+"""python -m speed_ladder publish: the one act that adds this machine's results to results/.
+Everything in tmp_path: a local folder (as results/local/ would hold it) of committed records of
+steps 00-01 with their scripts pinned to HEAD, a results folder and a README of their own; the
+real results/ is never touched."""
+
+import copy
+import hashlib
+import json
+import subprocess
+
+import pytest
+from conftest import ROOT
+
+from speed_ladder import ladder, machine
+from speed_ladder.report import check, publish, redraw
+from speed_ladder.report.summary import rebuild, write_summary
+
+TEMPLATES = ROOT / "results" / "cpu-amd-epyc-2c-x1" / "runs.jsonl"
+README = "# Title\n\n<!-- results:begin -->\nold table\n<!-- results:end -->\n"
+
+
+@pytest.fixture(scope="module")
+def records():
+    """The committed records of steps 00 and 01, measuring HEAD's scripts (as check wants)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout: the script check needs one")
+    out = []
+    for line in TEMPLATES.read_text().splitlines():
+        r = json.loads(line)
+        if r["step"] in ("00", "01"):
+            blob = subprocess.run(["git", "show", f"HEAD:{r['script']}"], cwd=ROOT,
+                                  capture_output=True, check=True).stdout  # fmt: skip
+            r["git_sha"] = head.stdout.strip()
+            r["script_sha256"] = r["sweep"]["script_sha256"] = hashlib.sha256(blob).hexdigest()
+            r["sweep"].pop("command")
+            out.append(r)
+    return out
+
+
+def make_tag(folder, records, name="box-x1", edit=None):
+    recs = copy.deepcopy(records)
+    if edit:
+        edit(recs)
+    tag = folder / name
+    tag.mkdir(parents=True)
+    (tag / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_summary(tag, rebuild(tag, ladder.expected_steps(ladder.discover(ROOT), name))[0])
+    return tag
+
+
+@pytest.fixture
+def place(tmp_path):
+    """(local, results, readme) in tmp_path."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "README.md").write_text(README)
+    return tmp_path / "local", tmp_path / "results", tmp_path / "README.md"
+
+
+def tree(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def run_publish(capsys, *args):
+    from speed_ladder.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main(["publish", *map(str, args)])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_publish_checks_copies_and_redraws_and_twice_adds_nothing(place, records, capsys):
+    local, results, readme = place
+    src = make_tag(local, records)
+    kept = tree(src)
+    assert publish.publish([], results, local, str(readme)) == 0
+    out = capsys.readouterr().out
+    dest = results / "box-x1"
+    assert (dest / "runs.jsonl").read_bytes() == (src / "runs.jsonl").read_bytes()
+    assert "box-x1: 9 new record(s)" in out and "then: git add " in out
+    for name in ("summary.csv", "tokens_per_sec.png", "gain_vs_prev.png"):
+        assert (dest / name).is_file(), name
+    assert "results/box-x1/tokens_per_sec.png" in readme.read_text()
+    assert (readme.parent / "LADDER.md").is_file()
+    assert tree(src) == kept  # the local folder is left as it was
+    assert check.check([dest], say=lambda line: None) == 0
+    # publishing again adds nothing: the records go in by run id
+    before = (dest / "runs.jsonl").read_bytes()
+    assert publish.publish(["box-x1"], results, local, str(readme)) == 0
+    assert "box-x1: 0 new record(s)" in capsys.readouterr().out
+    assert (dest / "runs.jsonl").read_bytes() == before
+
+
+def test_publish_refuses_what_check_finds_a_problem_in(place, records, capsys):
+    local, results, readme = place
+
+    def edit(recs):
+        recs[2]["tokens_per_sec"] = 350.0  # step 01 round 1: not 512 tokens / its step time
+
+    src = make_tag(local, records, edit=edit)
+    code, out, err = run_publish(capsys, src, "--results-dir", results, "--readme", readme)
+    assert code == 1
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: 1 problem(s) in ") and "nothing published" in line
+    assert "box-x1: step 01 round 1 run " in out and "tokens_per_sec 350" in out
+    assert not list(results.iterdir()) and readme.read_text() == README
+
+
+def as_host(host: str):
+    """An edit: the records made on another host (another machine's fingerprint)."""
+
+    def edit(recs):
+        for r in recs:
+            r["sweep"]["machine"] = dict(r["sweep"]["machine"], host_id=host)
+
+    return edit
+
+
+def test_another_machines_committed_folder_is_never_written(place, records, tmp_path, capsys):
+    """results/box-x1 holds another machine's records: this machine's go to
+    box-<6 hex of its fingerprint>-x1, the other folder keeps every byte; where that one too is
+    another's, nothing is published."""
+    local, results, readme = place
+    theirs = make_tag(results, records, edit=as_host("0123456789ab"))
+    kept = tree(theirs)
+    make_tag(local, records)
+    code, out, err = run_publish(capsys, local / "box-x1", "--results-dir", results,
+                                 "--readme", readme)  # fmt: skip
+    assert code == 0, out[-2000:] + err[-2000:]
+    mine = results / f"box-{machine.short_id(records[0]['sweep']['machine'])}-x1"
+    assert "box-x1 holds another machine's records" in out and f"as {mine.name[:-3]}" in out
+    assert len((mine / "runs.jsonl").read_text().splitlines()) == 9
+    assert tree(theirs) == kept  # its records, summary and (none drawn) charts
+    table = readme.read_text()
+    assert f"`{mine.name}`" in table and "`box-x1`" in table
+
+    # a third machine, whose suffixed name too holds another's records: nothing is published
+    third = dict(records[0]["sweep"]["machine"], host_id="ffffffffffff")
+    make_tag(results, records, name=f"box-{machine.short_id(third)}-x1")
+    src = make_tag(tmp_path / "third", records, edit=as_host("ffffffffffff"))
+    before, text = tree(results), readme.read_text()
+    code, _, err = run_publish(capsys, src, "--results-dir", results, "--readme", readme)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: ") and "holds another machine's records" in err
+    assert "nothing published" in err and tree(results) == before and readme.read_text() == text
+
+
+def test_a_local_tag_gets_its_charts_and_never_the_readme(tmp_path, records, monkeypatch):
+    """plot_results.py results/local/<tag>: that tag's charts, and the README, LADDER.md and
+    results/comparison.png as they were."""
+    local = tmp_path / "results" / "local"
+    monkeypatch.setattr(redraw, "LOCAL_RESULTS", local)
+    src = make_tag(local, records)
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    assert redraw.main([str(src), "--readme", str(readme)]) == 0
+    assert (src / "tokens_per_sec.png").is_file()
+    assert readme.read_text() == README and not (tmp_path / "LADDER.md").exists()
+    assert not list(tmp_path.rglob("comparison.png"))
