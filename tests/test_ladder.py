@@ -1,7 +1,7 @@
 """Every ladder script trains on `tiny`, writes a valid record, and keeps the previous step's loss.
 
 All steps run once per session (two at a time, for 2 cores) with the same seed and steps; the
-loss-parity rules live in tests/loss_parity.json (speed_ladder/parity.py applies them). A cold
+loss-parity rules live in speed_ladder/data/ladder.json (parity.py applies them). A cold
 torch.compile costs about a minute per script on 2 cores, so the fast suite compiles step 08
 only and runs 09-14 with TORCH_COMPILE_DISABLE=1 (their own change, eager); the `slow` tests run
 08-14 compiled. The summary files are byte-identical to steps 10/11, so they are checked by
