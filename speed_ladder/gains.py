@@ -145,7 +145,8 @@ NUMBERS = [c for c in COLUMNS if c not in ("prev_step", "verdict", "mem_verdict"
 
 
 def add_effects(rows: list[dict], used: dict[str, list[dict]], control: list[dict]) -> Floor:
-    """Fill each summary row's effect columns from the runs it summarizes (`used`, by step)."""
+    """Fill each summary row's effect columns from the runs it summarizes (`used`, by step): each
+    step over the row before it, the previous step of the ladder, where both have ok runs."""
     first = next((r["step"] for r in rows if r["step"] in used), None)
     floor = noise_floor(used, control, first)
     prev = None
@@ -153,6 +154,9 @@ def add_effects(rows: list[dict], used: dict[str, list[dict]], control: list[dic
         runs = used.get(row["step"])
         row.update(noise_floor=floor.tps, mem_noise_floor=floor.mem, noise_source=floor.source)
         if not runs or row.get("status") != "ok":
+            # the next step's own effect is over this one: none where it has no ok run (a
+            # ratio over an earlier step would hold this step's effect too; parity.py alike)
+            prev = None
             continue
         if prev is not None:
             g = effect(per_round(used[prev], TPS), per_round(runs, TPS), floor.tps,

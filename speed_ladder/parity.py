@@ -135,9 +135,9 @@ def uncovered(step: str, device: str, preset, n: int) -> str | None:
     known = ", ".join(f"{p} up to {h['steps']} steps" for p, h in holds.items())
     h = holds.get(preset) if isinstance(preset, str) else None
     if h is None:
-        return f"no {where} for preset {preset} (measured: {known})"
+        return f"on preset {preset}: no {where} there (measured: {known})"
     if n > h["steps"]:
-        return f"{n} steps of {preset}: the {where} holds for up to {h['steps']} ({known})"
+        return f"over {n} steps of {preset}: the {where} holds for up to {h['steps']} ({known})"
     return None
 
 
@@ -189,14 +189,14 @@ def judge(step: str, prev_rec: dict, cur_rec: dict) -> tuple[str, float, str]:
     if r is None or why:
         r = r or {"rule": "close", "atol": math.inf, "why": ""}
         _, worst = compare(prev, cur, r)
-        why = why or "not comparable: " + uncovered(step, device, preset, min(len(prev), len(cur)))
+        why = why or "not comparable " + uncovered(step, device, preset, min(len(prev), len(cur)))
         return NOT_COMPARABLE, worst, f"max |loss difference| {worst:.2e}, {why}"
     ok, worst = compare(prev, cur, r)
     # an exact rule holds at any length: the same floats stay the same
     n = min(len(prev), len(cur))
     far = uncovered(step, device, preset, n) if n and r["rule"] != "exact" else None
     if far:
-        return NOT_COMPARABLE, worst, f"max |loss difference| {worst:.2e}, not comparable: {far}"
+        return NOT_COMPARABLE, worst, f"max |loss difference| {worst:.2e}, not comparable {far}"
     if r["rule"] == "exact":
         bound = "exact" if ok else "not exact"
     else:
@@ -250,7 +250,10 @@ def add_columns(rows: list[dict], used: dict[str, list[dict]]) -> None:
             state = before.get("status") or "not run"
             why = "was not run" if state == "not run" else f"has no ok run ({state})"
             row["parity"] = NOT_COMPARABLE
-            row["parity_detail"] = f"not comparable: step {before['step']} {why} in this tag"
+            row["parity_detail"] = (
+                f"not comparable without step {before['step']}: it {why} in this tag, and a "
+                "step is judged against the step before it"
+            )
             continue
         got = pair_runs(row["step"], used[before["step"]], runs)
         if got:

@@ -28,6 +28,7 @@ FIELDS = [
     "torch_version",
     "cuda_version",
     "git_sha",
+    "git_sha_reason",  # why git_sha is null (no git, or the git repository is not the project's)
     "script_sha256",
     "started_at",
     "duration_s",
@@ -38,6 +39,9 @@ FIELDS = [
     "regime",  # the numbers it computed with: fp32, tf32, bf16, +compiled (speed_ladder.parity)
     "compiles",  # torch.compile: {graphs, frames, seconds}, null when eager (speed_ladder.parity)
     "batch_rule",  # null, or how the batch was lowered to fit this GPU (spec.fit_batch)
+    "gpu_idle_share",  # the timed window's share with no kernel running (measure/gpu_idle.py)
+    "gpu_idle_ms_per_step",
+    "gpu_idle_source",  # how it was measured, or why it is null
 ]
 
 
@@ -98,26 +102,33 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def git_sha(where: Path) -> str | None:
-    """HEAD of the checkout, with '-dirty' when tracked files differ from it."""
+def _git(where: Path, *args: str) -> str | None:
+    res = subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10)
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def git_state(where: Path) -> dict:
+    """{"git_sha": HEAD of the checkout (with '-dirty' when tracked files differ from it),
+    "git_sha_reason": None}, or a null sha and why. A sha is recorded only when the git
+    repository's top level is `where` itself (the project's root): a copy of the project (a `git
+    archive` export, an unpacked tarball) inside another repository would otherwise record that
+    repository's HEAD, a commit that is not this project's."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--verify", "-q", "HEAD"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        sha = head.stdout.strip()
-        if head.returncode != 0 or not sha:
-            return None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-        return sha + ("-dirty" if dirty.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
+        top = _git(where, "rev-parse", "--show-toplevel")
+        if top is None:
+            return {"git_sha": None, "git_sha_reason": "not a git checkout"}
+        if Path(top).resolve() != Path(where).resolve():
+            return {"git_sha": None, "git_sha_reason": "the project's folder is not the top of "
+                    "its git repository (a copy inside another repository?)"}  # fmt: skip
+        sha = _git(where, "rev-parse", "--verify", "-q", "HEAD")
+        if not sha:
+            return {"git_sha": None, "git_sha_reason": "a git repository without a commit"}
+        dirty = _git(where, "status", "--porcelain", "--untracked-files=no") or ""
+        return {"git_sha": sha + ("-dirty" if dirty else ""), "git_sha_reason": None}
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"git_sha": None, "git_sha_reason": f"git did not run ({e.__class__.__name__})"}
+
+
+def git_sha(where: Path) -> str | None:
+    """The checkout's HEAD (`git_state`), or None."""
+    return git_state(where)["git_sha"]

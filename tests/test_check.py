@@ -47,7 +47,7 @@ def records():
     return out
 
 
-def make_tag(tmp_path, records, edit=None, name="box-x1"):
+def make_tag(tmp_path, records, edit=None, name="cpu-amd-epyc-2c-x1"):
     """A tag folder: the records (after `edit(records)`), runs.jsonl and the summary of them."""
     recs = copy.deepcopy(records)
     if edit:
@@ -81,7 +81,7 @@ def test_tokens_per_sec_that_disagrees_with_tokens_and_step_time(tmp_path, recor
     rc, problems, _ = run_check(make_tag(tmp_path, records, edit))
     assert rc == 1
     assert len(problems) == 1, problems
-    assert problems[0].startswith("box-x1: step 01 round 1 run ")
+    assert problems[0].startswith("cpu-amd-epyc-2c-x1: step 01 round 1 run ")
     assert "(line 3): tokens_per_sec 350 is not tokens_per_step / step time = 512 / " in problems[0]
 
 
@@ -97,7 +97,7 @@ def test_a_summary_that_disagrees_with_its_records(tmp_path, records):
     assert rc == 1
     assert any(
         p.startswith(
-            "box-x1: summary.csv step 01 disagrees with runs.jsonl: "
+            "cpu-amd-epyc-2c-x1: summary.csv step 01 disagrees with runs.jsonl: "
             "tokens_per_sec_median 999.9 (records: "
         )
         for p in problems
@@ -122,7 +122,8 @@ def test_the_parity_cell_is_checked_and_its_detail_is_not(tmp_path, records):
     df.to_csv(tag / SUMMARY, index=False)
     rc, problems, _ = run_check(tag)
     assert rc == 1 and problems == [
-        "box-x1: summary.csv step 01 disagrees with runs.jsonl: parity 'ok' (records: 'off')"
+        "cpu-amd-epyc-2c-x1: summary.csv step 01 disagrees with runs.jsonl: parity 'ok' "
+        "(records: 'off')"
     ]
 
 
@@ -133,8 +134,8 @@ def test_a_row_without_records_and_records_without_a_row(tmp_path, records):
     csv.append(csv[1].replace("00,", "05,", 1))  # step 05: an ok row, no records
     (tag / SUMMARY).write_text("\n".join(csv) + "\n")
     _, problems, _ = run_check(tag)
-    assert "box-x1: summary.csv: no row for step 01, which has records" in problems
-    assert "box-x1: summary.csv step 05: a row (ok) with no records" in problems
+    assert "cpu-amd-epyc-2c-x1: summary.csv: no row for step 01, which has records" in problems
+    assert "cpu-amd-epyc-2c-x1: summary.csv step 05: a row (ok) with no records" in problems
 
 
 def test_a_record_from_another_machine(tmp_path, records):
@@ -143,11 +144,12 @@ def test_a_record_from_another_machine(tmp_path, records):
 
     rc, problems, _ = run_check(make_tag(tmp_path, records, edit))
     assert rc == 1
-    assert len(problems) == 1, problems
-    assert problems[0].startswith("box-x1: step 00 round 2 run ")
-    assert problems[0].endswith(
-        "(line 4): another machine than the tag's 8 other records: device_count 64 vs 2"
-    )
+    assert all(p.startswith("cpu-amd-epyc-2c-x1: step 00 round 2 run ") for p in problems)
+    assert [p.split("(line 4): ")[1] for p in problems] == [
+        "its machine is not the sweep's (machine and sweep.machine differ)",
+        "its machine writes to cpu-amd-epyc-64c-x1, not cpu-amd-epyc-2c-x1",
+        "another machine than the tag's 8 other records: device_count 64 vs 2",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -168,8 +170,8 @@ def test_a_record_that_measured_nothing_reliable(tmp_path, records, i, field, va
     assert rc == 1
     rec = records[i]
     assert problems == [
-        f"box-x1: step {rec['step']} round 1 run {rec['sweep']['run_id'][:8]} (line {i + 1}): "
-        + problem
+        f"cpu-amd-epyc-2c-x1: step {rec['step']} round 1 run {rec['sweep']['run_id'][:8]} "
+        f"(line {i + 1}): " + problem
     ]
 
 
@@ -181,7 +183,8 @@ def test_a_busy_run_that_a_later_run_replaced_is_a_note(tmp_path, records):
 
     rc, problems, lines = run_check(make_tag(tmp_path, records, edit))
     assert (rc, problems) == (0, []), lines
-    assert "note: box-x1: step 01: a run measured busy that the summary does not use" in lines
+    said = "note: cpu-amd-epyc-2c-x1: step 01: a run measured busy that the summary does not use"
+    assert said in lines
 
 
 def test_an_absolute_path_and_a_host_name_in_a_record(tmp_path, records, monkeypatch):
@@ -226,7 +229,7 @@ def test_an_unparsable_line(tmp_path, records):
     rc, problems, _ = run_check(tag)
     assert rc == 1
     assert len(problems) == 1, problems
-    assert problems[0].startswith("box-x1: line 10 is not a record (not JSON: ")
+    assert problems[0].startswith("cpu-amd-epyc-2c-x1: line 10 is not a record (not JSON: ")
 
 
 def test_a_gain_claim_from_one_round(tmp_path, records):
@@ -239,8 +242,8 @@ def test_a_gain_claim_from_one_round(tmp_path, records):
     rc, problems, _ = run_check(tag)
     assert rc == 1
     assert (
-        "box-x1: summary.csv step 01: verdict 'faster' rests on 1 round(s) of it and of "
-        "step 00; a claim needs 2 or more"
+        "cpu-amd-epyc-2c-x1: summary.csv step 01: verdict 'faster' rests on 1 round(s) of it "
+        "and of step 00; a claim needs 2 or more"
     ) in problems
     assert any("step 01 disagrees with runs.jsonl" in p for p in problems)  # and check 4 too
 
@@ -265,7 +268,7 @@ def test_a_script_that_is_not_the_one_its_commit_has(tmp_path, records):
         "script, or a newer one: git fetch)"
     )
     assert (
-        "note: box-x1: commit 01234567 is not in this clone (a local commit?): scripts "
+        "note: cpu-amd-epyc-2c-x1: commit 01234567 is not in this clone (a local commit?): scripts "
         "checked against this clone's history instead (2 records)"
     ) in lines
 

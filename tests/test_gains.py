@@ -107,15 +107,21 @@ def test_rebuild_a_summary_from_old_records(tmp_path):
 
     root = Path(__file__).resolve().parent / "fixtures" / "ladder_ok"
     steps = discover(root)
+    files = {s.num: s.rel for s in discover()}  # this checkout's step files
     one, two = tmp_path / "old-cpu-x1", tmp_path / "old-cpu-x2"
-    for tag, nums, scale in ((one, ("00", "01", "02", "03"), 1), (two, ("02",), 1.6)):
+    for tag, nums, scale, w in ((one, ("00", "01", "02", "03"), 1, 1), (two, ("02",), 1.6, 2)):
         tag.mkdir()
         lines = []
         for n in nums:
             for rep, tps in enumerate((100.0, 104.0, 98.0), 1):
                 sweep = {"run_id": f"{n}{rep}", "config": {"nproc": 1}, "repeat": rep,
                          "script_sha256": "x"}  # fmt: skip
-                rec = {"step": n, "status": "ok", "tokens_per_sec": tps * (int(n) + 1) * scale,
+                rate = tps * (int(n) + 1) * scale
+                # the fields every ok record has had (report/validity.py's REQUIRED)
+                rec = {"step": n, "status": "ok", "tokens_per_sec": rate,
+                       "step_time_ms": 100 * w / rate * 1000, "world_size": w, "batch_size": 1,
+                       "context_length": 100, "device": "cpu", "device_name": "AMD EPYC",
+                       "preset": "tiny", "losses": [10.0], "script": files[n],
                        "peak_mem_reserved_bytes": 2**30, "sweep": sweep}  # fmt: skip
                 lines.append(json.dumps(rec) + "\n")
         (tag / "runs.jsonl").write_text("".join(lines))
@@ -129,7 +135,9 @@ def test_rebuild_a_summary_from_old_records(tmp_path):
 
 def test_an_interpreted_run_is_no_measurement():
     """Triton's interpreter ran step 12's Liger on a CPU: its tok/s and memory are left out,
-    no gain is claimed, and the next step compares with the last measured one."""
+    no gain is claimed, and the next step claims none either: its own effect is over the step
+    before it, which has no measurement (a ratio over an earlier step would hold both steps'
+    effects)."""
     recs = [_rec("00", r, 100.0) for r in (1, 2)] + [
         _rec("01", r, 5.0, interpreted=True) for r in (1, 2)
     ] + [_rec("02", r, 120.0) for r in (1, 2)]  # fmt: skip
@@ -140,4 +148,6 @@ def test_an_interpreted_run_is_no_measurement():
         or rows["01"]["tokens_per_sec_median"] != (rows["01"]["tokens_per_sec_median"])
     )  # empty (NaN once read back)
     assert rows["01"]["verdict"] in (None, "") or rows["01"]["verdict"] != rows["01"]["verdict"]
-    assert rows["02"]["prev_step"] == "00" and rows["02"]["gain_vs_prev"] == pytest.approx(1.2)
+    assert rows["02"]["status"] == "ok" and rows["02"]["speedup_vs_00"] == pytest.approx(1.2)
+    g = rows["02"]["gain_vs_prev"]
+    assert g is None or g != g  # no effect over an unmeasured step

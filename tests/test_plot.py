@@ -211,10 +211,20 @@ def test_reference_csv_is_the_published_table():
     }
 
 
+# committed tags measured in part, and the steps they lack: the H200's 15-minute lease ran
+# neither 11 nor 14 in its sweep (their runs by hand are in by-hand/, never rows; issue 29)
+PARTIAL = {"nvidia-h200-x1": ["11", "14"]}
+
+
 @pytest.mark.parametrize("tag", find_tags(ROOT / "results"), ids=lambda p: p.name)
 def test_committed_results_are_complete(tag):
-    """Every ladder step has a result row and every chart exists, for each committed tag."""
-    assert check_complete(tag) == []
+    """Every ladder step has a result row and every chart exists, for each committed tag (a
+    partial one lacks exactly the steps PARTIAL names, and the README says so)."""
+    lacks = PARTIAL.get(tag.name, [])
+    assert check_complete(tag) == [f"{tag.name}: step {s} was not run" for s in lacks]
+    if lacks:
+        readme = (ROOT / "README.md").read_text()
+        assert f"Not run in this tag: steps {', '.join(lacks)}." in readme
 
 
 def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):

@@ -223,6 +223,24 @@ def test_device_time_breakdown():
     assert_adds_up(breakdown.shares(res["seconds"]))
 
 
+def test_device_ms_per_step_and_the_idle_gpu():
+    """The same made-up step in milliseconds (`time_breakdown_ms`): each category's device time
+    alone (the busy-scaled kernels; data and host only its copy) and `idle`, the 310 us the GPU
+    ran nothing, adding up to the step's 0.9 ms. Two steps halve every number."""
+    res = breakdown.breakdown(_tree(_device_events()), 1, use_device=True)
+    ms = breakdown.per_step_ms(res)
+    scale = 590 / 740
+    assert ms["matmul"] == pytest.approx(0.3 * scale, abs=1e-4)
+    assert ms["attention"] == pytest.approx(0.1 * scale, abs=1e-4)
+    assert ms["data_host"] == pytest.approx(0.04 * scale, abs=1e-4)  # the copy, no idle
+    assert ms["idle"] == pytest.approx(0.31) and res["idle_s"] == pytest.approx(310e-6)
+    assert sum(ms.values()) == pytest.approx(0.9, abs=1e-3)
+    halved = breakdown.per_step_ms({**res, "steps": 2})
+    assert halved["idle"] == pytest.approx(0.155) and halved["matmul"] == pytest.approx(
+        ms["matmul"] / 2, abs=1e-4
+    )
+
+
 def _as_torch_2_11(events):
     """The same events as torch 2.11 gives them: no `linked_correlation_id`, no
     `activity_type`; and the profiler's kineto events they were made from, which have the
@@ -308,6 +326,8 @@ def test_after_the_timed_window_profiled_steps_are_not_timed(monkeypatch, tmp_pa
     assert seen == [4]  # the window's peak memory is read before profiling starts
     assert run.steps_done == 6 and rec["timed_steps"] == 3 and len(rec["losses"]) == 6
     assert rec["profiled_steps"] == 2 and rec["profiled_ms"] > 0
+    ms = rec["time_breakdown_ms"]  # CPU: self CPU ms per step, the rest idle; adds up
+    assert sum(ms.values()) == pytest.approx(rec["profiled_ms"] / 2, rel=1e-3) and ms["idle"] >= 0
     assert rec["peak_mem_reserved_bytes"] == run._window_peak[0]
     assert_adds_up(rec["time_breakdown"])
     assert "after the timed window" in " ".join(rec["notes"]) and "trace" not in rec

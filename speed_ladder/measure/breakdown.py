@@ -19,6 +19,13 @@ timed steps are measured, minus any `run.paused()` inside it.
 Every category is a share of the same total, and "data and host" takes the remainder, so the
 shares add up to 1.
 
+Milliseconds per step (`per_step_ms`, the record's `time_breakdown_ms`): each category's work
+alone divided by the profiled steps (CUDA: the device time of its kernels and copies, which the
+profiler does not slow; CPU: the training thread's self CPU time), and `idle`, the remainder:
+the steps' time no kernel (CPU: no op) covers. On CUDA `idle` is the GPU's idle time per
+profiled step, under the profiler: its host overhead and the synchronize that ends each
+profiled step make it larger than a timed step's (gpu_idle.py measures that one).
+
 Backward. The autograd engine runs a backward node as `autograd::engine::evaluate_function:
 XBackward0`, whose sequence number is that of the forward op that made it. The forward op's
 category (by speed_ladder.measure.op_categories, its module range included) is the node's: e.g. the
@@ -169,6 +176,7 @@ def breakdown(events, steps: int, use_device: bool, by_name: dict | None = None)
     return {
         "seconds": {c: v / 1e6 for c, v in seconds.items()},
         "wall_s": total / 1e6,
+        "idle_s": (total - covered) / 1e6,  # that part of data_host
         "basis": basis,
         "steps": len(ranges),
     }
@@ -245,6 +253,14 @@ def _union(spans) -> float:
         total += b - max(a, end)
         end = b
     return total
+
+
+def per_step_ms(res: dict) -> dict:
+    """{category: ms per profiled step} of the work alone, and `idle`: the rest of the steps'
+    time (see the module docstring); they add up to the steps' wall time per step."""
+    n = res["steps"]
+    ms = {c: v - (res["idle_s"] if c == "data_host" else 0) for c, v in res["seconds"].items()}
+    return {c: round(v * 1000 / n, 4) for c, v in {**ms, "idle": res["idle_s"]}.items()}
 
 
 def shares(seconds: dict) -> dict:

@@ -4,21 +4,24 @@ speed_ladder.measure.op_categories has the categories (which op is which, the mo
 speed_ladder.measure.breakdown turns the profiled events into each category's share (the
 denominator, backward attribution).
 
-When. The profiled steps are never timed. With `--max-steps` (a measuring run, as in the sweep)
-they come after the timed window: the run trains N more steps (default 3) under the profiler and
-only then reports finished; the window's peak memory is read before the profiler starts (its
-buffers raise a CPU process's RSS). Without `--max-steps` (a tutorial run over epochs) the end
-is not known in advance, so the N steps right after the warm-up are profiled and the timed
-window starts after them (on a CPU its peak RSS may then include memory the profiler freed but
-the process still holds; a note says so). A run whose data runs out first keeps the whole
-steps it profiled (a note says so). Evaluation inside `run.paused()` during the profiled steps
-is left out, as it is from the timing.
+When. The profiled steps are never timed, and each ends with a device synchronize (the timed steps
+do not), so that a step's range holds its device work. With `--max-steps` (a measuring run, as in
+the sweep) they come after the timed window: the run trains N more steps (default 3) under the
+profiler and only then reports finished; the window's peak memory is read before the profiler
+starts (its buffers raise a CPU process's RSS). Without `--max-steps` (a tutorial run over epochs)
+the end is not known in advance, so the N steps right after the warm-up are profiled and the timed
+window starts after them (on a CPU its peak RSS may then include memory the profiler freed but the
+process still holds; a note says so). A run whose data runs out first keeps the whole steps it
+profiled (a note says so). Evaluation inside `run.paused()` during the profiled steps is left out,
+as it is from the timing.
 
-The record gets `time_breakdown` ({category: share}), `time_breakdown_basis`, `profiled_steps`,
-`profiled_ms` and, with `--trace DIR`, `trace`: the Chrome/Perfetto trace of the profiled steps
-(`DIR/<step>-<start time>.json`, one per rank under torchrun: `-rank<r>`), for
-chrome://tracing or https://ui.perfetto.dev. Under torchrun every rank is profiled (so that no
-rank waits for a slower profiled one) and rank 0's breakdown is recorded.
+The record gets `time_breakdown` ({category: share}), `time_breakdown_ms` ({category: ms per
+profiled step of its work alone, and `idle`: on CUDA device milliseconds, which the profiler does
+not inflate, and the GPU's idle time, which it does: breakdown.per_step_ms}),
+`time_breakdown_basis`, `profiled_steps`, `profiled_ms` and, with `--trace DIR`, `trace`: the
+Chrome/Perfetto trace of the profiled steps (`DIR/<step>-<start time>.json`, one per rank under
+torchrun: `-rank<r>`), for chrome://tracing or https://ui.perfetto.dev. Under torchrun every rank
+is profiled (so that no rank waits for a slower profiled one) and rank 0's breakdown is recorded.
 """
 
 import os
@@ -38,6 +41,7 @@ from speed_ladder.measure.breakdown import (
     breakdown,
     describe,
     link_kernels,
+    per_step_ms,
     shares,
 )
 from speed_ladder.measure.op_categories import ModuleRanges, is_compiled
@@ -198,12 +202,18 @@ class StepProfiler:
         share = shares(res["seconds"])
         self.result = {
             "time_breakdown": share,
+            "time_breakdown_ms": per_step_ms(res),
             "time_breakdown_basis": f"{res['basis']}, share of {res['steps']} profiled steps' "
-            "wall time (the uncovered rest is data and host)",
+            "wall time (the uncovered rest is data and host); time_breakdown_ms: ms per step, "
+            "the uncovered rest is idle",
             "profiled_steps": res["steps"],
             "profiled_ms": round(res["wall_s"] * 1000, 3),
         }
-        self.run.print(f"[{self.run.step}] where the time goes: {describe(share, 8)}")
+        ms = self.result["time_breakdown_ms"]
+        self.run.print(
+            f"[{self.run.step}] where the time goes: {describe(share, 8)}; per step "
+            f"{res['wall_s'] * 1000 / res['steps']:.1f} ms, of it {ms['idle']:.1f} ms idle"
+        )
 
     def _export(self) -> None:
         rank = int(os.environ.get("RANK", "0"))

@@ -2,16 +2,18 @@
 
 The timed window: the first `warmup_steps` optimizer steps are left out (allocator warm-up,
 cuDNN/oneDNN plans, torch.compile). At the window start the device is synchronized and the
-peak-memory counters are reset. Every step ends with a device synchronize before the clock is
-read; a step's time is end-to-end, from the previous step's end (data loading included) to its
-own. Evaluation and sampling run inside `run.paused()`, which restarts the clock after them, so
-they are never timed, and leaves them out of the peak memory (device.PeakWindow: on CUDA, MPS
+peak-memory counters are reset; at its end (the last timed step) they are read, with the step
+times. A step's time is end-to-end, from the previous step's end (data loading included) to its
+own, on a clock that does not drain the GPU at every step (clock.py: CUDA events, losses read in
+batches). Evaluation and sampling run inside `run.paused()`, which restarts the clock after them,
+so they are never timed, and leaves them out of the peak memory (device.PeakWindow: on CUDA, MPS
 and Linux CPUs the recorded peak is the training steps' alone, the final evaluation's neither).
 tokens/s = tokens per step (all ranks) / median step time. Over the same window rank 0 measures
-`other_load`, the CPU cores other processes used (cpu_load.py), and the record carries this
-machine's fingerprint (`machine`, machine.py). With --profile, N more steps after the window
-(without --max-steps: right after the warm-up) run under torch.profiler, never timed, and the
-record says where their time goes (speed_ladder.measure.profile).
+`other_load`, the CPU cores other processes used (cpu_load.py), each rank its GPU's idle share
+(gpu_idle.py), and the record carries this machine's fingerprint (`machine`, machine.py). With
+--profile, N more steps after the window (without --max-steps: right after the warm-up) run
+under torch.profiler, never timed, and the record says where their time goes
+(speed_ladder.measure.profile).
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
@@ -39,7 +41,9 @@ from speed_ladder.flags import on_failure
 from speed_ladder.measure import cpu_load, profile
 from speed_ladder.measure import device as dev
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
+from speed_ladder.measure.clock import StepClock
 from speed_ladder.measure.data import gpt2_tokenizer, load_split
+from speed_ladder.measure.gpu_idle import IdleMeter
 from speed_ladder.measure.inactive import (
     LIGER_INTERPRETED,
     LIGER_RAN,
@@ -47,7 +51,7 @@ from speed_ladder.measure.inactive import (
     triton_interpreted,
 )
 from speed_ladder.outputs import check_file
-from speed_ladder.records import FIELDS, append_jsonl, file_sha256, git_sha, mfu_problem
+from speed_ladder.records import FIELDS, append_jsonl, file_sha256, git_state, mfu_problem
 from speed_ladder.spec import resolve
 
 # The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
@@ -78,16 +82,17 @@ class Run:
             self.note(f"batch rule: {self.preset['batch_rule']['reason']}")
 
         self.steps_done = 0
-        self.losses: list[float] = []
-        self.step_times: list[float] = []
+        self.clock = StepClock(self.device)  # step times and losses (clock.py)
+        self.step_times, self.losses = self.clock.times, self.clock.losses  # its lists, read
         self.tokens_per_step = 0
         self.flops_per_token = None
         self.cfg, self.batch_size = None, None
-        self._t_last = None
         self._t_print = 0.0
+        self._window = "before"  # -> open -> closed
         self._window_note = None
+        self._idle = IdleMeter(self.device)  # the GPU's idle share over the window
         self._load = cpu_load.Meter()  # other processes' CPU use over the timed window
-        self._busy: dict | None = None  # cpu_load.Meter.stop(), at the window's end
+        self._busy: dict = {}  # cpu_load.Meter.stop() of rank 0, at the window's end
         self._memory = dev.PeakWindow(self.device)  # the timed steps' peak, pauses left out
         self._written = False
         self.memory_prediction: dict = {}  # rank_memory.announce, before the first step
@@ -158,7 +163,7 @@ class Run:
         if self.profiler is not None:
             self.profiler.attach(model)
         self._profile_or_window()
-        self._t_last = self._now()
+        self.clock.restart()
 
     @property
     def finished(self) -> bool:
@@ -186,49 +191,48 @@ class Run:
         """Evaluation, sampling and printing inside this block are not timed, and the memory
         they take is not in the recorded peak (device.PeakWindow)."""
         dev.synchronize(self.device)
+        self.clock.read(wait=True)  # the steps so far, closed before the pause
         self._memory.pause()
+        self._idle.pause()
         try:
             with profile.excluded(self.profiler):  # nor profiled
                 yield
         finally:
             dev.synchronize(self.device)
             self._memory.resume()
-            self._t_last = self._now()
+            self._idle.resume()
+            self.clock.restart()
 
     # ------------------------------------------------------------ timing
-    def _now(self) -> float:
-        dev.synchronize(self.device)
-        return time.perf_counter()
-
     def _start_window(self) -> None:
         dev.synchronize(self.device)
+        self._window = "open"
         self._window_note = self._memory.start()
         if self.is_rank0:
             self._load.start()
-
-    def _stop_load(self) -> dict:
-        """Other processes' CPU use over the timed window (once: at the window's end)."""
-        if self._busy is None:
-            self._busy = self._load.stop()
-        return self._busy
+        self._idle.start()
 
     def _end_window(self) -> None:
-        """The timed window's peak memory and other processes' load, read at its end, before
-        the profiled steps (whose profiler buffers raise a CPU process's RSS); finish()
-        reports them."""
+        """The open timed window's step times, peak memory, other processes' load and GPU idle
+        share, read at its end (the last timed step, or the run's end), before the profiled
+        steps (whose profiler buffers raise a CPU process's RSS); finish() reports them."""
+        self._window = "closed"
         dev.synchronize(self.device)
+        self._idle.stop()
+        self.clock.read(wait=True)
         self._window_peak = self._memory.peak()
         if self.is_rank0:
-            self._stop_load()
+            self._busy = self._load.stop()
 
     def _profile_or_window(self) -> bool:
-        """At a step boundary: start the profiled steps (see profile.py) or the timed window
-        when they are due; True if either started."""
+        """At a step boundary: end the timed window, start the profiled steps (see profile.py)
+        or the window when they are due; True if any did (the clock then restarts)."""
         started = False
+        if self._window == "open" and self.steps_done == self.preset["max_steps"]:
+            self._end_window()  # a measuring run's last timed step
+            started = True
         p = self.profiler
         if p is not None and p.state == "waiting" and self.steps_done == p.starts_after:
-            if p.measuring:
-                self._end_window()
             p.start(self.steps_done + 1)
             started = True
         delay = p.window_delay if p is not None else 0
@@ -238,31 +242,26 @@ class Run:
         return started
 
     def step_done(self, loss: torch.Tensor, tokens: int) -> None:
-        """Call after optimizer.step(): syncs, clocks the step, logs progress."""
-        now = self._now()
+        """Call after optimizer.step(): marks the step's end on the clock (no synchronize, no
+        .item(): clock.py), logs progress."""
         self._memory.step_end()
         self.steps_done += 1
-        # a profiled step (speed_ladder.measure.profile) is never timed
-        profiled = self.profiler is not None and self.profiler.step_ended(self.steps_done)
-        self.losses.append(loss.item())
+        p = self.profiler  # a profiled step (speed_ladder.measure.profile) is never timed
+        running = p is not None and p.state == "running"
         warm = self.steps_done <= self.preset["warmup_steps"]
-        if not warm and not profiled:
-            self.step_times.append(now - self._t_last)
+        self.clock.step_end(loss, timed=not warm and not running)
+        if running:  # its range ends with its device work (breakdown.py); outside the window
+            dev.synchronize(self.device)
+            p.step_ended(self.steps_done)
+        elif not warm:
             self.tokens_per_step = tokens
         if self._profile_or_window():
-            now = self._now()
-        self._t_last = now
-        if self.is_rank0 and (now - self._t_print > 2.0 or self.finished):
+            self.clock.restart()
+        now = time.perf_counter()
+        if now - self._t_print > 2.0 or self.finished:  # every rank reads what has passed
             self._t_print = now
             total = self.preset["max_steps"] or "?"
-            if self.step_times:
-                rate = f"{tokens * self._world() / statistics.median(self.step_times):,.0f} tok/s"
-            else:
-                rate = "warm-up"
-            print(
-                f"  step {self.steps_done:>5}/{total}  loss {self.losses[-1]:.3f}  {rate}",
-                flush=True,
-            )
+            self.print(self.clock.progress(self.steps_done, total, tokens * self._world()))
 
     def _world(self) -> int:
         d = process_group()
@@ -283,7 +282,7 @@ class Run:
             "context_length": (self.cfg or {}).get("context_length"),
             "torch_version": torch.__version__,
             "cuda_version": torch.version.cuda if cuda else None,
-            "git_sha": git_sha(ROOT),
+            **git_state(ROOT),  # git_sha, git_sha_reason
             "script_sha256": file_sha256(self.script),
             "started_at": self.started_at,
             "duration_s": round(time.time() - self.t_begin, 2),
@@ -303,6 +302,9 @@ class Run:
         """Reduce across ranks, print the summary and append the record (rank 0)."""
         if self.profiler is not None:
             self.profiler.close()  # a profile the data cut short keeps its whole steps
+        if self._window == "open":  # an epoch-mode run, or the data ran out
+            self._end_window()
+        self.clock.read(wait=True)  # the losses of the steps after it (profiled)
         if not self.step_times:
             but = ""
             if self.profiler is not None and self.profiler.profiled:
@@ -312,7 +314,7 @@ class Run:
                 "raise --max-steps/--epochs or lower --warmup-steps"
             )
         reserved, allocated = self._window_peak or self._memory.peak()
-        busy = self._stop_load() if self.is_rank0 else {}
+        busy = self._busy
         if self._window_note:
             self.note(self._window_note)
         if cpu_load.busy_note(busy.get("other_load")):
@@ -359,7 +361,10 @@ class Run:
             flops_per_token=self.flops_per_token,
             peak_mem_reserved_per_rank=m.reserved_per_rank,
             **busy,
+            **self._idle.fields(sum(self.step_times) / len(self.step_times)),
         )
+        if rec["gpu_idle_share"] is None and self.device.type == "cuda":
+            self.note(f"GPU idle share: none ({rec['gpu_idle_source']})")
         if mfu_invalid is not None:
             rec["mfu_invalid"] = mfu_invalid
         if self.profiler is not None:

@@ -13,9 +13,26 @@ Exit 0 without problems, 1 with some, 2 on bad input (no such folder, no runs.js
    is a note ("changed since": the record measured the step as it then was). A mismatch is a
    problem, unless the commit was `-dirty` and HEAD's file matches (a note). A commit not in
    this clone (a user's local one) or none is a note, and the script is looked up in this
-   clone's history of the file: no version matching it is a problem.
-3. ok records: `tokens_per_sec` = `tokens_per_step` / step time, within a relative 1e-3 or 0.05
-   tok/s (its rounding). A record without `tokens_per_step` (older) is a note.
+   clone's history of the file: no version matching it is a problem. Whether an unknown commit
+   is foreign cannot be told from the clone alone (a contributor's unpushed commit looks the
+   same), so a sha is a problem as foreign only where a committed record's `corrections` names
+   it so (`known_foreign`; the H200 tag's ffc5486c, another repository's HEAD). Since issue 29 a
+   record's git_sha is null, with `git_sha_reason`, where the project's root is not the top of
+   its git repository. A `corrections` entry (field, was, now, why) is a note; one whose field
+   does not hold `now`, without a why, or a corrected git_sha this clone lacks is a problem
+   (a corrected sha in the clone has its script checked as above).
+3. ok records that cannot be right or are foreign to the tag (validity.py), one line per
+   reason: a required field missing; a number not finite or not above 0 (tok/s, step time,
+   memory, MFU, ...), a loss NaN, infinite or negative, a count not 1 or more; losses not one
+   per step (max_steps + profiled); tokens_per_step not batch x context x processes, tok/s not
+   tokens_per_step / step time (within a relative 1e-3 or 0.05 tok/s); on a GPU an MFU above
+   100% of its datasheet peak (recorded, or from tok/s x flops per token), on a CPU, whose peak
+   is measured (MFU above 100% there is a low peak, `mfu_invalid`), more than 4 TFLOP/s per
+   core; peak memory above the GPU's (machine.gpus[].memory_gib) or the RAM; a script that is
+   not its step's file; device_name, machine, torch, preset or device not its fingerprint's,
+   sweep's or spec's; a world size not the tag's; a machine whose tag is another. The summary
+   counts such a record as a failed run: status `invalid`, never `ok`. A record without
+   `tokens_per_step` (older) is a note.
 4. summary.csv agrees with the summary rebuilt from runs.jsonl as `plot_results.py --rebuild`
    does (`summary.rebuild`; a `-xN` tag's scaling against the `-x1` tag beside it) in every
    cell that comes from the records, to the digits summary.csv keeps (`parity` too, judged
@@ -38,6 +55,8 @@ Exit 0 without problems, 1 with some, 2 on bad input (no such folder, no runs.js
    a hash (12 hex digits) or `pool:NAME`.
 9. No record ran through Triton's interpreter (`interpreted: true`: step 12's Liger on a CPU
    with TRITON_INTERPRET=1): its numbers are numerics checks, not measurements.
+10. Runs started by hand beside the tag (`by-hand/*.jsonl`) get checks 2, 3 (impossible) and
+   8, and a note that they are not sweep runs: never summary rows, gains or chart bars.
 
 The checks are record_checks.py's (1, 2, 3, 5, 6, 8) and summary_checks.py's (4, 7); this
 module runs them on each tag (and check 9 itself) and is the command.
@@ -48,11 +67,13 @@ from pathlib import Path
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.files import RESULTS, ROOT
+from speed_ladder.report.by_hand import BY_HAND
 from speed_ladder.report.record_checks import (
     Git,
     Report,
     check_arithmetic,
     check_busy,
+    check_corrections,
     check_machines,
     check_private,
     check_script,
@@ -61,6 +82,7 @@ from speed_ladder.report.record_checks import (
     who,
 )
 from speed_ladder.report.summary_checks import check_claims, check_summary, rebuilt
+from speed_ladder.report.validity import impossible
 from speed_ladder.store import RUNS
 
 
@@ -73,6 +95,7 @@ def check_tag(tag_dir: Path, steps=None, git: Git | None = None) -> Report:
     df, used, columns = rebuilt(tag_dir, steps, records, rep)
     for n, rec in records:
         check_script(rep, n, rec, git)
+        check_corrections(rep, n, rec, git)
         if rec.get("status") == "ok":
             check_arithmetic(rep, n, rec)
             check_busy(rep, n, rec, used)
@@ -82,7 +105,25 @@ def check_tag(tag_dir: Path, steps=None, git: Git | None = None) -> Report:
                         "numerics only, not a measurement")  # fmt: skip
     check_machines(rep, records)
     check_claims(rep, check_summary(rep, tag_dir, records, df, columns))
+    check_by_hand(rep, tag_dir, git, hosts)
     return rep
+
+
+def check_by_hand(rep: Report, tag_dir: Path, git: Git, hosts) -> None:
+    """Runs started by hand beside a tag (`by-hand/*.jsonl`: not sweep runs, never in its
+    summary) are checked as records are: script, corrections, impossible, private."""
+    for path in sorted((tag_dir / BY_HAND).glob("*.jsonl")):
+        sub = Report(f"{rep.tag}/{BY_HAND}/{path.name}")
+        for n, rec in read_records(path, sub):
+            check_script(sub, n, rec, git)
+            check_corrections(sub, n, rec, git)
+            for why in impossible(rec):
+                sub.problem(f"{who(rec, n)}: {why}")
+            check_private(sub, n, rec, hosts)
+        rep.problems += [f"{BY_HAND}/{path.name}: {p}" for p in sub.problems]
+        for t, k in sub.notes.items():
+            rep.notes[f"{BY_HAND}/{path.name}: {t}"] = k
+        rep.note(f"{BY_HAND}/{path.name}: run by hand, not a sweep run: not in the summary")
 
 
 def tag_dirs(results: Path = RESULTS) -> list[Path]:

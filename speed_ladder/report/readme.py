@@ -16,6 +16,8 @@ from pathlib import Path
 
 from speed_ladder.files import ROOT, atomic_write_bytes
 from speed_ladder.ladder import tag_processes
+from speed_ladder.records import read_jsonl
+from speed_ladder.report import by_hand
 from speed_ladder.report.charts import CHARTS
 from speed_ladder.report.comparison_chart import COMPARISON
 from speed_ladder.report.gain_chart import GAIN_CHART
@@ -37,6 +39,7 @@ from speed_ladder.report.rows import (
 )
 from speed_ladder.report.summary import read_summary
 from speed_ladder.report.time_chart import TIME_CHART, has_breakdown
+from speed_ladder.store import RUNS
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 GENERATED = (
@@ -201,10 +204,31 @@ def _tag_section(tag_dir: Path, base: Path) -> list[str]:
         ]
     if skipped:
         lines += [f"Not run in this tag: steps {', '.join(skipped)}.", ""]
+    for extra in (by_hand.line(tag_dir), corrections_line(tag_dir)):
+        if extra:
+            lines += [_cell(extra), ""]
     links = [f"[{name}]({_link(tag_dir / png, base)})" for name, png in TAG_LINKS]
     if has_breakdown(df):  # profiled (--profile): where each step's time goes
         links.append(f"[where the time goes]({_link(tag_dir / TIME_CHART, base)})")
     return lines + ["Charts: " + " · ".join(links), ""]
+
+
+def corrections_line(tag_dir: Path) -> str | None:
+    """'Corrected by hand: git_sha of 13 records (was ffc5486c): <why>' from runs.jsonl's
+    `corrections` (check.py verifies them)."""
+    said: dict = {}
+    for rec in read_jsonl(Path(tag_dir) / RUNS):
+        for c in rec.get("corrections") or [] if isinstance(rec, dict) else []:
+            if isinstance(c, dict):
+                key = (str(c.get("field")), str(c.get("was"))[:8], str(c.get("why")))
+                said[key] = said.get(key, 0) + 1
+    if not said:
+        return None
+    return (
+        "Corrected by hand, as each record's `corrections` shows: "
+        + "; ".join(f"{f} of {k} record(s) (was {was}): {why}" for (f, was, why), k in said.items())
+        + "."
+    )
 
 
 def results_markdown(tag_dirs, base: Path) -> str:

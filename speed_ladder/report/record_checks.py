@@ -14,6 +14,7 @@ from pathlib import Path
 from speed_ladder.files import ROOT
 from speed_ladder.measure.cpu_load import is_busy, threshold
 from speed_ladder.records import jsonl_lines
+from speed_ladder.report.validity import foreign, impossible
 from speed_ladder.store import RUNS, _snippet, _unparsed, record_problem
 
 _PATH = re.compile(r"(?:^|[\s=:'\"(,])(?:/[\w.-]+/|~/|[A-Za-z]:\\)|/(?:home|root|Users|work|tmp)/")
@@ -76,9 +77,10 @@ def read_records(path: Path, rep: Report) -> list[tuple[int, dict]]:
 class Git:
     """The ladder's files as this clone's history has them (cached)."""
 
-    def __init__(self, root: Path = ROOT):
+    def __init__(self, root: Path = ROOT, foreign: dict | None = None):
         self.root, self._cache = root, {}
         self.ok = self._git("rev-parse", "--is-inside-work-tree") is not None
+        self.foreign = known_foreign() if foreign is None else foreign
 
     def _git(self, *args: str) -> bytes | None:
         try:
@@ -140,7 +142,11 @@ def check_script(rep: Report, n: int, rec: dict, git: Git) -> None:
             rep.problem(f"{who(rec, n)}: script_sha256 is not {script} as of its git_sha "
                         f"{sha[:8]}{'-dirty' if dirty else ''}{also}")  # fmt: skip
         return
-    if base:
+    if base in git.foreign:
+        rep.problem(f"{who(rec, n)}: git_sha {base[:8]} is not this project's commit (a "
+                    f"correction in results/ says so: {git.foreign[base][:90]}); correct it as "
+                    "those records do (`corrections`)")  # fmt: skip
+    elif base:
         rep.note(f"commit {base[:8]} is not in this clone (a local commit?): scripts checked "
                  "against this clone's history instead")  # fmt: skip
     elif rec.get("status") == "ok":
@@ -155,19 +161,55 @@ def check_script(rep: Report, n: int, rec: dict, git: Git) -> None:
                     "(a modified script, or a newer one: git fetch)")  # fmt: skip
 
 
+def known_foreign(results: Path = ROOT / "results") -> dict[str, str]:
+    """{sha: why} of every git_sha that a committed record's `corrections` replaced: commits
+    known not to be this project's (another repository's HEAD)."""
+    out = {}
+    for path in sorted(Path(results).glob("*/runs.jsonl")) + sorted(
+        Path(results).glob("*/by-hand/*.jsonl")
+    ):
+        for _, rec, _ in jsonl_lines(path):
+            for c in (rec or {}).get("corrections") or [] if isinstance(rec, dict) else []:
+                if isinstance(c, dict) and c.get("field") == "git_sha":
+                    was = str(c.get("was") or "").removesuffix("-dirty")
+                    if was:
+                        out[was] = str(c.get("why") or "")
+    return out
+
+
+def check_corrections(rep: Report, n: int, rec: dict, git: Git) -> None:
+    """A record corrected by hand says so (`corrections`: field, was, now, why): each is a
+    note; one that is not coherent (the field does not hold `now`, no reason, a corrected
+    git_sha this clone lacks, so its script cannot be checked at it) is a problem."""
+    fixes = rec.get("corrections")
+    if fixes is None:
+        return
+    if not isinstance(fixes, list) or not all(isinstance(c, dict) for c in fixes):
+        rep.problem(f"{who(rec, n)}: corrections is not a list of {{field, was, now, why}}")
+        return
+    for c in fixes:
+        field, why = c.get("field"), c.get("why")
+        if not isinstance(field, str) or "was" not in c or not (isinstance(why, str) and why):
+            rep.problem(f"{who(rec, n)}: a correction without its field, was or why: {c!r:.80}")
+            continue
+        if c.get("now", rec.get(field)) != rec.get(field):
+            rep.problem(f"{who(rec, n)}: a correction says {field} is now {c.get('now')!r:.20}, "
+                        f"the record holds {rec.get(field)!r:.20}")  # fmt: skip
+        now = rec.get(field)
+        if field == "git_sha" and git.ok and not (isinstance(now, str) and git.has(now)):
+            rep.problem(f"{who(rec, n)}: corrected git_sha {str(now)[:8]} is not in this clone: "
+                        "the correction cannot be checked")  # fmt: skip
+        rep.note(f"{field} corrected by hand, as the records show: was {str(c['was'])[:8]}, "
+                 f"now {str(now)[:8]}: {why}")  # fmt: skip
+
+
 # ---------------------------------------------------------------- 3, 6, 8: each record
 def check_arithmetic(rep: Report, n: int, rec: dict) -> None:
-    tps, ms = _num(rec.get("tokens_per_sec")), _num(rec.get("step_time_ms"))
-    tok = _num(rec.get("tokens_per_step"))
-    if tps is None or ms is None:
-        rep.problem(f"{who(rec, n)}: an ok record without tokens_per_sec or step_time_ms")
-    elif tok is None:
+    """Each reason an ok record is impossible or foreign to its tag (validity.py), a line each."""
+    if _num(rec.get("tokens_per_step")) is None:
         rep.note("no tokens_per_step (an older record): tok/s not checked against step time")
-    elif ms <= 0 or tok <= 0:
-        rep.problem(f"{who(rec, n)}: step_time_ms {ms:g}, tokens_per_step {tok:g}")
-    elif abs(tps - tok / (ms / 1000)) > max(1e-3 * tok / (ms / 1000), 0.051):
-        rep.problem(f"{who(rec, n)}: tokens_per_sec {tps:g} is not tokens_per_step / step time "
-                    f"= {tok:g} / {ms / 1000:g} s = {tok / (ms / 1000):.1f}")  # fmt: skip
+    for why in impossible(rec) + foreign(rec, rep.tag):
+        rep.problem(f"{who(rec, n)}: {why}")
 
 
 def fingerprint(rec: dict):

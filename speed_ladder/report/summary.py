@@ -30,6 +30,7 @@ from speed_ladder.measure.cpu_load import is_busy
 from speed_ladder.measure.op_categories import CATEGORIES as TIME_CATEGORIES
 from speed_ladder.records import mfu_problem
 from speed_ladder.report.rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
+from speed_ladder.report.validity import marked
 from speed_ladder.spec import config_of
 from speed_ladder.store import matching, ok_since_failure
 
@@ -229,9 +230,11 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
     return row
 
 
-def collect(steps, records, configs: dict, shas: dict, repeats: int, machine=None):
+def collect(steps, records, configs: dict, shas: dict, repeats: int, machine=None, tag=None):
     """Per step, its matching runs (this config, script and machine) and the runs a row uses;
-    plus the A/A control runs of the first step."""
+    plus the A/A control runs of the first step. An ok record that is impossible or foreign to
+    `tag` (validity.py) counts as a failed run, status `invalid`: never an ok step."""
+    records = marked(records, tag)
     runs = {s.num: matching(records, s, configs[s.num], shas[s.num], machine) for s in steps}
     used = {s.num: used_runs(s, runs[s.num], repeats) for s in steps}
     used = {k: v for k, v in used.items() if v}
@@ -244,13 +247,13 @@ def collect(steps, records, configs: dict, shas: dict, repeats: int, machine=Non
 
 
 def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=None,
-              single: dict | None = None, nproc: int = 1):  # fmt: skip
+              single: dict | None = None, nproc: int = 1, tag: str | None = None):  # fmt: skip
     """The tidy table: one row per ladder step, numbers only for steps whose last run was ok.
     `machine`: only this fingerprint's records (None: any); `single`: the `-x1` tag's used runs,
     for the scaling efficiency of a tag of `nproc` > 1 processes."""
     import pandas as pd
 
-    runs, used, control = collect(steps, records, configs, shas, repeats, machine)
+    runs, used, control = collect(steps, records, configs, shas, repeats, machine, tag)
     rows = [_row(s, runs[s.num], configs[s.num], repeats) for s in steps]
     base = next((r for r in rows if r["step"] == BASELINE), None)
     base_tps = base["tokens_per_sec_median"] if base and base["status"] == "ok" else None
@@ -298,8 +301,9 @@ def rebuild(tag_dir: Path, ladder: list[Step], single: dict | None = None, nproc
     repeats = max((g[3] for g in groups.values()), default=1)
     machines = {str(g[2]) for g in groups.values() if g[1]}
     machine = groups[next(n for n, g in groups.items() if g[1])][2] if len(machines) == 1 else None
-    df = summarize(ladder, records, configs, shas, repeats, machine, single, nproc)
-    return df, collect(ladder, records, configs, shas, repeats, machine)[1]
+    tag = Path(tag_dir).name
+    df = summarize(ladder, records, configs, shas, repeats, machine, single, nproc, tag)
+    return df, collect(ladder, records, configs, shas, repeats, machine, tag)[1]
 
 
 def write_summary(tag_dir: Path, df) -> Path:
