@@ -49,7 +49,7 @@ assert r15.title == "a dummy rung", r15.title
 # parity: its own rule, against step 14
 assert parity.rule("15", "fp32", "fp32")["rule"] == "exact"
 assert parity.rule("15", None, None, "cuda", "tiny")["atol"] == 1e-4
-assert parity.uncovered("15", "cuda", "gpt2-124m", 4).startswith("no CUDA tolerance")
+assert "no CUDA tolerance" in parity.uncovered("15", "cuda", "gpt2-124m", 4)
 
 # memory model: 15 keeps 14's terms, and its tables have a row for it
 p = PRESETS["gpt2-124m"]
