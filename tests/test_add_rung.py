@@ -82,8 +82,8 @@ for line in Path("TEMPLATES").read_text().splitlines():
     r["script_sha256"] = r["sweep"]["script_sha256"] = sha[r["script"]]
     r["sweep"].pop("command")
     recs.append(r)
-tag = ROOT / "results" / "box-x1"
-tag.mkdir()
+tag = ROOT / "measured" / "cpu-amd-epyc-2c-x1"  # the records' machine's tag name
+tag.mkdir(parents=True)
 (tag / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 write_summary(tag, rebuild(tag, ladder.expected_steps(ladder.discover(ROOT), tag.name))[0])
 row = {r["step"]: r for r in read_summary(tag).to_dict("records")}["15"]
