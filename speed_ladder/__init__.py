@@ -18,21 +18,13 @@ from importlib import import_module
 
 from speed_ladder.errors import UserError
 from speed_ladder.flags import main, parse_args
+from speed_ladder.ladder import inactive_helpers
 from speed_ladder.presets import GPT2_VOCAB
 
 # The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
-# charts, plot_results.py) runs this file and must not need torch.
-_NEEDS_TORCH = {
-    "Run": "measure.run",
-    "bf16_is_fast": "measure.device",
-    "ddp_backend": "measure.device",
-    "compile_disabled": "measure.inactive",
-    "liger_unavailable": "measure.inactive",
-    "pinned_memory_useless": "measure.inactive",
-    "sdpa_math_only": "measure.inactive",
-    "tf32_unavailable": "measure.inactive",
-    "world_of_one": "measure.inactive",
-}
+# charts, plot_results.py) runs this file and must not need torch. The rungs' inactive checks
+# (`speed_ladder.tf32_unavailable`, ...) are the ones speed_ladder/data/ladder.json names.
+_NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device", **inactive_helpers()}
 
 
 def __getattr__(name: str):
@@ -41,18 +33,5 @@ def __getattr__(name: str):
     return getattr(import_module(f".{_NEEDS_TORCH[name]}", __name__), name)
 
 
-__all__ = [
-    "GPT2_VOCAB",
-    "Run",
-    "UserError",
-    "bf16_is_fast",
-    "compile_disabled",
-    "ddp_backend",
-    "liger_unavailable",
-    "main",
-    "parse_args",
-    "pinned_memory_useless",
-    "sdpa_math_only",
-    "tf32_unavailable",
-    "world_of_one",
-]
+__all__ = ["GPT2_VOCAB", "UserError", "main", "parse_args"]
+__all__ += sorted(_NEEDS_TORCH)

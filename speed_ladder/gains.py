@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 NO_CHANGE, ONE_ROUND, INACTIVE = "no change", "one round: no interval", "inactive"
 MIN_EFFECT = 0.01  # |ratio - 1| below this is "no change", however tight the interval
-INTERVAL = "min-max of the per-round ratios"
 TPS, MEM = "tokens_per_sec", "peak_mem_reserved_bytes"
 
 

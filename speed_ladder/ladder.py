@@ -1,40 +1,101 @@
-"""The ladder itself: which step scripts there are, their titles, which are distributed, how a
-`--steps` spec names them, and which of them a results tag of N processes holds.
+"""The ladder itself: which step scripts there are, what each rung is, how a `--steps` spec names
+them, and which of them a results tag of N processes holds.
 
-The sweep, the charts and tools/ladder.py all find the steps here, and nowhere else.
+What a rung is lives in one place, speed_ladder/data/ladder.json, one entry per step file: what it
+changes (memory terms, precision, compiled, distributed), its README line, its loss-parity rule,
+what makes it inactive on a device, how the lease plan times it unmeasured, and the summary file
+that copies it. An entry states only what its rung changes; the loader folds the entries in
+order, so each `Step` carries the whole state. The memory model, the spec, parity, the lease plan,
+the inactive checks, the README table, the charts and the tests read it here, and no code
+elsewhere compares step numbers or greps a step's source (tests/test_no_step_literals.py). A new
+rung is its file plus one entry (docs/developing.md, Add a rung).
 """
 
+import difflib
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT
 
-_PROCESS_GROUP = re.compile(r"^[^#\n]*\binit_process_group\s*\(", re.MULTILINE)
+REGISTRY = Path(__file__).parent / "data" / "ladder.json"
+BASELINE = "00"  # the first rung, which every speedup is over
+ADD_A_RUNG = "docs/developing.md, Add a rung"
+
+# What memory_model.py, spec.py and parity know how to model: a value outside these is new code.
+TERMS = {
+    "precision": ("fp32", "tf32", "bf16-autocast"),  # tf32: fp32's bytes
+    "attention": ("materialized", "flash"),  # flash: no (B, H, T, T) scores
+    "vocab": ("gpt2", "padded"),  # 50257 or 50304 rows
+    "batch": ("batch_size", "large_batch_size"),  # the preset's setting the rung trains with
+    "loss": ("logits", "fused"),  # fused: chunked / Liger linear + cross-entropy
+    "checkpointing": (False, True),
+    "state": ("single", "ddp", "fsdp2"),
+    "compiled": (False, True),  # torch.compile: the sweep times its compile
+    "distributed": (False, True),  # sets up a process group: launched through torchrun
+}
 
 
-def is_distributed(path: Path) -> bool:
-    """Whether a step is distributed: its source sets up a process group (a call of
-    `init_process_group(`, outside a comment), as steps 11-14 do. The sweep launches such a step
-    through torchrun, on one process in the `-x1` tag and on N in the `-xN` tag."""
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return _PROCESS_GROUP.search(text) is not None
+@dataclass(frozen=True)
+class Memory:
+    """The terms of the memory model a rung has, after every rung before it."""
+
+    precision: str
+    attention: str
+    vocab: str
+    batch: str
+    loss: str
+    checkpointing: bool
+    state: str
+
+    @property
+    def bf16_autocast(self) -> bool:
+        return self.precision == "bf16-autocast"
+
+    @property
+    def flash(self) -> bool:
+        return self.attention == "flash"
+
+    @property
+    def padded_vocab(self) -> bool:
+        return self.vocab == "padded"
+
+    @property
+    def large_batch(self) -> bool:
+        return self.batch == "large_batch_size"
+
+    @property
+    def activations(self) -> str:
+        """What the model keeps: `logits`, `fused` (no full logits), `checkpointed`."""
+        return "checkpointed" if self.checkpointing else self.loss
+
+
+@dataclass(frozen=True)
+class Inactive:
+    """What makes a rung do nothing on a device: the `speed_ladder.<check>` the step calls."""
+
+    check: str
+    module: str = "measure.inactive"  # where the check lives, under speed_ladder
+    on_test_cpu: bool = False  # inactive in the tests' CPU runs (tiny, dropout 0, bf16 off)
+    why: str | None = None  # a fixed reason; None: the check words it
 
 
 @dataclass(frozen=True)
 class Step:
     num: str  # "05"
     path: Path
-    title: str
-    distributed: bool  # sets up a process group: launched through torchrun
-
-    @property
-    def ddp(self) -> bool:  # the older name of `distributed`
-        return self.distributed
+    title: str  # the docstring's `Step NN: <title>.`
+    distributed: bool = False
+    compiled: bool = False
+    memory: Memory | None = None
+    summary: str = ""  # the README table's "what it changes"
+    parity: dict = field(default_factory=dict, compare=False)  # {"cpu": ..., "cuda": ...}
+    inactive: Inactive | None = None
+    lease: dict | None = None  # {"like": num, "factor": f, "why": ...}: timed as rung `like`
+    summary_file: str | None = None  # a file at the root that copies this rung
 
     @property
     def rel(self) -> str:
@@ -42,6 +103,10 @@ class Step:
             return self.path.relative_to(ROOT).as_posix()
         except ValueError:
             return str(self.path)
+
+    def batch(self, settings: dict) -> int:
+        """The batch this rung trains with under a preset's settings."""
+        return settings[self.memory.batch if self.memory else "batch_size"]
 
 
 _TITLE = re.compile(r"^\s*(?:[rRuU]?)(?:\"\"\"|''')\s*Step\s+\d+:\s*(.*?)\.(?:\s|$)")
@@ -60,21 +125,142 @@ def step_title(path: Path) -> str:
     return path.stem[3:].replace("_", " ") if path.stem[:2].isdigit() else path.stem
 
 
-def discover(ladder_dir: Path = ROOT) -> list[Step]:
-    """00_orig.py, then steps/NN_*.py in order."""
+def _entries(path: Path) -> dict[str, dict]:
+    try:
+        rungs = json.loads(path.read_text(encoding="utf-8"))["rungs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: not a ladder registry ({e})") from None
+    return {str(e.get("num")): e for e in rungs if isinstance(e, dict)}
+
+
+def _fold(state: dict, e: dict, where: str) -> dict:
+    """The state after a rung: the one before it with the entry's `changes`, checked."""
+    changes = e.get("changes") or {}
+    for k, v in changes.items():
+        if k not in TERMS or v not in TERMS[k]:
+            known = ", ".join(f"{t}: {'/'.join(map(str, vs))}" for t, vs in TERMS.items())
+            raise UserError(f"{where}: changes {k}={v!r} is not a term the harness models "
+                            f"({known}); a new one is code in measure/memory_model.py")  # fmt: skip
+    state = dict(state, **changes)
+    missing = [k for k in TERMS if k not in state]
+    if missing:
+        raise UserError(f"{where}: the first rung must state every term ({', '.join(missing)})")
+    if state["checkpointing"] and state["loss"] != "fused":
+        raise UserError(f"{where}: checkpointing is modelled after a fused loss only")
+    return state
+
+
+def _step(f: Path, e: dict, state: dict, where: str) -> Step:
+    memory = Memory(**{k: state[k] for k in Memory.__dataclass_fields__})
+    inactive = e.get("inactive")
+    try:
+        inactive = Inactive(**inactive) if inactive else None
+    except TypeError as err:
+        raise UserError(f"{where}: inactive {inactive}: {err}") from None
+    return Step(f.name[:2], f, step_title(f), state["distributed"], state["compiled"], memory,
+                e.get("summary", ""), e.get("parity") or {}, inactive, e.get("lease"),
+                e.get("summary_file"))  # fmt: skip
+
+
+def _check_parity(e: dict, where: str) -> None:
+    cpu, cuda = (e.get("parity") or {}).get("cpu"), (e.get("parity") or {}).get("cuda")
+    if not isinstance(cpu, dict) or cpu.get("rule") not in ("exact", "close") or "why" not in cpu:
+        raise UserError(f"{where}: parity.cpu needs a rule (exact or close) and its why")
+    if not isinstance(cuda, dict) or "why" not in cuda or not isinstance(cuda.get("holds"), dict):
+        raise UserError(f"{where}: parity.cuda needs its why and holds: {{preset: "
+                        "{steps, atol, source}}")  # fmt: skip
+
+
+def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step]:
+    """00_orig.py, then steps/NN_*.py in order, each with its registry entry. The registry is
+    speed_ladder/data/ladder.json for this checkout, where every step file needs an entry and
+    every entry a step file; another ladder's (`--ladder-dir`, the tests' fixtures) is its own
+    ladder.json if it has one, and a step file without an entry there is a plain rung (fp32,
+    eager, one process)."""
     ladder_dir = Path(ladder_dir).resolve()
+    strict = registry is not None or ladder_dir == ROOT.resolve()
+    if registry is None:
+        registry = REGISTRY if ladder_dir == ROOT.resolve() else ladder_dir / "ladder.json"
+    entries = _entries(registry) if strict or registry.is_file() else {}
     files = [ladder_dir / "00_orig.py"] if (ladder_dir / "00_orig.py").is_file() else []
     files += sorted((ladder_dir / "steps").glob("[0-9][0-9]_*.py"))
     steps, seen = [], set()
+    state = {"precision": "fp32", "attention": "materialized", "vocab": "gpt2",
+             "batch": "batch_size", "loss": "logits", "checkpointing": False, "state": "single",
+             "compiled": False, "distributed": False} if not strict else {}  # fmt: skip
+    reg = _rel(registry)
     for f in files:
         num = f.name[:2]
         if num in seen:
             raise UserError(f"two scripts for step {num} in {ladder_dir}: check steps/{num}_*.py")
         seen.add(num)
-        steps.append(Step(num, f, step_title(f), is_distributed(f)))
+        e = entries.get(num)
+        rel = _rel(f, ladder_dir)
+        if e is None and strict:
+            raise UserError(f"{rel} has no entry in {reg}: add one ({ADD_A_RUNG})")
+        e = e or {}
+        where = f"{reg}, rung {num}"
+        if e.get("file", rel) != rel:
+            raise UserError(f"{where}: file {e['file']} is not {rel}")
+        if strict and steps:
+            _check_parity(e, where)
+        state = _fold(state, e, where)
+        steps.append(_step(f, e, state, where))
     if not steps:
         raise UserError(f"no step scripts in {ladder_dir} (00_orig.py, steps/NN_*.py)")
+    extra = sorted(set(entries) - seen)
+    if extra:
+        raise UserError(f"{reg}: rung {', '.join(extra)} has no step file in {ladder_dir}")
     return steps
+
+
+def _rel(path: Path, base: Path = ROOT) -> str:
+    try:
+        return Path(path).resolve().relative_to(Path(base).resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+@cache
+def rungs() -> tuple[Step, ...]:
+    """This checkout's ladder (discover(ROOT)), read once."""
+    return tuple(discover(ROOT))
+
+
+def rung(num: str) -> Step:
+    """This checkout's rung `num`."""
+    for s in rungs():
+        if s.num == num:
+            return s
+    raise UserError(f"no step {num} in {_rel(REGISTRY)} (steps {rungs()[0].num}-{rungs()[-1].num})")
+
+
+def step_of(path: Path | str) -> str:
+    """The number of this checkout's rung whose step file (or summary file) `path` is."""
+    name = Path(path).name
+    for s in rungs():
+        if name in (s.path.name, s.summary_file):
+            return s.num
+    raise UserError(f"{path}: not a step file of this ladder ({_rel(REGISTRY)})")
+
+
+def first(pred, steps=None) -> Step | None:
+    """The first rung of `steps` (this checkout's) for which pred(step) holds, or None."""
+    return next((s for s in (rungs() if steps is None else steps) if pred(s)), None)
+
+
+def inactive_helpers() -> dict[str, str]:
+    """{check: module} of every rung's inactive check, for `speed_ladder.<check>`: read from the
+    entries alone (`import speed_ladder` must not fail where a step file lacks its entry)."""
+    checks = [Inactive(**e["inactive"]) for e in _entries(REGISTRY).values() if e.get("inactive")]
+    return {c.check: c.module for c in checks}
+
+
+def unified(a: Path, b: Path, root: Path = ROOT) -> str:
+    """The unified diff of step file `a` to `b`, as tests/golden/NN.diff holds it."""
+    old, new = (Path(f).read_text().splitlines(keepends=True) for f in (a, b))
+    diff = difflib.unified_diff(old, new, fromfile=_rel(a, root), tofile=_rel(b, root), n=3)
+    return "".join(diff)
 
 
 def parse_steps(spec: str | None, steps: list[Step]) -> list[Step]:

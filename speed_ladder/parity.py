@@ -1,5 +1,6 @@
 """Loss parity: the numeric regime a run computed in, and whether a step's losses agree with the
-previous step's under the tolerance stated for it (tests/loss_parity.json).
+previous step's under the tolerance stated for it (each rung's `parity` in
+speed_ladder/data/ladder.json; the regimes in speed_ladder/data/loss_parity.json).
 
 Every step of a sweep or of the tests trains with the same seed and data, so neighbours' first
 losses compare. How close they must be depends on what the step changes and on the numbers it
@@ -32,10 +33,11 @@ import json
 import math
 import sys
 from functools import cache
+from pathlib import Path
 
-from speed_ladder.files import ROOT
+from speed_ladder import ladder
 
-MANIFEST = ROOT / "tests" / "loss_parity.json"
+MANIFEST = Path(__file__).parent / "data" / "loss_parity.json"
 
 
 def regime(device) -> str:
@@ -83,6 +85,11 @@ def manifest() -> dict:
     return json.loads(MANIFEST.read_text())
 
 
+def _rung_rule(step: str, device: str) -> dict:
+    """Rung `step`'s rule against the rung before it: `cpu` or `cuda` (ladder.json)."""
+    return ladder.rung(step).parity[device]
+
+
 def regime_atol(*regimes: str | None) -> float:
     """The looser tolerance of these regimes' (CPU): two runs of one step that should compute
     the same losses but in another order (1 vs 2 processes, DDP vs FSDP2)."""
@@ -98,12 +105,12 @@ def rule(step: str, prev_regime: str | None, cur_regime: str | None, device: str
     preset (`holds`)."""
     m = manifest()
     if device == "cuda":
-        r = m["cuda"]["steps"][step]
+        r = _rung_rule(step, "cuda")
         h = r["holds"].get(preset or "tiny")
         if h is None:
             return None
         return {"rule": "close", "atol": h["atol"], "why": r["why"], "steps": h["steps"]}
-    r = m["steps"][step]
+    r = _rung_rule(step, "cpu")
     if r["rule"] == "exact":
         return {"rule": "exact", "atol": None, "why": r["why"]}
     regimes = m["regimes"]
@@ -116,12 +123,12 @@ def rule(step: str, prev_regime: str | None, cur_regime: str | None, device: str
 
 
 def uncovered(step: str, device: str, preset, n: int) -> str | None:
-    """Why no rule covers `n` losses of `preset` on `device` (tests/loss_parity.json: CUDA's
-    `holds` per step, the CPU's `cpu_holds`), or None. Rounding differences grow with the run:
+    """Why no rule covers `n` losses of `preset` on `device` (each rung's CUDA
+    `holds`, the CPU's `cpu_holds`), or None. Rounding differences grow with the run:
     a tolerance measured over 4 steps of tiny says nothing of 63 steps of gpt2-124m."""
     m = manifest()
     if device == "cuda":
-        holds = m["cuda"]["steps"][step]["holds"]
+        holds = _rung_rule(step, "cuda")["holds"]
         where = "CUDA tolerance"
     else:
         holds, where = m["cpu_holds"], "CPU rule"
@@ -155,7 +162,7 @@ def drop_rate(preset) -> float | None:
 def not_comparable(step: str, prev_rec: dict, cur_rec: dict) -> str | None:
     """Why step `step`'s rule does not apply to these two runs (see the module docstring), or
     None when it does."""
-    r = manifest()["steps"].get(step) or {}
+    r = _rung_rule(step, "cpu") if any(s.num == step for s in ladder.rungs()) else {}
     presets = {p for p in (prev_rec.get("preset"), cur_rec.get("preset")) if isinstance(p, str)}
     only = r.get("presets")
     if only and presets - set(only):

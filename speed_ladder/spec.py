@@ -23,6 +23,7 @@ module not yet imported.
 
 from dataclasses import dataclass
 
+from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.files import data_id
 from speed_ladder.presets import GPT2_VOCAB, PRESETS
@@ -32,7 +33,6 @@ from speed_ladder.presets import GPT2_VOCAB, PRESETS
 # (26.26 GB reserved on an A100, results/reference), it predicts 23.4 GB: x1.12. The rule adds 15%
 # to every prediction, then the CUDA context (memory_model's 1 GiB).
 FIT_MARGIN = 1.15
-LADDER_STEPS = [f"{i:02d}" for i in range(15)]
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class RunSpec:
     batch_size_override: int | None  # --batch-size
 
     def batch(self, step: str) -> int:
-        """Sequences per step and process of a ladder step: the large batch from step 10 on."""
-        return self.settings["large_batch_size" if step >= "10" else "batch_size"]
+        """Sequences per step and process of a ladder step: its rung's batch (ladder.json)."""
+        return ladder.rung(step).batch(self.settings)
 
     def record(self) -> dict:
         """The record's `spec` (its one configuration; the batch rule is its own field)."""
@@ -176,14 +176,20 @@ def _heaviest(shape: dict, batch: int, large: int, bf16: bool) -> tuple[str, int
     padded vocabulary from step 09, the large batch from step 10, DDP's buckets from 11."""
     from speed_ladder.measure import memory_model
 
-    worst = ("00", 0)
-    for step in LADDER_STEPS:
-        act = 2 if bf16 and step >= "05" else 4
-        b = large if step >= "10" else batch
-        vocab = GPT2_VOCAB if step < "09" else memory_model.VOCAB
-        p = memory_model.predict(shape, 1, step, b, act, flash=step >= "07", vocab=vocab)
-        worst = max(worst, (step, p.total_bytes), key=lambda w: w[1])
+    worst = (ladder.BASELINE, 0)
+    for r in ladder.rungs():
+        m = r.memory
+        act = 2 if bf16 and m.bf16_autocast else 4
+        b = r.batch({"batch_size": batch, "large_batch_size": large})
+        vocab = memory_model.VOCAB if m.padded_vocab else GPT2_VOCAB
+        p = memory_model.predict(shape, 1, r.num, b, act, flash=m.flash, vocab=vocab)
+        worst = max(worst, (r.num, p.total_bytes), key=lambda w: w[1])
     return worst
+
+
+def large_from() -> str:
+    """The first rung that trains with the large batch."""
+    return ladder.first(lambda r: r.memory.large_batch).num
 
 
 def fit_batch(name: str, p: dict, gpu_bytes: int, bf16: bool) -> dict | None:
@@ -213,7 +219,7 @@ def fit_batch(name: str, p: dict, gpu_bytes: int, bf16: bool) -> dict | None:
         step, n = need(b, lb)
         if n <= gpu_bytes:
             return rule | {"batch": b, "large_batch": lb, "heaviest_step": step, "reason": (
-                f"{head}: batch {b} (step 10 on: {lb}) for every step, so the speedups "
+                f"{head}: batch {b} (step {large_from()} on: {lb}) for every step, so the speedups "
                 f"compare; step {step} needs {gib(n)}; --batch-size N overrides")}  # fmt: skip
     return rule | {"batch": batch, "large_batch": large, "heaviest_step": step, "reason": (
         f"{head}, nor at batch 1: the preset's batch is kept (python -m "

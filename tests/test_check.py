@@ -105,7 +105,7 @@ def test_a_summary_that_disagrees_with_its_records(tmp_path, records):
 
 
 def test_the_parity_cell_is_checked_and_its_detail_is_not(tmp_path, records):
-    """`parity` comes from the records (and tests/loss_parity.json): a summary that says `ok`
+    """`parity` comes from the records (and speed_ladder/data/ladder.json): a summary that says `ok`
     where they say `off` is a problem; `parity_detail`'s words are the manifest's, not checked.
     (Step 01 is off here: step 00's round-1 run drew other dropout masks,
     speed_ladder/measure/device.py.)"""

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from speed_ladder.ladder import discover
+from speed_ladder.ladder import discover, rung, rungs, step_of
 from speed_ladder.measure.data import TRAIN_RATIO, num_windows, read_text, token_ids
 from speed_ladder.presets import PRESETS
 
-SUMMARIES = {"01_opt_single_gpu.py": "10", "02_opt_multi_gpu_ddp.py": "11"}
+SUMMARIES = {r.summary_file: r.num for r in rungs() if r.summary_file}
 
 
 def _logical_lines(text: str):
@@ -71,8 +71,7 @@ def _flag(argv, name, default=None):
 
 
 def _step_of(script: str) -> str:
-    name = Path(script).name
-    return SUMMARIES.get(name, name[:2])
+    return step_of(script)
 
 
 def global_batches(command: str):
@@ -88,9 +87,9 @@ def global_batches(command: str):
         from speed_ladder.ladder import parse_steps
 
         steps = [s.num for s in parse_steps(_flag(argv, "--steps"), discover(ROOT))]
-        steps = [s for s in steps if s >= "11"]
+        steps = [s for s in steps if rung(s).distributed]
     for step in steps:
-        default = p["large_batch_size"] if step >= "10" else p["batch_size"]
+        default = rung(step).batch(p)
         yield step, preset, int(_flag(argv, "--batch-size", default)), world
 
 

@@ -25,7 +25,7 @@ EAGER = {"TORCH_COMPILE_DISABLE": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 # same math, same batches; measured in fp32: equal bit for bit on torch 2.13, 1.2e-5 apart on 2.7
 # (another reduce-scatter summation order); the tolerance is the runs' regime's
-# (tests/loss_parity.json: 1e-4 in fp32, more where this CPU runs step 05's bf16)
+# (speed_ladder/data/ladder.json: 1e-4 in fp32, more where this CPU runs step 05's bf16)
 
 # Rank 0 notes the bytes of state it holds when the run finishes (the last step's grads are
 # still set): the model and optimizer are caught on their way into the harness and AdamW.

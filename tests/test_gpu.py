@@ -2,7 +2,7 @@
 
 tools/gpu_session.sh runs the fast part, `pytest -m "gpu and not slow"` (about 2-4 minutes on an
 H100), after the sweep: a GPU sweep already runs every step on CUDA and judges each step's loss
-against the previous step's (summary.csv `parity`, tests/loss_parity.json's CUDA rules), so the
+against the previous step's (summary.csv `parity`, each rung's CUDA rule in ladder.json), so the
 fast part checks only what a sweep cannot, most informative first:
 - the MFU peak table resolves this GPU, and the batch rule leaves the preset to a big one;
 - Liger's loss and gradients against plain cross-entropy, and the numerics cases of
@@ -11,7 +11,7 @@ fast part checks only what a sweep cannot, most informative first:
   (not the fallback) ran in step 12;
 - DDP with nccl as a world of one, under plain python and under torchrun.
 The slow part (`-m gpu`) runs every script on `tiny` on CUDA (08-14 compiled): an ok record,
-loss parity under tests/loss_parity.json's "cuda" tolerances, and only what this GPU lacks
+loss parity under speed_ladder/data/ladder.json's "cuda" tolerances, and only what this GPU lacks
 recorded inactive.
 
 Every test has a time limit (@pytest.mark.limit, tests/budget.py): one that hangs fails with
@@ -227,7 +227,7 @@ def test_every_script_writes_an_ok_record_on_cuda(cuda_runs, script):
 def test_loss_matches_previous_step_on_cuda(cuda_runs, script):
     i = STEPS.index(script)
     prev, cur = _ok(*cuda_runs[STEPS[i - 1]]), _ok(*cuda_runs[script])
-    # tests/loss_parity.json's CUDA tolerance for tiny's 4 steps (parity.judge)
+    # speed_ladder/data/ladder.json's CUDA tolerance for tiny's 4 steps (parity.judge)
     ok, how = parity.check(ladder.step_of(ROOT / script), prev, cur)
     assert ok, f"{how} ({cur['losses']} vs {prev['losses']})"
 

@@ -234,8 +234,9 @@ def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch,
         run = Run(_run_args(max_steps=values["max_steps"], warmup_steps=values["warmup_steps"]),
                   step, __file__)  # fmt: skip
         assert run.spec == planned
-        run.cfg = {"vocab_size": 50257 if step < "09" else 50304}  # what set_model is given
-        run.batch_size = run.preset["large_batch_size" if step >= "10" else "batch_size"]
+        padded = ladder[step].memory.padded_vocab
+        run.cfg = {"vocab_size": 50304 if padded else 50257}  # what set_model is given
+        run.batch_size = ladder[step].batch(run.preset)
         recorded = rank_memory.announce(run, torch.nn.Linear(1, 1))["memory_model"]
         assert asdict(preflight.predict(ladder[step], planned, 1)) == recorded
         assert recorded["batch"] == planned.batch(step)

@@ -1,7 +1,7 @@
 """Every ladder script trains on `tiny`, writes a valid record, and keeps the previous step's loss.
 
 All steps run once per session (two at a time, for 2 cores) with the same seed and steps; the
-loss-parity rules live in tests/loss_parity.json (speed_ladder/parity.py applies them). A cold
+loss-parity rules live in speed_ladder/data/ladder.json (parity.py applies them). A cold
 torch.compile costs about a minute per script on 2 cores, so the fast suite compiles step 08
 only and runs 09-14 with TORCH_COMPILE_DISABLE=1 (their own change, eager); the `slow` tests run
 08-14 compiled. The summary files are byte-identical to steps 10/11, so they are checked by
@@ -16,7 +16,6 @@ run 08-14 compiled in bf16 too.
 """
 
 import ast
-import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,14 +27,16 @@ sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 
 from speed_ladder import parity  # noqa: E402
+from speed_ladder.ladder import rung, rungs  # noqa: E402
 from speed_ladder.records import FIELDS  # noqa: E402
 
 STEPS = [p.relative_to(ROOT).as_posix() for p in ladder.ladder()]
 SUMMARIES = list(ladder.SUMMARIES)
 SCRIPTS = STEPS + SUMMARIES
-COMPILED = [s for s in STEPS if ladder.step_of(ROOT / s) >= "08"]
-BF16 = [s for s in STEPS if ladder.step_of(ROOT / s) >= "05"]
-BF16_FAST = [s for s in BF16 if ladder.step_of(ROOT / s) <= "08"]  # the rest: compiled, slow
+COMPILED = [r.rel for r in rungs() if r.compiled]
+BF16 = [r.rel for r in rungs() if r.memory.bf16_autocast]
+# the rest: compiled after the first compiled rung, slow
+BF16_FAST = [s for s in BF16 if not rung(ladder.step_of(ROOT / s)).compiled or s == COMPILED[0]]
 MAX_STEPS, WARMUP = 4, 1
 # The ladder trains on the first 330 tokens of the test text: 9 training windows of tiny's 32
 # tokens, so an epoch is 2 steps at batch 4 and 1 at step 10's 8, and every run crosses an epoch
@@ -56,7 +57,6 @@ def epoch_text(folder: Path) -> Path:
     return path
 
 
-PARITY = json.loads((ROOT / "tests" / "loss_parity.json").read_text())
 REGIME = {"fp32": {"SPEED_LADDER_BF16": "0"}, "bf16": {"SPEED_LADDER_BF16": "1"}}
 
 
@@ -235,20 +235,17 @@ def test_every_run_of_the_ladder_crosses_an_epoch_boundary(tmp_path):
         assert windows // batch < MAX_STEPS, (n, windows, batch)
 
 
-def test_parity_manifest_covers_every_step():
-    assert sorted(PARITY["steps"]) == [Path(s).name[:2] for s in STEPS[1:]]
-
-
 def test_steps_on_cpu_say_why_they_do_nothing(ladder_runs):
-    notes = {Path(s).name[:2]: ladder_runs[s][1][0]["notes"] for s in STEPS}
+    notes = {ladder.step_of(ROOT / s): ladder_runs[s][1][0]["notes"] for s in STEPS}
     assert any("step 02: TF32" in n and "no effect on cpu" in n for n in notes["02"])
     assert any("step 04: pinned memory" in n and "no effect on cpu" in n for n in notes["04"])
     assert any("step 12:" in n and "ran" in n for n in notes["12"])
     # step_active: false exactly where the step's own optimization did nothing on this CPU
     # (tiny has dropout 0, so SDPA's flash kernel runs; 09-14 run eager, but 08 compiles;
     # bf16 is forced off in these runs)
-    expected = {"02", "04", "05", "11", "12", "14"}
-    recs = {Path(s).name[:2]: ladder_runs[s][1][0] for s in STEPS}
+    expected = {r.num for r in rungs() if r.inactive and r.inactive.on_test_cpu}
+    assert expected == {"02", "04", "05", "11", "12", "14"}
+    recs = {ladder.step_of(ROOT / s): ladder_runs[s][1][0] for s in STEPS}
     inactive = {k for k, r in recs.items() if r["step_active"] is False}
     assert inactive == expected, {k: recs[k]["inactive_reason"] for k in inactive}
     assert all((r["inactive_reason"] is None) == r["step_active"] for r in recs.values())

@@ -1,5 +1,5 @@
 """The summary's loss parity (speed_ladder/parity.py): each step's losses against the previous
-step's, round with round, under tests/loss_parity.json's rule for the step and the runs' regimes,
+step's, round with round, under the rung's rule (speed_ladder/data/ladder.json) and the regimes,
 and `not comparable` where the rule does not hold on the preset. Synthetic records: milliseconds."""
 
 from speed_ladder import parity

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from speed_ladder.ladder import discover
+from speed_ladder.ladder import discover, expected_steps, rungs
 from speed_ladder.report.charts import CHARTS, plot_tag
 from speed_ladder.report.readme import update_readme
-from speed_ladder.report.redraw import TAG_CHARTS, check_complete, expected_steps
+from speed_ladder.report.redraw import TAG_CHARTS, check_complete
 from speed_ladder.report.reference import read_reference
 from speed_ladder.report.summary import find_tags
 
@@ -174,10 +174,10 @@ def test_check_complete(tags):
 
 
 def test_multi_process_tags_expect_the_distributed_steps_only(tmp_path):
-    assert expected_steps(tmp_path / "cpu-2c-x2") == ["11", "12", "13", "14"]
-    assert expected_steps(tmp_path / "cpu-2c-x1") == LADDER
-    assert expected_steps(tmp_path / "nvidia-h200-x1") == LADDER
-    assert expected_steps(tmp_path / "cpu-2c") == LADDER
+    held = lambda tag: [s.num for s in expected_steps(discover(ROOT), tag)]
+    distributed = [r.num for r in rungs() if r.distributed]
+    assert held("cpu-2c-x2") == distributed == ["11", "12", "13", "14"]
+    assert held("cpu-2c-x1") == held("nvidia-h200-x1") == held("cpu-2c") == LADDER
 
 
 def test_reference_csv_is_the_published_table():
@@ -232,7 +232,7 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     from speed_ladder.report import ladder_page
 
     by = {s.num: s for s in discover(ROOT)}
-    assert ladder_page.change(by["02"])[0].startswith(
+    assert ladder_page.change(by["02"], by["01"])[0].startswith(
         '+    torch.set_float32_matmul_precision("high")'
     )
     assert ladder_page.why(ladder_page.paragraphs(by["02"])).startswith("On Ampere and newer")

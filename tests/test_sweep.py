@@ -506,7 +506,7 @@ def test_another_machines_folder_is_not_skipped_and_its_files_are_unchanged(tmp_
 def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, capsys,
                                                                     monkeypatch):  # fmt: skip
     """Every step trains on the same seed and data: a step whose losses leave the previous
-    step's beyond its rule (tests/loss_parity.json) is `off` in the summary, named in the
+    step's beyond its rule (speed_ladder/data/ladder.json) is `off` in the summary, named in the
     closing status line and shown in the README table and LADDER.md; the others are `ok`; the
     exit code stays 0 (information, not a failure)."""
     from speed_ladder.report import ladder_page, readme

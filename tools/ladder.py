@@ -1,7 +1,7 @@
 """Maintain the ladder: golden diffs and fix propagation, by tool, never by hand-copying.
 
-python tools/ladder.py goldens            # rewrite tests/golden/NN.diff from the files
-python tools/ladder.py check              # exit 1 if a consecutive diff left its golden
+python tools/ladder.py goldens            # rewrite tests/golden/NN.diff and README's ladder table
+python tools/ladder.py check              # exit 1 if a diff left its golden, or the table is stale
 python tools/ladder.py propagate 00_orig.py [--base REV]
     # carry the uncommitted change of one file (against REV, default HEAD) into every later
     # step with `git merge-file` (a 3-way merge: later file, old file, new file), then copy
@@ -9,7 +9,6 @@ python tools/ladder.py propagate 00_orig.py [--base REV]
 """
 
 import argparse
-import difflib
 import shutil
 import subprocess
 import sys
@@ -17,11 +16,18 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from speed_ladder.errors import UserError  # noqa: E402
 from speed_ladder.files import ROOT  # noqa: E402
-from speed_ladder.ladder import discover  # noqa: E402
+from speed_ladder.ladder import discover, rungs  # noqa: E402
+from speed_ladder.ladder import step_of as _step_of  # noqa: E402
+from speed_ladder.ladder import unified as _unified  # noqa: E402
+from speed_ladder.report import ladder_table  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden"
-SUMMARIES = {"01_opt_single_gpu.py": "10", "02_opt_multi_gpu_ddp.py": "11"}
+try:  # file: the rung it copies
+    SUMMARIES = {r.summary_file: r.num for r in rungs() if r.summary_file}
+except UserError as e:  # a step file without its entry, a bad entry: one line
+    sys.exit(f"error: {e}")
 
 
 def ladder() -> list[Path]:
@@ -30,19 +36,12 @@ def ladder() -> list[Path]:
 
 
 def step_of(path: Path) -> str:
-    return path.name[:2]
+    """The rung number of a step file of this ladder."""
+    return _step_of(path)
 
 
 def unified(a: Path, b: Path) -> str:
-    rel_a, rel_b = a.relative_to(ROOT).as_posix(), b.relative_to(ROOT).as_posix()
-    lines = difflib.unified_diff(
-        a.read_text().splitlines(keepends=True),
-        b.read_text().splitlines(keepends=True),
-        fromfile=rel_a,
-        tofile=rel_b,
-        n=3,
-    )
-    return "".join(lines)
+    return _unified(a, b, ROOT)
 
 
 def pairs():
@@ -55,18 +54,27 @@ def goldens() -> None:
     for a, b in pairs():
         (GOLDEN / f"{step_of(b)}.diff").write_text(unified(a, b))
     print(f"wrote {len(pairs())} golden diffs to {GOLDEN.relative_to(ROOT)}")
+    changed = ladder_table.update(discover(ROOT))
+    print("README.md's ladder table: " + ("rewritten" if changed else "up to date"))
 
 
 def check() -> int:
-    bad = [
-        b.name for a, b in pairs() if (GOLDEN / f"{step_of(b)}.diff").read_text() != unified(a, b)
-    ]
+    bad = []
+    for a, b in pairs():
+        golden = GOLDEN / f"{step_of(b)}.diff"
+        if not golden.is_file():
+            bad.append(f"{b.name} (no golden diff)")
+        elif golden.read_text() != unified(a, b):
+            bad.append(b.name)
     for name, step in SUMMARIES.items():
         src = next((p for p in ladder() if step_of(p) == step), None)
         if src and (ROOT / name).read_bytes() != src.read_bytes():
             bad.append(name)
     print("golden diffs: " + ("ok" if not bad else "differ: " + ", ".join(bad)))
-    return 1 if bad else 0
+    table = ladder_table.stale(discover(ROOT))
+    if table:
+        print("README.md's ladder table: stale, run python tools/ladder.py goldens")
+    return 1 if bad or table else 0
 
 
 def propagate(name: str, base: str) -> int:

@@ -109,11 +109,6 @@ def tree(procs: dict[int, Proc], root: int) -> set[int]:
     return out
 
 
-def tree_ticks(procs: dict[int, Proc], root: int) -> int:
-    """CPU ticks of a process tree, children it reaped included."""
-    return sum(procs[p].own + procs[p].reaped for p in tree(procs, root) if p in procs)
-
-
 def own_root() -> int:
     """The root of this run's process tree: torchrun's agent for a rank it launched (all ranks
     are ours), else this process."""

@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from speed_ladder import ladder
 from speed_ladder.measure.device import is_rocm
 
 
@@ -79,20 +80,13 @@ def compile_disabled() -> str | None:
     return None
 
 
-WORLD_OF_ONE = {  # steps 11 and 14 in one process: what such a run measures instead
-    "11": "a world of one: no other process shares the batch, so DDP does not wrap the model "
-    "(step 10's run, in a process group); run it with torchrun",
-    "14": "a world of one: nothing to shard (a rank's shard is the whole tensor), so this run "
-    "measures FSDP2's hooks, not its saving",
-}
-
-
 def world_of_one(step: str) -> str | None:
     """Steps 11 (DDP) and 14 (FSDP2): why the step does nothing in a process group of one
-    process (plain python, or torchrun with one), or None where other ranks take part."""
+    process (plain python, or torchrun with one), or None where other ranks take part. The
+    reason is the rung's own (its `inactive.why` in speed_ladder/data/ladder.json)."""
     import torch.distributed as dist
 
-    return WORLD_OF_ONE[step] if dist.get_world_size() == 1 else None
+    return ladder.rung(step).inactive.why if dist.get_world_size() == 1 else None
 
 
 def triton_interpreted() -> bool:

@@ -39,6 +39,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from speed_ladder import ladder
 from speed_ladder.presets import GPT2_VOCAB, PRESETS
 
 VOCAB = 50304  # step 09 on: GPT-2's 50257 padded to a multiple of 64
@@ -107,8 +108,9 @@ ACTIVATION_KINDS = ("logits", "fused", "checkpointed")
 
 
 def step_kind(step: str) -> str:
-    """How a ladder step keeps activations: full logits (<= 11), fused loss (12), checkpointed."""
-    return "checkpointed" if step >= "13" else "fused" if step >= "12" else "logits"
+    """How a ladder step keeps activations: full logits, fused loss (no full logits: step 12's
+    Liger), or checkpointed (step 13's block inputs): the rung's `loss` and `checkpointing`."""
+    return ladder.rung(step).memory.activations
 
 
 def activation_bytes(
@@ -170,29 +172,29 @@ class Prediction:
 
 
 def mode_of_step(step: str) -> str:
-    """single (00-10), ddp (11-13) or fsdp2 (14)."""
-    if step >= "14":
-        return "fsdp2"
-    return "ddp" if step >= "11" else "single"
+    """single, ddp or fsdp2: how the rung keeps its state (ladder.json's `state`)."""
+    return ladder.rung(step).memory.state
 
 
 def predict(
     preset: str | dict,
     world: int = 1,
-    step: str = "14",
+    step: str | None = None,
     batch: int | None = None,
     act_bytes: int = 2,
     flash: bool = True,
     mode: str | None = None,
     vocab: int = VOCAB,
 ) -> Prediction:
-    """The prediction for one ladder step on one preset (name or dict) and world size."""
+    """The prediction for one ladder step (default: the last) on one preset (name or dict) and
+    world size."""
+    step = step or ladder.rungs()[-1].num
     cfg = PRESETS[preset] if isinstance(preset, str) else preset
     name = preset if isinstance(preset, str) else "custom"
     mode = mode or mode_of_step(step)
     kind = step_kind(step)
     if batch is None:
-        batch = cfg["large_batch_size"] if step >= "10" else cfg["batch_size"]
+        batch = ladder.rung(step).batch(cfg)
     return Prediction(
         preset=name,
         world=world,
@@ -222,7 +224,7 @@ def fits(pred: Prediction, gpu_bytes: float) -> bool:
 
 def largest_fit(step: str, gpus: int, gpu_gb: int) -> str | None:
     """The largest GPT-2 family preset (its own batch) step `step` trains on gpus x gpu_gb GB."""
-    if step < "11" and gpus > 1:
+    if not ladder.rung(step).distributed and gpus > 1:
         return None  # a single-process step: more GPUs do not change it
     best = None
     for name in GPT2_FAMILY:
@@ -231,15 +233,17 @@ def largest_fit(step: str, gpus: int, gpu_gb: int) -> str | None:
     return best
 
 
-def fit_table(steps=("10", "11", "12", "13", "14"), gpus=(1, 4), sizes=GPU_GB) -> str:
-    """Markdown: the largest GPT-2 preset that fits per GPU, by step, GPU count and size."""
+def fit_table(steps=None, gpus=(1, 4), sizes=GPU_GB) -> str:
+    """Markdown: the largest GPT-2 preset that fits per GPU, by step (default: the large-batch
+    rungs), GPU count and size."""
+    steps = steps or [r.num for r in ladder.rungs() if r.memory.large_batch]
     head = "| step | " + " | ".join(f"{n}x {g} GB" for n in gpus for g in sizes) + " |"
     rows = [head, "|---|" + "---|" * (len(gpus) * len(sizes))]
     for s in steps:
         cells = []
         for n in gpus:
             for g in sizes:
-                if s < "11" and n > 1:
+                if not ladder.rung(s).distributed and n > 1:
                     cells.append("(1 process)")
                 else:
                     cells.append(largest_fit(s, n, g) or "none")
@@ -247,8 +251,13 @@ def fit_table(steps=("10", "11", "12", "13", "14"), gpus=(1, 4), sizes=GPU_GB) -
     return "\n".join(rows)
 
 
-def breakdown_table(steps=("13", "14"), gpus=(1, 4)) -> str:
-    """Markdown: predicted GiB per rank, state + buffers + activations, per GPT-2 preset."""
+def breakdown_table(steps=None, gpus=(1, 4)) -> str:
+    """Markdown: predicted GiB per rank, state + buffers + activations, per GPT-2 preset; by
+    default for the last rung that replicates its state and the last rung."""
+    if steps is None:
+        last = ladder.rungs()[-1]
+        kept = [r for r in ladder.rungs() if r.memory.state != last.memory.state]
+        steps = [r.num for r in kept[-1:]] + [last.num]
     rows = ["| preset | params | batch | " + " | ".join(f"step {s} x{n}" for s in steps
             for n in gpus) + " |", "|---|--:|--:|" + "--:|" * (len(steps) * len(gpus))]  # fmt: skip
     for name in GPT2_FAMILY:
@@ -269,7 +278,7 @@ def breakdown_table(steps=("13", "14"), gpus=(1, 4)) -> str:
 def act_bytes_of(step: str, bf16: bool | None, device_type: str) -> int:
     """Bytes per activation element in ladder step `step`: 2 under step 05's bf16 autocast, else
     4. bf16: RunSpec.bf16 (None on a CPU or MPS: device.bf16_is_fast measures it, cached)."""
-    if step < "05":
+    if not ladder.rung(step).memory.bf16_autocast:
         return 4
     if bf16 is None:
         import torch
@@ -289,9 +298,10 @@ def predict_run(shape: dict, step: str, world: int, batch: int, bf16: bool | Non
     09; the mode from the step unless the model says (`detect_mode`)."""
     act = act_bytes_of(step, bf16, device_type)
     drop = (shape.get("drop_rate") or 0) > 0
-    flash = step >= "07" and (device_type == "cuda" or not drop)  # CPU + dropout: math SDPA
+    m = ladder.rung(step).memory
+    flash = m.flash and (device_type == "cuda" or not drop)  # CPU + dropout: math SDPA
     if vocab is None:
-        vocab = GPT2_VOCAB if step < "09" else VOCAB
+        vocab = VOCAB if m.padded_vocab else GPT2_VOCAB
     p = predict(shape, world, step, batch, act, flash, mode, vocab)
     p.preset = name
     return p
@@ -306,10 +316,10 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--preset", help="one preset (default: the GPT-2 family)")
     ap.add_argument("--world", type=int, default=1, help="processes (default 1)")
-    ap.add_argument("--step", default="14", help="ladder step (default 14)")
+    ap.add_argument("--step", help="ladder step (default: the last)")
     ap.add_argument("--fp32", action="store_true", help="fp32 activations (no bf16 autocast)")
     a = ap.parse_args(argv)
-    step = a.step.zfill(2)
+    step = a.step.zfill(2) if a.step else ladder.rungs()[-1].num
     for name in [a.preset] if a.preset else GPT2_FAMILY:
         print(predict(name, a.world, step, act_bytes=4 if a.fp32 else 2).line())
     print()

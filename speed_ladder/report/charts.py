@@ -17,6 +17,7 @@ Every tag side by side, results/comparison.png, is comparison_chart.py's.
 
 from pathlib import Path
 
+from speed_ladder.ladder import BASELINE
 from speed_ladder.report.chart_style import (
     FAIL_COLOR,
     INACTIVE_COLOR,
@@ -185,7 +186,7 @@ def _tps_figure(plt, rows, heading: str, ref):
     n_ref = len(ref) if ref is not None else 0
     ref_base = None
     if n_ref:
-        base = ref[ref["step"] == "00"]
+        base = ref[ref["step"] == BASELINE]
         ref_base = float(base["tokens_per_sec"].iloc[0]) if len(base) else None
 
     def ref_tps_label(r, v):

@@ -12,7 +12,7 @@ never a bar. The chart is written atomically, as every chart (chart_style.save).
 import re
 from pathlib import Path
 
-from speed_ladder.ladder import tag_processes
+from speed_ladder.ladder import BASELINE, tag_processes
 from speed_ladder.report.chart_style import (
     REF_COLOR,
     TITLE_WIDTH,
@@ -34,7 +34,7 @@ COMPARISON = "comparison.png"
 
 def _base_tps(df) -> float | None:
     """A summary's step 00 tok/s, when step 00 has a result."""
-    rows = [r for r in df.to_dict("records") if r["step"] == "00" and is_ok(r)]
+    rows = [r for r in df.to_dict("records") if r["step"] == BASELINE and is_ok(r)]
     return number(rows[0].get("tokens_per_sec_median")) if rows else None
 
 
@@ -100,7 +100,7 @@ def _comparison_reference(ax, ref, steps, height, k: int) -> tuple[list, list]:
     """The published single-GPU figures' speedup over their step 00, hatched grey."""
     by_step = {r["step"]: r for r in ref.to_dict("records")}
     values, texts = [], []
-    base = by_step.get("00")
+    base = by_step.get(BASELINE)
     if base is None:
         return values, texts
     for i, s in enumerate(steps):

@@ -72,17 +72,12 @@ def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
     return written
 
 
-def expected_steps(tag_dir: Path, root: Path = ROOT) -> list[str]:
-    """The step numbers a tag should hold (see `ladder.expected_steps`)."""
-    steps = ladder.expected_steps(ladder.discover(root), Path(tag_dir).name)
-    return [s.num for s in steps]
-
-
 def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
     """What a tag lacks: a summary row (with a result, ok or failed) per ladder step, and the
     four charts. An empty list means complete."""
     tag_dir = Path(tag_dir)
-    steps = expected_steps(tag_dir) if steps is None else steps
+    if steps is None:
+        steps = [s.num for s in ladder.expected_steps(ladder.discover(ROOT), tag_dir.name)]
     problems = []
     if not (tag_dir / SUMMARY).is_file():
         return [f"{tag_dir}: no {SUMMARY}"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from speed_ladder import gains, parity
 from speed_ladder.errors import UserError
 from speed_ladder.files import RESULTS, atomic_write_bytes
-from speed_ladder.ladder import Step
+from speed_ladder.ladder import BASELINE, Step
 from speed_ladder.measure.cpu_load import is_busy
 from speed_ladder.measure.op_categories import CATEGORIES as TIME_CATEGORIES
 from speed_ladder.records import mfu_problem
@@ -255,7 +255,7 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=N
 
     runs, used, control = collect(steps, records, configs, shas, repeats, machine, tag)
     rows = [_row(s, runs[s.num], configs[s.num], repeats) for s in steps]
-    base = next((r for r in rows if r["step"] == "00"), None)
+    base = next((r for r in rows if r["step"] == BASELINE), None)
     base_tps = base["tokens_per_sec_median"] if base and base["status"] == "ok" else None
     for r in rows:
         if base_tps and r["status"] == "ok" and r["tokens_per_sec_median"] is not None:

@@ -28,7 +28,7 @@ MEASURED = ["runs", "tokens_per_sec_median", "tokens_per_sec_min", "tokens_per_s
             "speedup_vs_00", "peak_reserved_gib", "peak_reserved_gib_min", "mfu", "train_loss",
             "val_loss", "other_load_max"]  # fmt: skip
 # `parity` (ok/off/not comparable) is checked; `parity_detail` is not: its words are
-# tests/loss_parity.json's, which may be reworded without changing a verdict
+# speed_ladder/data/ladder.json's, which may be reworded without changing a verdict
 TEXTS = ("status", "prev_step", "verdict", "mem_verdict", "noise_source", "parity")
 SCALING = [c for c in gains.COLUMNS if c.startswith("scaling")]
 

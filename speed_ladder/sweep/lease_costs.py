@@ -95,7 +95,6 @@ LEASE_CONFIG = {"device": "cuda", "preset": "gpt2-124m", "max_steps": 60, "warmu
                 "data": ".carry/middlemarch.txt", "seed": 123}  # fmt: skip
 # the sweep's own estimate of a run with no record (preflight: 60 s, step 08's compile measured)
 SWEEP_GUESS_S = 86.0
-MODELLED = {"11": ("12", 1.0), "14": ("13", 1.1)}  # step: (the measured step, factor)
 
 
 @dataclass(frozen=True)
@@ -154,16 +153,17 @@ def _own(step, recs: list) -> float | None:
 
 
 def run_seconds(step, recs: list, kind: Kind, profile: bool = True) -> Run:
-    """One run of `step` on `kind`: measured in the tag, modelled from a measured step
-    (MODELLED), else assumed; x the kind's factor, less PROFILE_S without --profile."""
-    compiled = preflight.uses_compile(step.path)
+    """One run of `step` on `kind`: measured in the tag, modelled from a measured step (the
+    rung's `lease` in ladder.json), else assumed; x the kind's factor, less PROFILE_S without
+    --profile."""
+    compiled = step.compiled
     took = _own(step, recs)
     if took is not None:
         run = Run(step.num, took, "measured", compiled, expected=took)
-    elif step.num in MODELLED and (base := _base(step, recs)) is not None:
-        factor = MODELLED[step.num][1]
+    elif step.lease and (base := _base(step, recs)) is not None:
+        like, factor = step.lease["like"], step.lease["factor"]
         run = Run(step.num, base * factor, "modelled", compiled,
-                  "modelled, no sweep record: 11 as step 12's run, 14 as 1.1x 13's")  # fmt: skip
+                  f"modelled, no sweep record: {factor:g}x step {like}'s run")  # fmt: skip
     else:
         run = Run(step.num, ASSUMED_RUN_S, "assumed", compiled,
                   f"assumed: measured nowhere, {ASSUMED_RUN_S:.0f} s")  # fmt: skip
@@ -195,7 +195,7 @@ def is_current(step, recs: list, kind: Kind) -> bool:
 def mid_eval_s(step, recs: list, compiled: bool) -> float:
     """The step-50 evaluation a measured run of `step` (or the step it is modelled on) spent:
     EVAL_FORWARDS eager forwards at a third of its median step time each."""
-    num = MODELLED.get(step.num, (step.num, 1.0))[0]
+    num = (step.lease or {"like": step.num})["like"]
     ms = sorted(r["step_time_ms"] for r in recs if r.get("step") == num and r.get("status") == "ok"
                 and isinstance(r.get("step_time_ms"), (int, float)))  # fmt: skip
     if not ms:
@@ -205,7 +205,7 @@ def mid_eval_s(step, recs: list, compiled: bool) -> float:
 
 
 def _base(step, recs: list) -> float | None:
-    num, _ = MODELLED[step.num]
+    num = step.lease["like"]
     mine = [r for r in recs if r.get("step") == num]
     took, ok = preflight.run_seconds(step, mine, "cuda")
     return took if ok else None

@@ -19,10 +19,9 @@ should take, and what memory each run should need (and whether it fits).
   processes, with 0.5 GiB of PyTorch per process) is warned about.
 """
 
-import re
 import statistics
-from pathlib import Path
 
+from speed_ladder import ladder
 from speed_ladder.ladder import Step
 from speed_ladder.measure import memory_model
 from speed_ladder.presets import PRESETS, SWEEP_LENGTH
@@ -43,25 +42,17 @@ def measuring_values(values: dict, device_type: str) -> dict:
     return dict(values, warmup_steps=warm, max_steps=warm + length["timed_steps"])
 
 
-_COMPILE = re.compile(r"^[^#\n]*(?:torch\.compile\(|\.compile\()", re.MULTILINE)
-
-
-def uses_compile(path: Path) -> bool:
-    try:
-        return _COMPILE.search(Path(path).read_text(encoding="utf-8", errors="replace")) is not None
-    except OSError:
-        return False
-
-
 def compile_seconds(step: Step, recs: list[dict], cfg: dict, machine: str) -> float | None:
     """torch.compile's seconds in one run of `step`, as earlier runs in `recs` (this tag) with
     this configuration on this machine measured them (their records' `compiles.seconds`): the
-    median of this step's latest, else of step 08's (the same model, compiled the same way);
+    median of this step's latest, else of the first compiled rung's (step 08: the same model,
+    compiled the same way);
     None where none was measured."""
     flags = lambda c: {k: v for k, v in (c or {}).items() if k != "nproc"}
     alike = [r for r in recs if (r.get("sweep") or {}).get("machine") == machine
              and flags(config_of(r)) == flags(cfg)]  # fmt: skip
-    for num in (step.num, "08"):
+    first = ladder.first(lambda r: r.compiled)
+    for num in (step.num, *([first.num] if first else [])):
         took = [(r.get("compiles") or {}).get("seconds") for r in alike if r.get("step") == num]
         took = [t for t in took if isinstance(t, (int, float)) and t > 0][-5:]
         if took:
@@ -84,7 +75,7 @@ def run_seconds(
     if took:
         return float(statistics.median(took)), True
     rough = ROUGH_RUN_S.get(device_type, 60.0)
-    if not uses_compile(step.path):
+    if not step.compiled:
         return rough, False
     return rough + (compile_s or COMPILE_S.get(device_type, 60.0)), False
 

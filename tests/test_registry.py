@@ -1,0 +1,161 @@
+"""The registry (speed_ladder/data/ladder.json, loaded by speed_ladder/ladder.py) says what each
+rung is; these tests hold it to what the ladder was before it said so, and to what its readers
+need. No torch is imported."""
+
+import hashlib
+import json
+import shutil
+
+import pytest
+
+from speed_ladder import ladder
+from speed_ladder.errors import UserError
+from speed_ladder.files import ROOT
+from speed_ladder.measure import memory_model as mm
+from speed_ladder.presets import PRESETS
+
+# Before the registry each of these was a step-number comparison somewhere (memory_model.py's
+# step_kind and mode_of_step, spec.py, preflight's source grep, ladder.py's): the fold of the
+# entries must give the same answer for every rung.
+#        num: (distributed, compiled, state, activations, bf16 autocast, flash, padded, large batch)
+FROZEN = {
+    "00": (False, False, "single", "logits", False, False, False, False),
+    "01": (False, False, "single", "logits", False, False, False, False),
+    "02": (False, False, "single", "logits", False, False, False, False),
+    "03": (False, False, "single", "logits", False, False, False, False),
+    "04": (False, False, "single", "logits", False, False, False, False),
+    "05": (False, False, "single", "logits", True, False, False, False),
+    "06": (False, False, "single", "logits", True, False, False, False),
+    "07": (False, False, "single", "logits", True, True, False, False),
+    "08": (False, True, "single", "logits", True, True, False, False),
+    "09": (False, True, "single", "logits", True, True, True, False),
+    "10": (False, True, "single", "logits", True, True, True, True),
+    "11": (True, True, "ddp", "logits", True, True, True, True),
+    "12": (True, True, "ddp", "fused", True, True, True, True),
+    "13": (True, True, "ddp", "checkpointed", True, True, True, True),
+    "14": (True, True, "fsdp2", "checkpointed", True, True, True, True),
+}
+
+# memory_model.predict_run(gpt2-124m, step, world, its batch, bf16, device).total_bytes as the
+# step-number comparisons computed it: world 1 then 4, each bf16 then fp32, each cuda then cpu;
+# steps 11-13 in a world of one without DDP's buckets since step 11 wraps only 2 processes or more
+# fmt: off
+PREDICTED = {
+    "00": [23403085824, 23403085824, 23403085824, 23403085824,
+           23403085824, 23403085824, 23403085824, 23403085824],
+    "01": [23403085824, 23403085824, 23403085824, 23403085824,
+           23403085824, 23403085824, 23403085824, 23403085824],
+    "02": [23403085824, 23403085824, 23403085824, 23403085824,
+           23403085824, 23403085824, 23403085824, 23403085824],
+    "03": [23403085824, 23403085824, 23403085824, 23403085824,
+           23403085824, 23403085824, 23403085824, 23403085824],
+    "04": [23403085824, 23403085824, 23403085824, 23403085824,
+           23403085824, 23403085824, 23403085824, 23403085824],
+    "05": [16402579968, 16402579968, 23403085824, 23403085824,
+           16402579968, 16402579968, 23403085824, 23403085824],
+    "06": [16402579968, 16402579968, 23403085824, 23403085824,
+           16402579968, 16402579968, 23403085824, 23403085824],
+    "07": [10362782208, 16402579968, 12531449856, 23403085824,
+           10362782208, 16402579968, 12531449856, 23403085824],
+    "08": [10362782208, 16402579968, 12531449856, 23403085824,
+           10362782208, 16402579968, 12531449856, 23403085824],
+    "09": [10368629760, 16408427520, 12537225216, 23408861184,
+           10368629760, 16408427520, 12537225216, 23408861184],
+    "10": [32904625152, 57063816192, 42320977920, 85807521792,
+           32904625152, 57063816192, 42320977920, 85807521792],
+    "11": [32904625152, 57063816192, 42320977920, 85807521792,
+           33556952064, 57716143104, 42973304832, 86459848704],
+    "12": [13742423040, 37901614080, 23158775808, 66645319680,
+           14394749952, 38553940992, 23811102720, 67297646592],
+    "13": [5538364416, 7551630336, 6096347136, 9720225792,
+           6190691328, 8203957248, 6748674048, 10372552704],
+    "14": [6247830528, 8261096448, 6805813248, 10429691904,
+           4290849792, 6304115712, 4848832512, 8472711168],
+}
+# fmt: on
+FIT_TABLE_SHA = "d86e8c47ae7c2c92437a754e53ba780e6ed7539400e9256492741a9bfa8fa696"
+BREAKDOWN_SHA = "d8abc5a61670459adaf343ece2dd6bfa16531665549249211400b7873b07d17b"
+
+
+def test_the_fold_gives_every_rung_what_it_was():
+    got = {}
+    for r in ladder.rungs():
+        m = r.memory
+        got[r.num] = (r.distributed, r.compiled, m.state, m.activations, m.bf16_autocast, m.flash,
+                      m.padded_vocab, m.large_batch)  # fmt: skip
+    assert got == FROZEN
+
+
+def test_the_memory_model_predicts_what_it_did_from_step_numbers():
+    p = PRESETS["gpt2-124m"]
+    got = {}
+    for r in ladder.rungs():
+        runs = [(w, bf16, dev) for w in (1, 4) for bf16 in (True, False) for dev in ("cuda", "cpu")]
+        b = r.batch(p)
+        got[r.num] = [
+            mm.predict_run(p, r.num, w, b, bf16, dev).total_bytes for w, bf16, dev in runs
+        ]
+    assert got == PREDICTED
+    assert hashlib.sha256(mm.fit_table().encode()).hexdigest() == FIT_TABLE_SHA
+    assert hashlib.sha256(mm.breakdown_table().encode()).hexdigest() == BREAKDOWN_SHA
+
+
+def test_every_step_file_has_one_entry_and_every_rung_a_parity_rule():
+    files = ["00_orig.py", *sorted(p.relative_to(ROOT).as_posix()
+                                    for p in (ROOT / "steps").glob("[0-9][0-9]_*.py"))]  # fmt: skip
+    assert [r.rel for r in ladder.rungs()] == files
+    for r in ladder.rungs()[1:]:
+        assert r.parity["cpu"]["rule"] in ("exact", "close") and r.parity["cpu"]["why"]
+        assert r.parity["cuda"]["why"] and r.parity["cuda"]["holds"]
+        assert r.summary, r.num
+    assert ladder.BASELINE == ladder.rungs()[0].num
+
+
+def test_the_summary_files_copy_their_rung():
+    for r in ladder.rungs():
+        if r.summary_file:
+            assert (ROOT / r.summary_file).read_bytes() == r.path.read_bytes()
+
+
+def test_every_inactive_check_is_a_speed_ladder_name():
+    import speed_ladder
+
+    for r in ladder.rungs():
+        if r.inactive:
+            assert r.inactive.check in speed_ladder.__all__
+            path = ROOT / "speed_ladder" / (r.inactive.module.replace(".", "/") + ".py")
+            assert f"def {r.inactive.check}(" in path.read_text()
+
+
+def _copy(tmp_path):
+    root = tmp_path / "ladder"
+    (root / "steps").mkdir(parents=True)
+    for r in ladder.rungs()[:3]:
+        shutil.copy(r.path, root / r.rel)
+    reg = json.loads(ladder.REGISTRY.read_text())
+    reg["rungs"] = reg["rungs"][:3]
+    return root, reg
+
+
+def test_a_step_file_without_an_entry_or_a_bad_entry_is_one_error(tmp_path):
+    root, reg = _copy(tmp_path)
+    path = tmp_path / "ladder.json"
+    path.write_text(json.dumps(reg))
+    assert [s.num for s in ladder.discover(root, path)] == ["00", "01", "02"]
+    shutil.copy(root / "steps" / "02_tensor_cores_tf32.py", root / "steps" / "03_x.py")
+    with pytest.raises(UserError, match=r"steps/03_x.py has no entry in .*Add a rung"):
+        ladder.discover(root, path)
+    bad = {"precision": "fp8"}
+    reg["rungs"].append({"num": "03", "file": "steps/03_x.py", "summary": "x", "changes": bad,
+                         "parity": reg["rungs"][1]["parity"]})  # fmt: skip
+    path.write_text(json.dumps(reg))
+    with pytest.raises(UserError, match="precision='fp8' is not a term the harness models"):
+        ladder.discover(root, path)
+    reg["rungs"][-1]["changes"] = {}
+    del reg["rungs"][-1]["parity"]
+    path.write_text(json.dumps(reg))
+    with pytest.raises(UserError, match="rung 03: parity.cpu needs a rule"):
+        ladder.discover(root, path)
+    (root / "steps" / "03_x.py").unlink()
+    with pytest.raises(UserError, match="rung 03 has no step file"):
+        ladder.discover(root, path)
