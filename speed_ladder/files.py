@@ -38,8 +38,8 @@ def tracked(path: str | Path) -> list[str]:
     is not installed, or where nothing there is tracked."""
     p = Path(os.path.abspath(path))
     where = p
-    while not where.is_dir():  # git runs in the nearest folder that exists
-        if where.parent == where:
+    while not os.path.isdir(where):  # git runs in the nearest folder that exists (a name too
+        if where.parent == where:  # long to exist is not one: os.path.isdir says False)
             return []
         where = where.parent
     try:

@@ -38,7 +38,7 @@ def records():
     return out
 
 
-def make_tag(folder, records, name="box-x1", edit=None):
+def make_tag(folder, records, name="cpu-amd-epyc-2c-x1", edit=None):
     recs = copy.deepcopy(records)
     if edit:
         edit(recs)
@@ -79,19 +79,19 @@ def test_publish_checks_copies_and_redraws_and_twice_adds_nothing(place, records
     kept = tree(src)
     assert publish.publish([], results, local, str(readme)) == 0
     out = capsys.readouterr().out
-    dest = results / "box-x1"
+    dest = results / "cpu-amd-epyc-2c-x1"
     assert (dest / "runs.jsonl").read_bytes() == (src / "runs.jsonl").read_bytes()
-    assert "box-x1: 9 new record(s)" in out and "then: git add " in out
+    assert "cpu-amd-epyc-2c-x1: 9 new record(s)" in out and "then: git add " in out
     for name in ("summary.csv", "tokens_per_sec.png", "gain_vs_prev.png"):
         assert (dest / name).is_file(), name
-    assert "results/box-x1/tokens_per_sec.png" in readme.read_text()
+    assert "results/cpu-amd-epyc-2c-x1/tokens_per_sec.png" in readme.read_text()
     assert (readme.parent / "LADDER.md").is_file()
     assert tree(src) == kept  # the local folder is left as it was
     assert check.check([dest], say=lambda line: None) == 0
     # publishing again adds nothing: the records go in by run id
     before = (dest / "runs.jsonl").read_bytes()
-    assert publish.publish(["box-x1"], results, local, str(readme)) == 0
-    assert "box-x1: 0 new record(s)" in capsys.readouterr().out
+    assert publish.publish(["cpu-amd-epyc-2c-x1"], results, local, str(readme)) == 0
+    assert "cpu-amd-epyc-2c-x1: 0 new record(s)" in capsys.readouterr().out
     assert (dest / "runs.jsonl").read_bytes() == before
 
 
@@ -106,7 +106,7 @@ def test_publish_refuses_what_check_finds_a_problem_in(place, records, capsys):
     assert code == 1
     (line,) = err.strip().splitlines()
     assert line.startswith("error: 1 problem(s) in ") and "nothing published" in line
-    assert "box-x1: step 01 round 1 run " in out and "tokens_per_sec 350" in out
+    assert "cpu-amd-epyc-2c-x1: step 01 round 1 run " in out and "tokens_per_sec 350" in out
     assert not list(results.iterdir()) and readme.read_text() == README
 
 
@@ -114,33 +114,38 @@ def as_host(host: str):
     """An edit: the records made on another host (another machine's fingerprint)."""
 
     def edit(recs):
-        for r in recs:
+        for r in recs:  # the record's fingerprint and its sweep's: one machine
             r["sweep"]["machine"] = dict(r["sweep"]["machine"], host_id=host)
+            if isinstance(r.get("machine"), dict):
+                r["machine"] = dict(r["machine"], host_id=host)
 
     return edit
 
 
 def test_another_machines_committed_folder_is_never_written(place, records, tmp_path, capsys):
-    """results/box-x1 holds another machine's records: this machine's go to
-    box-<6 hex of its fingerprint>-x1, the other folder keeps every byte; where that one too is
-    another's, nothing is published."""
+    """results/cpu-amd-epyc-2c-x1 holds another machine's records: this machine's go to
+    cpu-amd-epyc-2c-<6 hex of its fingerprint>-x1, the other folder keeps every byte; where
+    that one too is another's, nothing is published."""
     local, results, readme = place
     theirs = make_tag(results, records, edit=as_host("0123456789ab"))
     kept = tree(theirs)
     make_tag(local, records)
-    code, out, err = run_publish(capsys, local / "box-x1", "--results-dir", results,
+    code, out, err = run_publish(capsys, local / "cpu-amd-epyc-2c-x1", "--results-dir", results,
                                  "--readme", readme)  # fmt: skip
     assert code == 0, out[-2000:] + err[-2000:]
-    mine = results / f"box-{machine.short_id(records[0]['sweep']['machine'])}-x1"
-    assert "box-x1 holds another machine's records" in out and f"as {mine.name[:-3]}" in out
+    mine = results / f"cpu-amd-epyc-2c-{machine.short_id(records[0]['sweep']['machine'])}-x1"
+    assert (
+        "cpu-amd-epyc-2c-x1 holds another machine's records" in out
+        and f"as {mine.name[:-3]}" in out
+    )
     assert len((mine / "runs.jsonl").read_text().splitlines()) == 9
     assert tree(theirs) == kept  # its records, summary and (none drawn) charts
     table = readme.read_text()
-    assert f"`{mine.name}`" in table and "`box-x1`" in table
+    assert f"`{mine.name}`" in table and "`cpu-amd-epyc-2c-x1`" in table
 
     # a third machine, whose suffixed name too holds another's records: nothing is published
     third = dict(records[0]["sweep"]["machine"], host_id="ffffffffffff")
-    make_tag(results, records, name=f"box-{machine.short_id(third)}-x1")
+    make_tag(results, records, name=f"cpu-amd-epyc-2c-{machine.short_id(third)}-x1")
     src = make_tag(tmp_path / "third", records, edit=as_host("ffffffffffff"))
     before, text = tree(results), readme.read_text()
     code, _, err = run_publish(capsys, src, "--results-dir", results, "--readme", readme)
