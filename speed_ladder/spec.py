@@ -38,7 +38,7 @@ FIT_MARGIN = 1.15
 @dataclass(frozen=True)
 class RunSpec:
     """One run's settings (see the module doc). `settings` is the preset's dict with the flags
-    and the batch rule applied (what `Run.preset` is, `batch_rule` included)."""
+    and the batch rule applied (what `Run.settings` is, `batch_rule` included)."""
 
     preset: str  # the preset's name
     why: str  # "--preset" or "default for <device>"

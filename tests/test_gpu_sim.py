@@ -186,8 +186,8 @@ def test_every_step_makes_the_same_choice_prints_it_and_records_it(memory, batch
     major = 7 if memory == V100_16 else 8
     fake_gpu(props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory))
     runs = [Run(_run_args(), step, __file__) for step in ("00", "05", "10", "13")]
-    assert {r.preset["batch_size"] for r in runs} == {batch}
-    assert {r.preset["large_batch_size"] for r in runs} == {4 * batch}
+    assert {r.settings["batch_size"] for r in runs} == {batch}
+    assert {r.settings["large_batch_size"] for r in runs} == {4 * batch}
     rec = runs[0]._base_record("ok")
     if batch == 8:
         assert rec["batch_rule"] is None
@@ -202,7 +202,7 @@ def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
 
     fake_gpu(props("NVIDIA GeForce RTX 4090", 8, 9, 128, memory=RTX_4090))
     run = Run(_run_args(batch_size=8), "00", __file__)
-    assert run.preset["batch_size"] == 8 and run.preset["batch_rule"] is None
+    assert run.settings["batch_size"] == 8 and run.settings["batch_rule"] is None
 
 
 @pytest.mark.parametrize("memory,major,batch", [(RTX_4090, 8, 4), (V100_16, 7, 2)])
@@ -236,7 +236,7 @@ def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch,
         assert run.spec == planned
         padded = ladder[step].memory.padded_vocab
         run.cfg = {"vocab_size": 50304 if padded else 50257}  # what set_model is given
-        run.batch_size = ladder[step].batch(run.preset)
+        run.batch_size = ladder[step].batch(run.settings)
         recorded = rank_memory.announce(run, torch.nn.Linear(1, 1))["memory_model"]
         assert asdict(preflight.predict(ladder[step], planned, 1)) == recorded
         assert recorded["batch"] == planned.batch(step)

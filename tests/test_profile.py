@@ -337,7 +337,7 @@ def test_without_max_steps_the_steps_after_warm_up_are_profiled(monkeypatch):
     """Epoch mode (gpt2-124m's default): the end is not known, so the steps right after the
     warm-up are profiled and the timed window starts after them."""
     run = _run(monkeypatch, ["--warmup-steps", "2", "--profile", "2"])
-    run.preset["max_steps"] = None
+    run.settings["max_steps"] = None
     run.profiler = profile.from_args(run.args, run)
     windows = []
     real_start = run._start_window
@@ -372,7 +372,7 @@ def test_a_profiler_that_cannot_start_costs_the_run_nothing(monkeypatch):
 
     monkeypatch.setattr(torch.profiler, "profile", broken)
     run = _run(monkeypatch, ["--warmup-steps", "2", "--profile"])
-    run.preset["max_steps"] = None  # epoch mode: the window would wait for the profiled steps
+    run.settings["max_steps"] = None  # epoch mode: the window would wait for the profiled steps
     run.profiler = profile.from_args(run.args, run)
     rec = _train(run, 5)
     assert rec["timed_steps"] == 3 and rec["time_breakdown"] is None
