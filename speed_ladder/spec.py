@@ -1,4 +1,4 @@
-"""`RunSpec`: one run's settings, resolved once, by `resolve`, from the flags, the preset, the
+"""`RunSpec`: one run's settings, resolved once, by `resolve_spec`, from the flags, the preset, the
 device (its type, a CUDA GPU's memory, native bf16) and the batch rule. The sweep resolves it
 before it plans (preflight.py: the run length, the memory each run needs) and the step's `Run`
 resolves it with the same function from the same flags on the same device, so the run the
@@ -131,7 +131,7 @@ def bf16_known(device_type: str, native: bool | None) -> bool | None:
     return bool(native) if device_type == "cuda" and native is not None else None
 
 
-def resolve(values: dict, device_type: str, gpu: tuple[int, bool] | None = None) -> RunSpec:
+def resolve_spec(values: dict, device_type: str, gpu: tuple[int, bool] | None = None) -> RunSpec:
     """The RunSpec of a run with these flag values (a step's args as a dict, or the sweep's
     measuring values) on a device of `device_type`; gpu: (total memory in bytes, native bf16)
     of a CUDA device, for the batch rule and bf16. The batch rule applies where --batch-size

@@ -592,7 +592,7 @@ def test_an_out_of_memory_on_another_rank_is_oom(tmp_path, capsys):
 
 def test_preflight_run_length_duration_and_memory(monkeypatch):
     from speed_ladder.measure import memory_model
-    from speed_ladder.spec import resolve
+    from speed_ladder.spec import resolve_spec
     from speed_ladder.sweep import preflight
 
     ladder = {s.num: s for s in discover(ROOT)}
@@ -627,16 +627,16 @@ def test_preflight_run_length_duration_and_memory(monkeypatch):
     assert preflight.compile_seconds(ladder["10"], [rec("08", None)], cfg, "m") is None
     # memory: the prediction's line, and a warning when it cannot fit
     gpu = lambda gib: (gib * 2**30, True)  # noqa: E731
-    xl = resolve({"preset": "gpt2-xl"}, "cuda", gpu(24))
+    xl = resolve_spec({"preset": "gpt2-xl"}, "cuda", gpu(24))
     pred = preflight.predict(ladder["10"], xl, 1)
     text, warning = preflight.memory_line(pred, "cuda", 24 * 2**30, 1)
     assert text.startswith("predicted per rank (gpt2-xl, single, 1 process")
     assert warning.startswith("predicted not to fit: ") and "24.0 GiB" in warning
     assert not memory_model.fits(pred, 24 * 2**30)
-    small = preflight.predict(ladder["10"], resolve({"preset": None}, "cuda", gpu(80)), 1)
+    small = preflight.predict(ladder["10"], resolve_spec({"preset": None}, "cuda", gpu(80)), 1)
     assert preflight.memory_line(small, "cuda", 80 * 2**30, 1)[1] is None
     monkeypatch.setenv("SPEED_LADDER_BF16", "0")  # a CPU's bf16 is measured: not here
-    cpu = preflight.predict(ladder["11"], resolve({"preset": None}, "cpu"), 2)
+    cpu = preflight.predict(ladder["11"], resolve_spec({"preset": None}, "cpu"), 2)
     assert cpu.mode == "ddp" and cpu.world == 2
     assert "RAM per process" in preflight.memory_line(cpu, "cpu", 2 * 2**30, 2)[1]
 
@@ -645,12 +645,12 @@ def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():
     """sweep.config is the RunSpec's (spec.sweep_config); a record from before it holds the
     flags the sweep passed (`preset: null`, `device: auto`), read as the step resolved them, so
     a sweep's earlier runs stay up to date (results/cpu-amd-epyc-f25-m17-bf16-2c-x1)."""
-    from speed_ladder.spec import config_of, resolve, sweep_config
+    from speed_ladder.spec import config_of, resolve_spec, sweep_config
 
     flags = {"device": "auto", "preset": None, "max_steps": None, "warmup_steps": None,
              "data": None, "seed": 123}  # fmt: skip
     cpu, gpu = {"cpu": {"vendor": "x"}}, {"gpus": []}
-    spec = resolve({"seed": 123}, "cpu")
+    spec = resolve_spec({"seed": 123}, "cpu")
     old = {"sweep": {"config": dict(flags, nproc=2), "machine": cpu}}
     assert config_of(old) == sweep_config(spec, 2)
     want = {"device": "cpu", "preset": "cpu", "max_steps": 10, "warmup_steps": 2, "data": None,
@@ -659,7 +659,7 @@ def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():
     new = {"sweep": {"config": sweep_config(spec, 2), "machine": cpu}}
     assert config_of(new) == sweep_config(spec, 2)  # resolving twice changes nothing
     measuring = dict(flags, max_steps=60, warmup_steps=10)  # preflight.measuring_values'
-    on_gpu = resolve(dict(measuring, device="cuda"), "cuda")
+    on_gpu = resolve_spec(dict(measuring, device="cuda"), "cuda")
     assert config_of({"sweep": {"config": dict(measuring, nproc=1), "machine": gpu}}) == (
         sweep_config(on_gpu, 1)
     )

@@ -52,7 +52,7 @@ from speed_ladder.measure.inactive import (
 )
 from speed_ladder.outputs import check_file
 from speed_ladder.records import FIELDS, append_jsonl, file_sha256, git_state, mfu_problem
-from speed_ladder.spec import resolve
+from speed_ladder.spec import resolve_spec
 
 # The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
 MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
@@ -74,7 +74,7 @@ class Run:
         check_cache_dir()
 
         # the run's settings, as the sweep resolved them for its plan (speed_ladder.spec)
-        self.spec = resolve(vars(args), self.device.type, dev.gpu_memory(self.device))
+        self.spec = resolve_spec(vars(args), self.device.type, dev.gpu_memory(self.device))
         self.settings, self.preset_name = self.spec.settings, self.spec.preset
         self.print(f"[{step}] preset {self.spec.preset} ({self.spec.why}); device "
                    f"{self.device.type}: {dev.name(self.device)}")  # fmt: skip

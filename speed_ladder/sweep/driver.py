@@ -68,7 +68,7 @@ from speed_ladder.report import committed
 from speed_ladder.report import redraw as report
 from speed_ladder.report.rows import pooled_text
 from speed_ladder.report.summary import SUMMARY, format_table
-from speed_ladder.spec import RunSpec, resolve, sweep_config
+from speed_ladder.spec import RunSpec, resolve_spec, sweep_config
 from speed_ladder.store import RUNS, foreign, load_runs, recover
 from speed_ladder.sweep import preflight
 from speed_ladder.sweep.launch import Lock
@@ -149,7 +149,7 @@ def gpu_of(device_type: str) -> tuple[int, bool] | None:
 def run_spec(values: dict, device_type: str) -> RunSpec:
     """The RunSpec every step of this sweep resolves (speed_ladder.spec), resolved here the same
     way: the same flags, the same device."""
-    return resolve(values, device_type, gpu_of(device_type))
+    return resolve_spec(values, device_type, gpu_of(device_type))
 
 
 # ---------------------------------------------------------------- the plan
