@@ -110,6 +110,26 @@ def test_bf16_only_where_the_gpu_has_it_natively(p, rocm, fast, words, fake_gpu,
         assert w in why, why
 
 
+def test_bf16_is_decided_once_and_the_record_reads_that_decision(fake_gpu, monkeypatch):
+    from speed_ladder import parity
+
+    monkeypatch.setattr(dev, "_BF16", {})
+    monkeypatch.setenv(dev.BF16_ENV, "auto")
+    assert dev.bf16_decided("cuda") is None  # nothing asked yet
+    gpu = fake_gpu(props("NVIDIA A100-SXM4-80GB", 8, 0))
+    asked, rule = [], dev._bf16_rule
+    monkeypatch.setattr(
+        dev, "_bf16_rule", lambda d, forced: asked.append(forced) or rule(d, forced)
+    )
+    assert dev.bf16_is_fast(gpu)[0] is True and dev.bf16_is_fast(gpu)[0] is True
+    assert asked == [None] and dev.bf16_decided("cuda") is True
+    assert parity.regime(gpu).startswith("bf16")
+    monkeypatch.setenv(dev.BF16_ENV, "0")  # what it depends on changed: decided again
+    assert dev.bf16_is_fast(gpu)[0] is False and asked == [None, False]
+    assert dev.bf16_decided("cuda") is False and dev.bf16_decided("cpu") is None
+    assert not parity.regime(gpu).startswith("bf16")
+
+
 # ---------------------------------------------------------------- more processes than GPUs
 def test_more_processes_than_gpus_is_one_clear_line_before_any_name_is_asked(fake_gpu, monkeypatch):
     fake_gpu(props("NVIDIA A10G", 8, 6, 80), count=2)
