@@ -1,5 +1,5 @@
-"""The flags every step script shares, defined once, and `speed_ladder.main`, the wrapper that turns
-bad input into one line (and the step's failure record).
+"""The flags every step script shares, defined once. (`speed_ladder.main`, the wrapper that turns
+bad input into one line and the step's failure record, is errors.py's.)
 
 `STEP_FLAGS` is the one table of the step flags. From it come the step scripts' parser
 (`parse_args`), the flags the sweep passes through to every step (`add_step_flags(...,
@@ -10,19 +10,9 @@ identifies a sweep's run (`run_config`).
 import argparse
 import os
 import sys
-import traceback
 from dataclasses import dataclass, field
 
-from speed_ladder.errors import (
-    UserError,
-    broken_pipe,
-    compile_failure_line,
-    fail,
-    flush_stdout,
-    is_environment_os_error,
-    os_error_line,
-    out_of_memory_line,
-)
+from speed_ladder.errors import UserError, fail
 from speed_ladder.files import data_id
 from speed_ladder.presets import PRESETS, check_name
 
@@ -199,56 +189,3 @@ def shown_path(script: str) -> str:
         return os.path.relpath(script)
     except ValueError:  # Windows: another drive
         return script
-
-
-class FailureHandoff:
-    """The hand-off from a step's `Run` to `speed_ladder.main`: the Run registers the function that
-    writes its failure record when it is made (`Run.__init__`), and `speed_ladder.main` calls it
-    when the step dies of bad input, an OOM or a crash. Before a Run exists (bad flags) there is
-    nothing to record. The last Run registered is the one recorded."""
-
-    def __init__(self):
-        self._write = None
-
-    def register(self, write) -> None:
-        self._write = write
-
-    def __call__(self, status: str, reason: str) -> None:
-        if self._write is not None:
-            self._write(status, reason)
-
-
-on_failure = FailureHandoff()
-
-
-def main(fn) -> None:
-    """Run a step's main(): bad input, out of memory (any device), a torch.compile that cannot
-    compile here, a full or read-only disk and a closed stdout each become one line, a record
-    (where one can still be written) and a non-zero exit; only a bug shows its traceback."""
-    try:
-        try:
-            fn()
-        finally:
-            flush_stdout()  # `--help | head`: a closed pipe is caught below, not at exit
-    except UserError as e:
-        on_failure("error", str(e))
-        fail(str(e))
-    except KeyboardInterrupt:
-        fail("interrupted", code=130)
-    except BrokenPipeError:
-        on_failure("error", "stdout was closed (broken pipe)")
-        broken_pipe("stdout was closed (broken pipe): training stopped")
-    except Exception as e:
-        oom = out_of_memory_line(e)
-        if oom is not None:
-            on_failure("oom", oom)
-            fail(f"out of memory: {oom}", code=3)
-        line = compile_failure_line(e)
-        if line is None and is_environment_os_error(e):
-            line = os_error_line(e)
-        if line is not None:
-            on_failure("error", line)
-            fail(line, code=1)
-        traceback.print_exc()
-        on_failure("error", f"{e.__class__.__name__}: {e}")
-        sys.exit(1)

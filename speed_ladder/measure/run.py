@@ -35,9 +35,8 @@ from pathlib import Path
 import torch
 
 from speed_ladder import machine, parity
-from speed_ladder.errors import UserError, os_error_why
+from speed_ladder.errors import UserError, on_failure, os_error_why
 from speed_ladder.files import ROOT, check_cache_dir, portable_path
-from speed_ladder.flags import on_failure
 from speed_ladder.measure import cpu_load, profile
 from speed_ladder.measure import device as dev
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
