@@ -3,8 +3,8 @@ bad input into one line and the step's failure record, is errors.py's.)
 
 `STEP_FLAGS` is the one table of the step flags. From it come the step scripts' parser
 (`parse_args`), the flags the sweep passes through to every step (`add_step_flags(...,
-passed_only=True)`), a step's argv in the sweep (`child_argv`) and the configuration that
-identifies a sweep's run (`run_config`).
+passed_only=True)`) and a step's argv in the sweep (`child_argv`). What identifies a sweep's run
+is the resolved RunSpec's (speed_ladder.spec: KEY_FIELDS, sweep_config).
 """
 
 import argparse
@@ -13,7 +13,6 @@ import sys
 from dataclasses import dataclass, field
 
 from speed_ladder.errors import UserError, fail
-from speed_ladder.files import data_id
 from speed_ladder.presets import PRESETS, check_name
 
 PROFILE_STEPS = 3  # --profile without a number (speed_ladder.measure.profile)
@@ -58,15 +57,13 @@ def seed(text: str) -> int:
 
 @dataclass(frozen=True)
 class Flag:
-    """One step flag: its name, help, argparse options, whether the sweep passes it to every
-    step, and whether it then identifies a sweep's run (the passed flags do, unless they change
-    nothing that is measured, as --profile, which runs after the timed window)."""
+    """One step flag: its name, help, argparse options, and whether the sweep passes it to every
+    step."""
 
     name: str
     help: str
     options: dict = field(default_factory=dict)  # argparse's type, default, choices, metavar
     passed: bool = False
-    identifies: bool = True
 
     @property
     def dest(self) -> str:
@@ -129,14 +126,12 @@ STEP_FLAGS = (
         "(time_breakdown); profiled steps are never timed",
         {"type": positive, "nargs": "?", "const": PROFILE_STEPS, "metavar": "N"},
         passed=True,
-        identifies=False,
     ),
     Flag(
         "--trace",
         "also write the profiled steps' Chrome/Perfetto trace into DIR (implies --profile)",
         {"metavar": "DIR"},
         passed=True,
-        identifies=False,
     ),
 )
 
@@ -157,14 +152,6 @@ def child_argv(values: dict) -> list[str]:
         if f.passed and values.get(f.dest) is not None:
             out += [f.name, str(values[f.dest])]
     return out
-
-
-def run_config(values: dict) -> dict:
-    """The passed-through flags' values by name: what identifies a sweep's run (with nproc). The
-    text is named by files.data_id, as the step's record names it: where it lives is not part
-    of the configuration, what it holds is."""
-    out = {f.dest: values.get(f.dest) for f in STEP_FLAGS if f.passed and f.identifies}
-    return dict(out, data=data_id(out["data"])) if "data" in out else out
 
 
 def parse_args(doc: str | None, argv=None) -> argparse.Namespace:

@@ -64,23 +64,17 @@ class RunSpec:
                 "bf16": self.bf16, "gpu_bytes": self.gpu_bytes}  # fmt: skip
 
 
+# What identifies a sweep's run, with its processes: the one definition (sweep_config)
 KEY_FIELDS = ("device", "preset", "max_steps", "warmup_steps", "data", "seed")
 
 
 def sweep_config(spec: RunSpec, nproc: int) -> dict:
     """What a sweep's run is matched by (`sweep.config` in its record: the up-to-date check, the
-    summary's rounds): the RunSpec's identifying fields and the processes. --profile and
-    --trace are not among them (speed_ladder.measure.profile), nor the batch: the same GPU resolves
-    the same."""
-    out = {
-        "device": spec.device,
-        "preset": spec.preset,
-        "max_steps": spec.settings["max_steps"],
-        "warmup_steps": spec.settings["warmup_steps"],
-        "data": spec.data,
-        "seed": spec.seed,
-    }
-    return dict(out, nproc=nproc)  # fmt: skip
+    summary's rounds): the RunSpec's KEY_FIELDS and the processes. --profile and --trace are not
+    among them (speed_ladder.measure.profile), nor the batch: the same GPU resolves the same."""
+    fields = dict(spec.settings, device=spec.device, preset=spec.preset, data=spec.data,
+                  seed=spec.seed)  # fmt: skip
+    return dict({k: fields[k] for k in KEY_FIELDS}, nproc=nproc)
 
 
 def resolved_config(config, machine) -> dict:

@@ -24,6 +24,7 @@ from speed_ladder.ladder import discover, parse_steps
 from speed_ladder.measure.data import stage_bpe
 from speed_ladder.records import append_jsonl
 from speed_ladder.report.summary import NUMBER_COLUMNS
+from speed_ladder.spec import KEY_FIELDS
 from speed_ladder.store import load_runs, recover
 from speed_ladder.sweep import command as sweep_command
 from speed_ladder.sweep import driver as sweep
@@ -423,8 +424,10 @@ def test_one_flag_table_gives_the_steps_and_the_sweep_their_flags():
     p = cli.Parser()
     sweep_command.add_run_parser(p.add_subparsers(dest="command"))
     values = vars(p.parse_args(["run"]))
-    assert cli.run_config(values) == {"preset": None, "device": "auto", "max_steps": None,
-                                      "warmup_steps": None, "seed": 123, "data": None}  # fmt: skip
+    # the passed flags but the profiler's identify a run: spec.KEY_FIELDS, as resolved
+    assert {f.dest for f in cli.STEP_FLAGS if f.passed} - {"profile", "trace"} == set(KEY_FIELDS)
+    assert {k: values[k] for k in KEY_FIELDS} == {"preset": None, "device": "auto",
+            "max_steps": None, "warmup_steps": None, "seed": 123, "data": None}  # fmt: skip
     assert cli.child_argv(values) == ["--device", "auto", "--seed", "123"]
     values = vars(p.parse_args(["run", "--preset", "tiny", "--max-steps", "3", "--data", "t"]))
     assert cli.child_argv(values) == ["--device", "auto", "--preset", "tiny", "--max-steps", "3",

@@ -212,8 +212,8 @@ def choose_base(results_dir: Path, base: str, nprocs: list[int], fp: dict, expli
 
 
 def _values(args) -> dict:
-    """The flags' values, --data and --trace absolute: the steps' command lines (run_config
-    names the text portably for the records)."""
+    """The flags' values, --data and --trace absolute: the steps' command lines (sweep_config
+    names the text portably for the records, files.data_id)."""
     if args.data is not None:
         from speed_ladder.measure.data import check_text_file
 
