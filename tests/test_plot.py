@@ -13,9 +13,9 @@ from conftest import ROOT
 from speed_ladder.ladder import discover, expected_steps, rungs
 from speed_ladder.report.charts import CHARTS, plot_tag
 from speed_ladder.report.readme import update_readme
-from speed_ladder.report.redraw import TAG_CHARTS, check_complete
+from speed_ladder.report.redraw import TAG_CHARTS
 from speed_ladder.report.reference import read_reference
-from speed_ladder.report.summary import find_tags
+from speed_ladder.report.summary import SUMMARY, find_tags, read_summary
 
 FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -155,6 +155,28 @@ def test_readme_without_markers_is_left_alone(tags, tmp_path, capsys):
     assert not update_readme(readme, tags)
     assert readme.read_text() == "# No markers here\n"
     assert "warning:" in capsys.readouterr().err
+
+
+def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
+    """What a tag lacks: a summary row (with a result, ok or failed) per ladder step, and the
+    four charts. An empty list means complete (test_committed_results_are_complete)."""
+    tag_dir = Path(tag_dir)
+    if steps is None:
+        steps = [s.num for s in expected_steps(discover(ROOT), tag_dir.name)]
+    problems = []
+    if not (tag_dir / SUMMARY).is_file():
+        return [f"{tag_dir}: no {SUMMARY}"]
+    df = read_summary(tag_dir)
+    status = dict(zip(df["step"], df["status"], strict=True))
+    for s in steps:
+        if s not in status:
+            problems.append(f"{tag_dir.name}: step {s} has no row in {SUMMARY}")
+        elif status[s] in (None, "not run"):
+            problems.append(f"{tag_dir.name}: step {s} was not run")
+    for png in TAG_CHARTS:
+        if not (tag_dir / png).is_file():
+            problems.append(f"{tag_dir.name}: {png} is missing")
+    return problems
 
 
 def test_check_complete(tags):

@@ -20,7 +20,7 @@ from conftest import BPE, ROOT, VERDICT, sweep_here
 from speed_ladder import flags as cli
 from speed_ladder import machine
 from speed_ladder.errors import UserError
-from speed_ladder.ladder import discover, parse_steps
+from speed_ladder.ladder import discover, parse_steps, processes_suffix
 from speed_ladder.measure.data import stage_bpe
 from speed_ladder.records import append_jsonl
 from speed_ladder.report.summary import NUMBER_COLUMNS
@@ -32,7 +32,7 @@ from speed_ladder.sweep import launch
 from speed_ladder.sweep.child import failure_reason
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-TAG = sweep.hardware_tag("cpu", 1)
+TAG = sweep.tag_base("cpu") + processes_suffix(1)  # this machine's 1-process tag
 
 
 @pytest.fixture(scope="module")
@@ -399,13 +399,13 @@ def test_discover_titles_and_ddp():
 
 
 def test_hardware_tag(monkeypatch):
-
+    """A tag is the machine's base and the processes' suffix (the sweep joins them per pass)."""
     cpu = f"cpu-{machine.cpu_tag_part(machine.cpu_model(), machine.cpu_id())}-{os.cpu_count()}c"
-    assert sweep.hardware_tag("cpu", 1) == TAG == f"{cpu}-x1"
-    assert sweep.hardware_tag("cpu", 2) == f"{cpu}-x2"
+    assert sweep.tag_base("cpu") + processes_suffix(1) == TAG == f"{cpu}-x1"
+    assert sweep.tag_base("cpu") + processes_suffix(2) == f"{cpu}-x2"
     monkeypatch.setattr(sweep, "_CUDA_INFO", (8, "NVIDIA H200", 150 * 2**30))
-    assert sweep.hardware_tag("cuda", 8) == "nvidia-h200-x8" and sweep.default_nproc("cuda") == 8
-    assert sweep.hardware_tag("cuda", 1) == "nvidia-h200-x1"
+    assert sweep.tag_base("cuda") == "nvidia-h200" and sweep.default_nproc("cuda") == 8
+    assert processes_suffix(8) == "-x8" and processes_suffix(1) == "-x1"
     assert sweep.capacity("cuda") == 150 * 2**30
     assert sweep.this_machine("cuda")["device_count"] == 8
     assert machine.slug("NVIDIA H200") == "nvidia-h200"

@@ -72,28 +72,6 @@ def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
     return written
 
 
-def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
-    """What a tag lacks: a summary row (with a result, ok or failed) per ladder step, and the
-    four charts. An empty list means complete."""
-    tag_dir = Path(tag_dir)
-    if steps is None:
-        steps = [s.num for s in ladder.expected_steps(ladder.discover(ROOT), tag_dir.name)]
-    problems = []
-    if not (tag_dir / SUMMARY).is_file():
-        return [f"{tag_dir}: no {SUMMARY}"]
-    df = read_summary(tag_dir)
-    status = dict(zip(df["step"], df["status"], strict=True))
-    for s in steps:
-        if s not in status:
-            problems.append(f"{tag_dir.name}: step {s} has no row in {SUMMARY}")
-        elif status[s] in (None, "not run"):
-            problems.append(f"{tag_dir.name}: step {s} was not run")
-    for png in TAG_CHARTS:
-        if not (tag_dir / png).is_file():
-            problems.append(f"{tag_dir.name}: {png} is missing")
-    return problems
-
-
 def rebuild_summaries(tags) -> None:
     """Each tag's summary.csv again from its runs.jsonl (1-process tags first: the N-process
     tags' scaling efficiency is over their runs)."""

@@ -118,11 +118,6 @@ def tag_base(device_type: str) -> str:
     return machine.tag_base(device_type, cuda_info()[1] if device_type == "cuda" else None)
 
 
-def hardware_tag(device_type: str, nproc: int) -> str:
-    """`cpu-intel-xeon-2-50ghz-2c-x1`, `nvidia-h200-x8`, ...: where the numbers were measured."""
-    return tag_base(device_type) + processes_suffix(nproc)
-
-
 def this_machine(device_type: str) -> dict:
     if device_type == "cuda":
         count, name, _, props = cuda_info()
