@@ -113,14 +113,14 @@ class Run:
                 self.note(LIGER_INTERPRETED)
 
     def inactive(self, step: str, reason: str | None, acted: str | None = None) -> None:
-        """Step `step`'s optimization does nothing in this run, and why: TF32 or pinned memory
-        on a CPU, bf16 where it is not native, Liger's fallback, compile disabled, DDP in a
-        world of one. Every such note is kept (`step NN: reason`); when `step` is this run's
-        own, the record says `step_active: false` and `inactive_reason`, so that a no-op is
-        never read as a gain. A reason of None (the step acts here) records nothing, or the
-        note `step NN: acted` where `acted` says what ran, so that a step asks in one line:
-        `run.inactive("02", speed_ladder.tf32_unavailable(device))`. Asked again, it adds
-        nothing."""
+        """`reason` None means step `step`'s optimization acts here: nothing is recorded, or the
+        note `step NN: acted` where `acted` says what ran. A text means it does nothing in this
+        run, and why: TF32 or pinned memory on a CPU, bf16 where it is not native, Liger's
+        fallback, compile disabled, DDP in a world of one. Every such note is kept (`step NN:
+        reason`); when `step` is this run's own, the record says `step_active: false` and
+        `inactive_reason`, so that a no-op is never read as a gain. A step asks in one line,
+        with the check's answer: `run.inactive("02", speed_ladder.tf32_unavailable(device))`.
+        Asked again, it adds nothing."""
         if reason is None:
             if acted is not None:
                 self.note(f"step {step}: {acted}")
