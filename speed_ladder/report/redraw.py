@@ -1,5 +1,4 @@
-"""Charts and the README results table from the sweep's summaries (`python plot_results.py`),
-and whether a results tag is complete.
+"""Charts and the README results table from the sweep's summaries (`python plot_results.py`).
 
     python plot_results.py                     # every results/<tag>/ with a summary.csv
     python plot_results.py results/cpu-8c      # just these
