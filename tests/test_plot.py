@@ -378,6 +378,9 @@ def test_no_label_leaves_the_figure_or_is_cut_mid_word(tags, monkeypatch):
     for r in read_reference().to_dict("records"):
         sources.append(f"{r['step']}  {r['optimization']} ({r['hardware'].split(' (')[0]})")
 
+    x1 = pd.read_csv(drawn[0] / "summary.csv", dtype={"step": str}).to_dict("records")
+    notes = [f"inactive here: {r['inactive_reason']}" for r in x1 if r["step_active"] is False]
+    assert len(notes) >= 5
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
     written = draw_charts(drawn, all_tags=[*drawn, results / "cpu-amd-epyc-2c-x2", tags[1]])
@@ -397,6 +400,10 @@ def test_no_label_leaves_the_figure_or_is_cut_mid_word(tags, monkeypatch):
                 assert inside, f"{path.name}: {t.get_text()!r} leaves the figure"
                 text = t.get_text()
                 assert "…" not in text.replace(" …", ""), f"{path.name}: {text!r} cut mid-word"
+            if path.name == "comparison.png" or path == drawn[0] / "tokens_per_sec.png":
+                shown = " ".join(" ".join(t.get_text().split()) for t in texts)
+                for note in notes:  # wrapped, never cut
+                    assert note in shown, f"{path.name}: {note!r} is not shown whole"
             for ax in fig.axes:  # the step labels: a title's first whole words
                 for label in ax.get_yticklabels():
                     if label.get_text() and label.get_text()[:2].isdigit():
