@@ -10,8 +10,8 @@ record says `step_active: false` and why (`speed_ladder.tf32_unavailable`).
 
 Costs: precision. TF32 rounds the matmul inputs to a 10-bit mantissa (a relative error near 1e-3
 per product, fp32 accumulation), so losses leave fp32's in the third or fourth digit
-(tests/loss_parity.json's tolerance). Where there are no TF32 tensor cores (CPUs, GPUs before
-Ampere) it does nothing, and the record says so.
+(speed_ladder/data/ladder.json's tolerance). Where there are no TF32 tensor cores (CPUs, GPUs
+before Ampere) it does nothing, and the record says so.
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -4,7 +4,7 @@
 instead of a foreach chain of several element-wise kernels (PyTorch docs, torch.optim.AdamW:
 "fused ... typically faster than the for-loop and foreach implementations"). It supports CPU and
 CUDA tensors. The update is the same math; rounding may differ in the last bits, so the loss
-is compared with a tolerance (tests/loss_parity.json).
+is compared with a tolerance (speed_ladder/data/ladder.json).
 
 Costs: none measurable: the same optimizer state (two moments per parameter, 8 B) and the same
 math; only the last bits of the update may round differently from the foreach path.

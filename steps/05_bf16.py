@@ -22,9 +22,9 @@ CPU without native bf16 (no AVX512_BF16/AMX) emulates it: on this project's 2-co
 its record says `step_active: false` and why.
 
 Costs: precision. bf16 keeps fp32's exponent range but only 8 bits of mantissa, so losses leave
-fp32's at about 1e-2 (tests/loss_parity.json); autocast keeps fp32 weights, and the reductions
-its op lists name. Where bf16 is not native (V100, T4, CPUs without AVX512_BF16 or AMX) it is
-slower than fp32: the step then stays in fp32 and its record says why.
+fp32's at about 1e-2 (speed_ladder/data/ladder.json); autocast keeps fp32 weights, and the
+reductions its op lists name. Where bf16 is not native (V100, T4, CPUs without AVX512_BF16 or
+AMX) it is slower than fp32: the step then stays in fp32 and its record says why.
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

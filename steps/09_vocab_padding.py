@@ -13,7 +13,7 @@ Costs: 47 more rows in the token embedding and the output layer (50304 - 50257: 
 72K parameters on gpt2-124m, 0.06%). Their 47 classes take part in the softmax (no token uses
 them, so training pushes their logits down; sampling masks them), and the larger table draws
 another random init, so the loss leaves step 08's within the stated tolerance
-(tests/loss_parity.json).
+(speed_ladder/data/ladder.json).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

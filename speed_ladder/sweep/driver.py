@@ -283,12 +283,12 @@ def _compare(tag_dir: Path, df) -> None:
 
 def sweep(args) -> int:
     """Run the plan's rounds, then print each tag's summary, its comparison with the committed
-    results (report/committed.py) and the closing status lines: the
-    runs --budget left, `parity off: step NN (...)` for a chosen step whose losses left the
-    previous step's beyond tests/loss_parity.json's rule (summary `parity`, parity.py), and
-    `failed: ...`. Exit code: 1 when a step failed, else BUDGET_EXIT (3) when runs were left,
-    else 0; parity is information and never changes it (the run measured what it measured;
-    the tests, tests/test_ladder.py, are where a step's numerics must hold)."""
+    results (report/committed.py) and the closing status lines: the runs --budget left, `parity
+    off: step NN (...)` for a chosen step whose losses left the previous step's beyond its rule
+    (speed_ladder/data/ladder.json; summary `parity`, parity.py), and `failed: ...`. Exit code:
+    1 when a step failed, else BUDGET_EXIT (3) when runs were left, else 0; parity is
+    information and never changes it (the run measured what it measured; the tests,
+    tests/test_ladder.py, are where a step's numerics must hold)."""
     budget = getattr(args, "budget", None)
     deadline = time.monotonic() + budget if budget else None
     p = plan(args)
