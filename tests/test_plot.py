@@ -286,6 +286,42 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     assert path.read_text() == text
 
 
+def test_a_gpu_tag_sets_the_published_a100_figures_beside_its_steps(tmp_path):
+    """A GPU tag's README table (its records ran on CUDA) has a column with the published A100
+    figure of each step and that step's gain over the published step before it, labelled as
+    Raschka's figures under the table; LADDER.md says the same per GPU tag. CPU tags: none."""
+    from speed_ladder.report import ladder_page, readme
+    from speed_ladder.report.reference import published
+
+    pub = {r["step"]: r["tokens_per_sec"] for r in read_reference().to_dict("records")}
+    cpu, gpu = ROOT / "results" / "cpu-amd-epyc-2c-x1", ROOT / "results" / "nvidia-h200-x1"
+    md = readme.results_markdown([cpu, gpu], tmp_path)
+    cpu_part, gpu_part = md.split("#### `nvidia-h200-x1`")
+
+    def row(part, step):
+        return next(ln for ln in part.splitlines() if ln.startswith(f"| {step} |")).split(" | ")
+
+    column = "| vs previous step | published A100 tok/s (its gain) | speedup |"
+    assert column in gpu_part and "published A100" not in cpu_part
+    assert row(gpu_part, "10")[4] == f"{pub['10']:,.0f} ({pub['10'] / pub['09']:.2f}x)"
+    assert row(gpu_part, "10")[4] == "142,156 (1.12x)"  # the csv as committed
+    assert row(gpu_part, "08")[4] == "112,046"  # avg tok/s before, step tok/s from 08: no ratio
+    assert row(gpu_part, "00")[4] == "12,525" and row(gpu_part, "12")[4] == "–"
+    assert len(row(cpu_part, "10")) == len(readme.HEADER[0].split(" | "))  # no column
+    note = next(ln for ln in gpu_part.splitlines() if ln.startswith("*published A100 tok/s"))
+    assert "Raschka's **published** figures" in note and "not measured here" in note
+    assert "PyTorch 2.6" in note and "average tok/s" in note and "step 08 shows no gain" in note
+    # step 11 ran on 4x A100: beside a 4-process tag only
+    assert published(read_reference(), "11", 1) is None
+    assert published(read_reference(), "11", 4) == (pub["11"], pub["11"] / pub["10"])
+
+    page = ladder_page.page_markdown([cpu, gpu], tmp_path)
+    sec10 = page.split("## 10 ")[1].split("\n## ")[0]
+    assert "- `nvidia-h200-x1`: published A100: 142,156 tok/s, its step's gain 1.12x; " in sec10
+    assert "(Raschka's figures, not measured here; PyTorch 2.6;" in sec10
+    assert "`cpu-amd-epyc-2c-x1`: published" not in page
+
+
 NO_TORCH = """
 import sys
 

@@ -328,7 +328,8 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypat
     assert recs["02"]["reason"] == "timed out after 3 s"
     assert recs["02"]["sweep"]["exit_code"] is None
     assert "out of memory" in recs["03"]["reason"]  # the step's own oom record
-    assert recs["03"]["device_name"] == "fixture" and recs["03"]["sweep"]["exit_code"] == 3
+    assert recs["03"]["notes"] == ["fixture script, not a measurement"]  # the step's own
+    assert recs["03"]["sweep"]["exit_code"] == 3
     for n in ("01", "02"):  # synthesized records
         r = recs[n]
         assert r["script_sha256"] and r["started_at"] and r["duration_s"] >= 0 and r["script"]
@@ -549,6 +550,28 @@ def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, c
     code, out, err = sweep_here(capsys, *args, "--no-plots", "--no-control", "--force")
     assert code == 0 and "parity off" not in err
     assert {summary_of(results)[n]["parity"] for n in ("01", "02", "03")} == {"ok"}
+
+
+def test_the_sweeps_own_summary_marks_an_impossible_record_invalid(tmp_path, capsys,
+                                                                   monkeypatch):  # fmt: skip
+    """The summary the sweep writes after its runs judges its records by its tag folder, as a
+    rebuilt one does (report/validity.py): a step whose record has NaN losses is `invalid`
+    with the reason, never `ok` until a rebuild; the fixture's own records are valid."""
+    from speed_ladder.report.summary import rebuild
+
+    results = tmp_path / "results"
+    monkeypatch.setenv("SWEEP_FIXTURE_LOSS_OFF", "01:nan")  # step 01 records NaN losses
+    args = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
+    code, out, err = sweep_here(capsys, *args, "--no-plots", "--no-control", "--steps", "00,01")
+    assert runs_of(results)[1]["status"] == "ok"  # the step itself said ok
+    assert "01    a fixture that succeeds" in out and "invalid: invalid record: 10 of its" in out
+    rows = summary_of(results)
+    assert rows["00"]["status"] == "ok", rows["00"]["reason"]
+    assert rows["01"]["status"] == "invalid"
+    assert rows["01"]["reason"].startswith("invalid record: 10 of its 10 losses are not finite")
+    assert is_nan(rows["01"]["tokens_per_sec_median"])
+    rebuilt, _ = rebuild(results / TAG, discover(FIXTURES / "ladder_ok")[:2])
+    assert list(rebuilt["status"]) == ["ok", "invalid"]
 
 
 def test_the_aa_control_measures_the_noise_floor(tmp_path, capsys):

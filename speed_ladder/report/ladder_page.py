@@ -5,9 +5,11 @@ one starting `The cost`), and its measured effect on every results tag (its gain
 previous step with the interval and verdict, the same for peak memory, its loss parity with the
 previous step: summary `parity`, ok with the largest difference and its bound, **off** with the
 detail, n/c where the rule does not hold on that preset; "inactive here" with the reason), then
-the published reference figure, in its own labelled line. Generated from the step files (each
-diffed against the one before, as tests/golden/NN.diff holds it in a checkout) and
-results/<tag>/summary.csv; edits are overwritten."""
+the published reference figure, in its own labelled line, and for each GPU tag (its records
+ran on CUDA) a line setting that figure and its step's gain in the published ladder beside the
+tag's own gain (reference.published). Generated from the step files (each diffed against the one
+before, as tests/golden/NN.diff holds it in a checkout) and results/<tag>/summary.csv; edits are
+overwritten."""
 
 import ast
 import os
@@ -16,7 +18,7 @@ from pathlib import Path
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import ROOT, atomic_write_bytes
 from speed_ladder.ladder import BASELINE, Step, discover, tag_processes, unified
-from speed_ladder.report.reference import read_reference
+from speed_ladder.report.reference import is_gpu_tag, metric_switch, published, read_reference
 from speed_ladder.report.rows import (
     busy_text,
     effect_text,
@@ -147,6 +149,42 @@ def _reference(step: Step, ref) -> list[str]:
     ]
 
 
+def _published_line(step: Step, tag_dir: Path, row: dict, ref) -> str:
+    """'- `tag`: published A100: 142,156 tok/s, its step's gain 1.12x; this tag's 1.61x.'"""
+    n = tag_processes(tag_dir.name)
+    fig = published(ref, step.num, n)
+    own = number(row.get("gain_vs_prev")) if row.get("status") == "ok" else None
+    here = f"; this tag's {own:.2f}x" if own is not None else ""
+    if fig is None:
+        match = ref[ref["step"] == step.num]
+        why = "its ladder has no such step"
+        if len(match):
+            why = f"its step ran on {match.iloc[0]['hardware']}, this tag on {n} process(es)"
+        return f"- `{tag_dir.name}`: published A100: – ({why}){here}."
+    if fig[1] is not None:
+        gain = f"its step's gain {fig[1]:.2f}x"
+    elif step.num == metric_switch(ref):
+        gain = "its step's gain – (its metric changes here: average to step tok/s)"
+    else:
+        gain = "its step's gain – (its first step)"
+    return f"- `{tag_dir.name}`: published A100: {fig[0]:,.0f} tok/s, {gain}{here}."
+
+
+def _published(step: Step, summaries, ref) -> list[str]:
+    """A line per GPU tag that measured the step: the published figure beside its own gain."""
+    if ref is None:
+        return []
+    lines = [_published_line(step, t, r, ref) for t, df in summaries if is_gpu_tag(t)
+             for r in df.to_dict("records")
+             if r["step"] == step.num and (r.get("status") or "not run") != "not run"]  # fmt: skip
+    if not lines:
+        return []
+    switch = metric_switch(ref)
+    metric = f"; average tok/s before step {switch}, step tok/s from it" if switch else ""
+    return [f"*Beside the published A100 ladder* (Raschka's figures, not measured here; PyTorch "
+            f"2.6{metric}):", "", *lines, ""]  # fmt: skip
+
+
 def _section(step: Step, prev: Step | None, summaries, ref, base: Path) -> list[str]:
     paras = paragraphs(step)
     out = [f"## {step.num} · {step.title}", ""]
@@ -167,7 +205,7 @@ def _section(step: Step, prev: Step | None, summaries, ref, base: Path) -> list[
     if cost or step.num != BASELINE:
         out += [f"**What it costs.** {cost or 'Not stated in the step docstring yet.'}", ""]
     out += ["**Measured effect.**", "", *_measured(step, summaries), ""]
-    return out + _reference(step, ref)
+    return out + _reference(step, ref) + _published(step, summaries, ref)
 
 
 def page_markdown(tag_dirs, base: Path, root: Path = ROOT) -> str:

@@ -8,7 +8,9 @@ and n/c steps named under the table) and status; a step measured
 while the machine was busy says so in its status, an inactive step in its effect cell and in a
 line under the table, and a line says how to read the interval for this tag's rounds. A tag of N
 processes shows the scaling efficiency over its steps' 1-process runs and each rank's peak beside
-the memory model's prediction."""
+the memory model's prediction. A GPU tag's table (its records ran on CUDA) sets the published A100
+figure of each step beside it, with that step's gain in the published ladder (reference.py), and
+says under the table that those are Raschka's figures, not measured here."""
 
 import os
 import sys
@@ -21,7 +23,13 @@ from speed_ladder.report import by_hand
 from speed_ladder.report.charts import CHARTS
 from speed_ladder.report.comparison_chart import COMPARISON
 from speed_ladder.report.gain_chart import GAIN_CHART
-from speed_ladder.report.reference import REFERENCE_CSV
+from speed_ladder.report.reference import (
+    REFERENCE_CSV,
+    is_gpu_tag,
+    published_cell,
+    published_note,
+    read_reference,
+)
 from speed_ladder.report.rows import (
     busy_text,
     describe,
@@ -56,6 +64,8 @@ HEADER_N = [  # a tag of N processes: its distributed steps, against their 1-pro
     "predicted GiB per rank | val loss | loss parity | status |",
     "|---|---|--:|---|---|--:|--:|--:|---|---|",
 ]
+
+PUBLISHED = "published A100 tok/s (its gain)"  # a GPU tag's column, after "vs previous step"
 
 TAG_LINKS = (("tok/s", CHARTS[0]), ("each step's own gain", GAIN_CHART),
              ("peak memory", CHARTS[1]), ("MFU", CHARTS[2]))  # fmt: skip
@@ -102,8 +112,19 @@ def parity_notes(rows: list[dict]) -> list[str]:
     return [x for line in lines for x in (line, "")]
 
 
-def _row(r: dict) -> str:
-    """One step's line: its numbers when its last run was ok, else dashes and why it failed."""
+def with_published(header: list[str]) -> list[str]:
+    """A table's header lines with the published column after *vs previous step*."""
+    names = header[0].split(" | ")  # "| step", "title", ..., "status |"
+    aligns = header[1].strip("|").split("|")
+    i = names.index("vs previous step") + 1
+    names.insert(i, PUBLISHED)
+    aligns.insert(i, "--:")
+    return [" | ".join(names), "|" + "|".join(aligns) + "|"]
+
+
+def _row(r: dict, published: str | None = None) -> str:
+    """One step's line: its numbers when its last run was ok, else dashes and why it failed;
+    `published`: the published column's cell (a GPU tag), after *vs previous step*."""
     ok = r.get("status") == "ok"
     mfu = number(r.get("mfu")) if ok else None
     speed = number(r.get("speedup_vs_00")) if ok else None
@@ -115,6 +136,7 @@ def _row(r: dict) -> str:
         r.get("title") or "",
         _fmt(r.get("tokens_per_sec_median") if ok else None, ",.0f"),
         effect_text(r),
+        *([] if published is None else [published]),
         "–" if speed is None else speedup_text(speed),
         _fmt(r.get("peak_reserved_gib") if ok else None, ".2f"),
         mfu_cell,
@@ -125,7 +147,7 @@ def _row(r: dict) -> str:
     return "| " + " | ".join(_cell(x) for x in cells) + " |"
 
 
-def _row_n(r: dict) -> str:
+def _row_n(r: dict, published: str | None = None) -> str:
     """A step of an N-process tag: scaling efficiency and each rank's peak."""
     ok = r.get("status") == "ok"
     eff = percent_text(r.get("scaling_efficiency"), r.get("scaling_efficiency_lo"),
@@ -137,6 +159,7 @@ def _row_n(r: dict) -> str:
         _fmt(r.get("tokens_per_sec_median") if ok else None, ",.0f"),
         eff,
         effect_text(r),
+        *([] if published is None else [published]),
         per_rank if ok else "–",
         _fmt(r.get("predicted_peak_gib") if ok else None, ".2f"),
         _fmt(r.get("val_loss") if ok else None, ".3f"),
@@ -176,11 +199,17 @@ def _tag_section(tag_dir: Path, base: Path) -> list[str]:
     desc = describe(df)
     rows = df.to_dict("records")
     skipped = [r["step"] for r in rows if (r.get("status") or "not run") == "not run"]
-    multi = tag_processes(tag_dir.name) > 1
+    n = tag_processes(tag_dir.name)
+    ref = read_reference() if is_gpu_tag(tag_dir) else None  # CPU tags: no published column
+    header = HEADER_N if n > 1 else HEADER
     lines = [f"#### `{tag_dir.name}`" + (f": {desc}" if desc else ""), ""]
-    lines += HEADER_N if multi else HEADER
-    lines += [(_row_n if multi else _row)(r) for r in rows if r["step"] not in skipped]
+    lines += header if ref is None else with_published(header)
+    row = _row_n if n > 1 else _row
+    pub = {r["step"]: None if ref is None else published_cell(ref, r["step"], n) for r in rows}
+    lines += [row(r, pub[r["step"]]) for r in rows if r["step"] not in skipped]
     lines += ["", method_note(rows), ""]
+    if ref is not None:
+        lines += [published_note(ref), ""]
     lines += parity_notes(rows)
     marks = [f"step {r['step']}" + (f" ({_cell(text(r.get('inactive_reason')))})"
              if text(r.get("inactive_reason")) else "") for r in rows if inactive(r)]  # fmt: skip

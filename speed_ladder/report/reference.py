@@ -35,3 +35,71 @@ def resolve_reference(reference):
     """`reference` as a chart takes it: "default" reads the published figures; anything else
     (a DataFrame, or None for none) is used as given."""
     return read_reference() if isinstance(reference, str) and reference == "default" else reference
+
+
+def _gpus(hardware) -> int | None:
+    """4 from '4x A100 (PyTorch 2.6)'; None when the csv's hardware says no count."""
+    head = str(hardware).split("x", 1)[0].strip()
+    return int(head) if head.isdigit() else None
+
+
+def is_gpu_tag(tag_dir: Path) -> bool:
+    """Whether a tag's runs ran on CUDA (their records' `device`): only such a tag's table and
+    ladder-page lines set the published A100 figures beside its steps."""
+    from speed_ladder.records import read_jsonl
+    from speed_ladder.store import RUNS
+
+    return any(isinstance(r, dict) and r.get("device") == "cuda"
+               for r in read_jsonl(Path(tag_dir) / RUNS))  # fmt: skip
+
+
+def published(ref, step: str, processes: int = 1) -> tuple[float, float | None] | None:
+    """(the csv's tok/s of `step`, its gain over the csv's previous step) for a tag of
+    `processes` processes; None where the csv has no such step or it ran on another number of
+    GPUs than the tag's processes (step 11: 4x A100, no like for like on one process). The gain
+    is None for step 00 and where the metric changes between the two rows (avg tok/s up to 07,
+    step tok/s from 08: no ratio across them)."""
+    if ref is None:
+        return None
+    rows = {r["step"]: r for r in ref.to_dict("records")}
+    row = rows.get(step)
+    if row is None or _gpus(row["hardware"]) not in (None, processes):
+        return None
+    prev = rows.get(f"{int(step) - 1:02d}") if step.isdigit() else None
+    same = prev is not None and prev.get("metric") == row.get("metric") and prev["tokens_per_sec"]
+    gain = row["tokens_per_sec"] / prev["tokens_per_sec"] if same else None
+    return float(row["tokens_per_sec"]), gain
+
+
+def published_cell(ref, step: str, processes: int = 1) -> str:
+    """'142,156 (1.12x)' for the README's column; '112,046' without a gain; '–' without one."""
+    fig = published(ref, step, processes)
+    if fig is None:
+        return "–"
+    return f"{fig[0]:,.0f}" + (f" ({fig[1]:.2f}x)" if fig[1] is not None else "")
+
+
+def metric_switch(ref) -> str | None:
+    """The first step whose metric is not the one before's ('08'), or None."""
+    if ref is None:
+        return None
+    rows = ref.to_dict("records")
+    pairs = zip(rows, rows[1:], strict=False)
+    return next((b["step"] for a, b in pairs if a.get("metric") != b.get("metric")), None)
+
+
+def published_note(ref) -> str:
+    """The README's note under a GPU tag's table: what the published column is, and is not."""
+    switch = metric_switch(ref)
+    metric = (
+        f" Up to step {int(switch) - 1:02d} they are average tok/s, from step {switch} tok/s "
+        f"of a training step (after torch.compile's warm-up), so step {switch} shows no gain."
+        if switch
+        else ""
+    )
+    return (
+        "*published A100 tok/s (its gain)*: Raschka's **published** figures for the same step "
+        "(LLMs-from-scratch ch05/10, one A100, PyTorch 2.6; step 11 on 4x A100), not measured "
+        "here, and that step's gain over his previous step." + metric + " *–*: his ladder has no "
+        "such step (12-14), or it ran on another number of GPUs than this tag's processes."
+    )

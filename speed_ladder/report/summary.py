@@ -233,8 +233,9 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
 def collect(steps, records, configs: dict, shas: dict, repeats: int, machine=None, tag=None):
     """Per step, its matching runs (this config, script and machine) and the runs a row uses;
     plus the A/A control runs of the first step. An ok record that is impossible or foreign to
-    `tag` (validity.py) counts as a failed run, status `invalid`: never an ok step."""
-    records = marked(records, tag)
+    `tag` (validity.py, against the ladder `steps`) counts as a failed run, status `invalid`:
+    never an ok step."""
+    records = marked(records, tag, steps)
     runs = {s.num: matching(records, s, configs[s.num], shas[s.num], machine) for s in steps}
     used = {s.num: used_runs(s, runs[s.num], repeats) for s in steps}
     used = {k: v for k, v in used.items() if v}

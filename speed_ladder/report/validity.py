@@ -1,14 +1,17 @@
 """Whether a record can be right, and whether it belongs to its tag: the reasons an `ok` record is
 impossible (its numbers contradict each other or the hardware) or foreign (another machine's,
 preset's or process count's than its tag says). `python -m speed_ladder check` names each
-reason in a line; the summary shows such a record's step as `invalid` with the first reason,
-never as `ok` (summary.collect)."""
+reason in a line; every summary built for a tag folder shows such a record's step as `invalid`
+with the first reason, never as `ok` (summary.collect): the one the sweep writes after its runs
+(sweep/plan.py's `summarize`, against the ladder it ran) and the one rebuilt from runs.jsonl
+(`plot_results.py --rebuild`, `publish`, and `check`, which compares it with summary.csv)."""
 
 import math
 import re
+from pathlib import Path
 
 from speed_ladder import ladder, machine
-from speed_ladder.files import ROOT
+from speed_ladder.files import ROOT, portable_path
 from speed_ladder.measure.gpus import lookup
 from speed_ladder.spec import config_of
 
@@ -33,8 +36,12 @@ def _fp(rec: dict) -> dict:
     return fp if isinstance(fp, dict) else {}
 
 
-def step_files() -> dict[str, str]:
-    """{step number: its file, relative to the root} of this checkout's ladder."""
+def step_files(steps=None) -> dict[str, str]:
+    """{step number: its file as its records name it (files.portable_path; one outside the
+    checkout that ran it, by its name alone)} of the ladder `steps` (a list of ladder.Step;
+    None: this checkout's ladder)."""
+    if steps is not None:
+        return {s.num: portable_path(s.path) for s in steps}
     if not _STEPS:
         _STEPS.update({s.num: s.rel for s in ladder.discover(ROOT)})
     return _STEPS
@@ -126,16 +133,17 @@ def _hardware(rec: dict) -> list[str]:
     return out
 
 
-def impossible(rec: dict) -> list[str]:
-    """Why an `ok` record cannot be right (empty: it can); other statuses are not measurements."""
+def impossible(rec: dict, steps=None) -> list[str]:
+    """Why an `ok` record cannot be right (empty: it can); other statuses are not measurements.
+    `steps`: the ladder it ran from (None: this checkout's)."""
     if rec.get("status") != "ok":
         return []
     out = _numbers(rec) + _arithmetic(rec) + _hardware(rec)
     step, script = rec.get("step"), rec.get("script")
-    files = step_files()
+    files = step_files(steps)
     if step not in files:
         out.append(f"step {step!r} is not a step of this ladder")
-    elif script is not None and script != files[step]:
+    elif script is not None and script not in (files[step], Path(files[step]).name):
         out.append(f"script {str(script)[:60]!r} is not step {step}'s file ({files[step]})")
     return out
 
@@ -151,9 +159,10 @@ def tag_base(fp: dict) -> str | None:
     return f"cpu-{machine.cpu_tag_part(name, cpu)}-{fp.get('device_count')}c"
 
 
-def foreign(rec: dict, tag: str | None) -> list[str]:
+def foreign(rec: dict, tag: str | None, steps=None) -> list[str]:
     """Why a record does not belong to the tag folder `tag` (None: only the record's own
-    consistency): its device name, fingerprint, preset, device or process count."""
+    consistency): its device name, fingerprint, preset, device or process count. `steps`: the
+    ladder it ran from (None: this checkout's)."""
     out, fp, sw = [], _fp(rec), rec.get("sweep") or {}
     own = rec.get("machine")
     if fp and rec.get("device_name") != fp.get("device_name"):
@@ -173,8 +182,9 @@ def foreign(rec: dict, tag: str | None) -> list[str]:
         out.append(f"preset {rec.get('preset')!r} is not its spec's {spec.get('preset')!r}")
     if tag is None:
         return out
-    n, files = ladder.tag_processes(tag), step_files()
-    distributed = rec.get("step") in {s.num for s in ladder.discover(ROOT) if s.distributed}
+    n, files = ladder.tag_processes(tag), step_files(steps)
+    ran = ladder.discover(ROOT) if steps is None else steps
+    distributed = rec.get("step") in {s.num for s in ran if s.distributed}
     want = n if n > 1 or not distributed else 1
     if rec.get("step") in files and rec.get("world_size") not in (None, want):
         out.append(f"world_size {rec.get('world_size')} in a tag of {want} process(es) ({tag})")
@@ -184,24 +194,24 @@ def foreign(rec: dict, tag: str | None) -> list[str]:
     return out
 
 
-def invalid(rec: dict, tag: str | None = None) -> str | None:
+def invalid(rec: dict, tag: str | None = None, steps=None) -> str | None:
     """The first reason an `ok` record is impossible or foreign, or None."""
     if rec.get("status") != "ok":
         return None
-    why = impossible(rec) + foreign(rec, tag)
+    why = impossible(rec, steps) + foreign(rec, tag, steps)
     return why[0] if why else None
 
 
-def marked(records: list[dict], tag: str | None = None) -> list[dict]:
-    """The records as a tag's rebuilt summary takes them (`tag`: its folder's name): an `ok` one
-    that is impossible or foreign becomes status `invalid` with its reason (a copy; the file is
-    untouched). Without a tag (the sweep's own summary of the runs it just made) they are taken
-    as they are: `plot_results.py --rebuild` and `check` (which compares summary.csv with its
-    rebuild) judge them."""
+def marked(records: list[dict], tag: str | None = None, steps=None) -> list[dict]:
+    """The records as a tag's summary takes them (`tag`: its folder's name; `steps`: the ladder
+    they ran from, None: this checkout's): an `ok` one that is impossible or foreign becomes
+    status `invalid` with its reason (a copy; the file is untouched). The sweep's summary and a
+    rebuilt one (`plot_results.py --rebuild`, `check`) both pass their tag; without one (a
+    caller with no tag folder) the records are taken as they are."""
     if tag is None:
         return records
     out = []
     for r in records:
-        why = invalid(r, tag)
+        why = invalid(r, tag, steps)
         out.append(r if why is None else dict(r, status="invalid", reason=f"invalid record: {why}"))
     return out

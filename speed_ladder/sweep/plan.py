@@ -58,15 +58,17 @@ class Plan:
 
 def summarize(plan: Plan) -> dict[str, object]:
     """Every pass's summary, written to its summary.csv (the -x1 pass first: the others'
-    scaling efficiency is over its runs)."""
+    scaling efficiency is over its runs). Its folder's name is the tag its records are judged
+    by, as a rebuilt summary's are (report/validity.py): an impossible or foreign ok record is
+    `invalid` here too, never `ok` until a rebuild."""
     out, single = {}, None
     for ps in plan.passes:
-        recs = load_runs(ps.tag_dir)
+        recs, tag = load_runs(ps.tag_dir), Path(ps.tag_dir).name
         df = summarize_tag(ps.ladder, recs, ps.configs, ps.shas, plan.repeats, plan.machine,
-                           single=single, nproc=ps.nproc)  # fmt: skip
+                           single=single, nproc=ps.nproc, tag=tag)  # fmt: skip
         if ps.nproc == 1:
             single = collect(ps.ladder, recs, ps.configs, ps.shas, plan.repeats,
-                             plan.machine)[1]  # fmt: skip
+                             plan.machine, tag)[1]  # fmt: skip
         write_summary(ps.tag_dir, df)
         out[ps.tag] = df
     return out
