@@ -16,8 +16,8 @@ and ends with `speed_ladder.main(main)`, which turns bad input into one error li
 
 from importlib import import_module
 
-from speed_ladder.errors import UserError
-from speed_ladder.flags import main, parse_args
+from speed_ladder.errors import UserError, main
+from speed_ladder.flags import parse_args
 from speed_ladder.ladder import inactive_helpers
 from speed_ladder.presets import GPT2_VOCAB
 

@@ -2,13 +2,16 @@
 
 `UserError` is bad input; the functions below name the failures the environment causes (out of
 memory, a full or read-only disk, a closed output pipe, a torch.compile that cannot compile on
-this machine) so that the step scripts (`speed_ladder.main`), the sweep and plot_results.py print
-one line for them. Torch-free: exceptions are recognized by their class names and messages.
+this machine) so that the step scripts, the sweep and plot_results.py print one line for them.
+`main` (`speed_ladder.main`) is a step's guard: it turns those failures into that line and the
+step's failure record (`on_failure`, which the step's `Run` registers with). Torch-free:
+exceptions are recognized by their class names and messages.
 """
 
 import errno
 import os
 import sys
+import traceback
 
 
 class UserError(Exception):
@@ -198,3 +201,57 @@ def pipe_safe(main, *args) -> int:
             flush_stdout()
     except BrokenPipeError:
         broken_pipe()
+
+
+# ---------------------------------------------------------------- a step's guard
+class FailureHandoff:
+    """The hand-off from a step's `Run` to `speed_ladder.main`: the Run registers the function that
+    writes its failure record when it is made (`Run.__init__`), and `speed_ladder.main` calls it
+    when the step dies of bad input, an OOM or a crash. Before a Run exists (bad flags) there is
+    nothing to record. The last Run registered is the one recorded."""
+
+    def __init__(self):
+        self._write = None
+
+    def register(self, write) -> None:
+        self._write = write
+
+    def __call__(self, status: str, reason: str) -> None:
+        if self._write is not None:
+            self._write(status, reason)
+
+
+on_failure = FailureHandoff()
+
+
+def main(fn) -> None:
+    """Run a step's main(): bad input, out of memory (any device), a torch.compile that cannot
+    compile here, a full or read-only disk and a closed stdout each become one line, a record
+    (where one can still be written) and a non-zero exit; only a bug shows its traceback."""
+    try:
+        try:
+            fn()
+        finally:
+            flush_stdout()  # `--help | head`: a closed pipe is caught below, not at exit
+    except UserError as e:
+        on_failure("error", str(e))
+        fail(str(e))
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    except BrokenPipeError:
+        on_failure("error", "stdout was closed (broken pipe)")
+        broken_pipe("stdout was closed (broken pipe): training stopped")
+    except Exception as e:
+        oom = out_of_memory_line(e)
+        if oom is not None:
+            on_failure("oom", oom)
+            fail(f"out of memory: {oom}", code=3)
+        line = compile_failure_line(e)
+        if line is None and is_environment_os_error(e):
+            line = os_error_line(e)
+        if line is not None:
+            on_failure("error", line)
+            fail(line, code=1)
+        traceback.print_exc()
+        on_failure("error", f"{e.__class__.__name__}: {e}")
+        sys.exit(1)

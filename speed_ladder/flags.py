@@ -1,29 +1,18 @@
-"""The flags every step script shares, defined once, and `speed_ladder.main`, the wrapper that turns
-bad input into one line (and the step's failure record).
+"""The flags every step script shares, defined once. (`speed_ladder.main`, the wrapper that turns
+bad input into one line and the step's failure record, is errors.py's.)
 
 `STEP_FLAGS` is the one table of the step flags. From it come the step scripts' parser
 (`parse_args`), the flags the sweep passes through to every step (`add_step_flags(...,
-passed_only=True)`), a step's argv in the sweep (`child_argv`) and the configuration that
-identifies a sweep's run (`run_config`).
+passed_only=True)`) and a step's argv in the sweep (`child_argv`). What identifies a sweep's run
+is the resolved RunSpec's (speed_ladder.spec: KEY_FIELDS, sweep_config).
 """
 
 import argparse
 import os
 import sys
-import traceback
 from dataclasses import dataclass, field
 
-from speed_ladder.errors import (
-    UserError,
-    broken_pipe,
-    compile_failure_line,
-    fail,
-    flush_stdout,
-    is_environment_os_error,
-    os_error_line,
-    out_of_memory_line,
-)
-from speed_ladder.files import data_id
+from speed_ladder.errors import UserError, fail
 from speed_ladder.presets import PRESETS, check_name
 
 PROFILE_STEPS = 3  # --profile without a number (speed_ladder.measure.profile)
@@ -68,15 +57,13 @@ def seed(text: str) -> int:
 
 @dataclass(frozen=True)
 class Flag:
-    """One step flag: its name, help, argparse options, whether the sweep passes it to every
-    step, and whether it then identifies a sweep's run (the passed flags do, unless they change
-    nothing that is measured, as --profile, which runs after the timed window)."""
+    """One step flag: its name, help, argparse options, and whether the sweep passes it to every
+    step."""
 
     name: str
     help: str
     options: dict = field(default_factory=dict)  # argparse's type, default, choices, metavar
     passed: bool = False
-    identifies: bool = True
 
     @property
     def dest(self) -> str:
@@ -139,14 +126,12 @@ STEP_FLAGS = (
         "(time_breakdown); profiled steps are never timed",
         {"type": positive, "nargs": "?", "const": PROFILE_STEPS, "metavar": "N"},
         passed=True,
-        identifies=False,
     ),
     Flag(
         "--trace",
         "also write the profiled steps' Chrome/Perfetto trace into DIR (implies --profile)",
         {"metavar": "DIR"},
         passed=True,
-        identifies=False,
     ),
 )
 
@@ -167,14 +152,6 @@ def child_argv(values: dict) -> list[str]:
         if f.passed and values.get(f.dest) is not None:
             out += [f.name, str(values[f.dest])]
     return out
-
-
-def run_config(values: dict) -> dict:
-    """The passed-through flags' values by name: what identifies a sweep's run (with nproc). The
-    text is named by files.data_id, as the step's record names it: where it lives is not part
-    of the configuration, what it holds is."""
-    out = {f.dest: values.get(f.dest) for f in STEP_FLAGS if f.passed and f.identifies}
-    return dict(out, data=data_id(out["data"])) if "data" in out else out
 
 
 def parse_args(doc: str | None, argv=None) -> argparse.Namespace:
@@ -199,56 +176,3 @@ def shown_path(script: str) -> str:
         return os.path.relpath(script)
     except ValueError:  # Windows: another drive
         return script
-
-
-class FailureHandoff:
-    """The hand-off from a step's `Run` to `speed_ladder.main`: the Run registers the function that
-    writes its failure record when it is made (`Run.__init__`), and `speed_ladder.main` calls it
-    when the step dies of bad input, an OOM or a crash. Before a Run exists (bad flags) there is
-    nothing to record. The last Run registered is the one recorded."""
-
-    def __init__(self):
-        self._write = None
-
-    def register(self, write) -> None:
-        self._write = write
-
-    def __call__(self, status: str, reason: str) -> None:
-        if self._write is not None:
-            self._write(status, reason)
-
-
-on_failure = FailureHandoff()
-
-
-def main(fn) -> None:
-    """Run a step's main(): bad input, out of memory (any device), a torch.compile that cannot
-    compile here, a full or read-only disk and a closed stdout each become one line, a record
-    (where one can still be written) and a non-zero exit; only a bug shows its traceback."""
-    try:
-        try:
-            fn()
-        finally:
-            flush_stdout()  # `--help | head`: a closed pipe is caught below, not at exit
-    except UserError as e:
-        on_failure("error", str(e))
-        fail(str(e))
-    except KeyboardInterrupt:
-        fail("interrupted", code=130)
-    except BrokenPipeError:
-        on_failure("error", "stdout was closed (broken pipe)")
-        broken_pipe("stdout was closed (broken pipe): training stopped")
-    except Exception as e:
-        oom = out_of_memory_line(e)
-        if oom is not None:
-            on_failure("oom", oom)
-            fail(f"out of memory: {oom}", code=3)
-        line = compile_failure_line(e)
-        if line is None and is_environment_os_error(e):
-            line = os_error_line(e)
-        if line is not None:
-            on_failure("error", line)
-            fail(line, code=1)
-        traceback.print_exc()
-        on_failure("error", f"{e.__class__.__name__}: {e}")
-        sys.exit(1)

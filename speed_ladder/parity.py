@@ -45,9 +45,9 @@ def regime(device) -> str:
     with `-compiled` when torch.compile compiled a graph here."""
     import torch
 
-    from speed_ladder.measure.device import BF16_USED
+    from speed_ladder.measure.device import bf16_decided
 
-    if BF16_USED.get(device.type):
+    if bf16_decided(device.type):
         base = "bf16"
     elif device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
         major = torch.cuda.get_device_properties(device).major

@@ -19,7 +19,7 @@ its global batch is large_batch_size x GPUs). Their run length is a measuring ru
 them warm-up.
 
 `check_name` is the one check of a preset's name. Which preset a run uses, with its flags
-and the batch rule that fits a smaller GPU applied, is speed_ladder/spec.py's (`resolve`).
+and the batch rule that fits a smaller GPU applied, is speed_ladder/spec.py's (`resolve_spec`).
 """
 
 from speed_ladder.errors import UserError

@@ -1,4 +1,4 @@
-"""`RunSpec`: one run's settings, resolved once, by `resolve`, from the flags, the preset, the
+"""`RunSpec`: one run's settings, resolved once, by `resolve_spec`, from the flags, the preset, the
 device (its type, a CUDA GPU's memory, native bf16) and the batch rule. The sweep resolves it
 before it plans (preflight.py: the run length, the memory each run needs) and the step's `Run`
 resolves it with the same function from the same flags on the same device, so the run the
@@ -38,7 +38,7 @@ FIT_MARGIN = 1.15
 @dataclass(frozen=True)
 class RunSpec:
     """One run's settings (see the module doc). `settings` is the preset's dict with the flags
-    and the batch rule applied (what `Run.preset` is, `batch_rule` included)."""
+    and the batch rule applied (what `Run.settings` is, `batch_rule` included)."""
 
     preset: str  # the preset's name
     why: str  # "--preset" or "default for <device>"
@@ -64,23 +64,17 @@ class RunSpec:
                 "bf16": self.bf16, "gpu_bytes": self.gpu_bytes}  # fmt: skip
 
 
+# What identifies a sweep's run, with its processes: the one definition (sweep_config)
 KEY_FIELDS = ("device", "preset", "max_steps", "warmup_steps", "data", "seed")
 
 
 def sweep_config(spec: RunSpec, nproc: int) -> dict:
     """What a sweep's run is matched by (`sweep.config` in its record: the up-to-date check, the
-    summary's rounds): the RunSpec's identifying fields and the processes. --profile and
-    --trace are not among them (speed_ladder.measure.profile), nor the batch: the same GPU resolves
-    the same."""
-    out = {
-        "device": spec.device,
-        "preset": spec.preset,
-        "max_steps": spec.settings["max_steps"],
-        "warmup_steps": spec.settings["warmup_steps"],
-        "data": spec.data,
-        "seed": spec.seed,
-    }
-    return dict(out, nproc=nproc)  # fmt: skip
+    summary's rounds): the RunSpec's KEY_FIELDS and the processes. --profile and --trace are not
+    among them (speed_ladder.measure.profile), nor the batch: the same GPU resolves the same."""
+    fields = dict(spec.settings, device=spec.device, preset=spec.preset, data=spec.data,
+                  seed=spec.seed)  # fmt: skip
+    return dict({k: fields[k] for k in KEY_FIELDS}, nproc=nproc)
 
 
 def resolved_config(config, machine) -> dict:
@@ -131,7 +125,7 @@ def bf16_known(device_type: str, native: bool | None) -> bool | None:
     return bool(native) if device_type == "cuda" and native is not None else None
 
 
-def resolve(values: dict, device_type: str, gpu: tuple[int, bool] | None = None) -> RunSpec:
+def resolve_spec(values: dict, device_type: str, gpu: tuple[int, bool] | None = None) -> RunSpec:
     """The RunSpec of a run with these flag values (a step's args as a dict, or the sweep's
     measuring values) on a device of `device_type`; gpu: (total memory in bytes, native bf16)
     of a CUDA device, for the batch rule and bf16. The batch rule applies where --batch-size

@@ -10,8 +10,8 @@ record says `step_active: false` and why (`speed_ladder.tf32_unavailable`).
 
 Costs: precision. TF32 rounds the matmul inputs to a 10-bit mantissa (a relative error near 1e-3
 per product, fp32 accumulation), so losses leave fp32's in the third or fourth digit
-(tests/loss_parity.json's tolerance). Where there are no TF32 tensor cores (CPUs, GPUs before
-Ampere) it does nothing, and the record says so.
+(speed_ladder/data/ladder.json's tolerance). Where there are no TF32 tensor cores (CPUs, GPUs
+before Ampere) it does nothing, and the record says so.
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
@@ -230,7 +230,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
     model.eval()
     tokenizer = run.tokenizer()
     encoded = torch.tensor(tokenizer.encode(start_context), device=device).unsqueeze(0)
-    context_size = run.preset["context_length"]
+    context_size = run.settings["context_length"]
     out = generate_text_simple(model, encoded, num_tokens, context_size)[0].tolist()
     run.print(tokenizer.decode([t for t in out if t < tokenizer.n_vocab]).replace("\n", " "))
     model.train()
@@ -240,7 +240,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 def main():
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
-    P = run.preset
+    P = run.settings
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
     # step; --preset (speed_ladder/presets.py: cpu, tiny, gpt2-xl, ...) sets the sizes it names

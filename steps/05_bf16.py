@@ -22,9 +22,9 @@ CPU without native bf16 (no AVX512_BF16/AMX) emulates it: on this project's 2-co
 its record says `step_active: false` and why.
 
 Costs: precision. bf16 keeps fp32's exponent range but only 8 bits of mantissa, so losses leave
-fp32's at about 1e-2 (tests/loss_parity.json); autocast keeps fp32 weights, and the reductions
-its op lists name. Where bf16 is not native (V100, T4, CPUs without AVX512_BF16 or AMX) it is
-slower than fp32: the step then stays in fp32 and its record says why.
+fp32's at about 1e-2 (speed_ladder/data/ladder.json); autocast keeps fp32 weights, and the
+reductions its op lists name. Where bf16 is not native (V100, T4, CPUs without AVX512_BF16 or
+AMX) it is slower than fp32: the step then stays in fp32 and its record says why.
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
@@ -244,7 +244,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
     model.eval()
     tokenizer = run.tokenizer()
     encoded = torch.tensor(tokenizer.encode(start_context), device=device).unsqueeze(0)
-    context_size = run.preset["context_length"]
+    context_size = run.settings["context_length"]
     out = generate_text_simple(model, encoded, num_tokens, context_size)[0].tolist()
     run.print(tokenizer.decode([t for t in out if t < tokenizer.n_vocab]).replace("\n", " "))
     model.train()
@@ -254,7 +254,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 def main():
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
-    P = run.preset
+    P = run.settings
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
     # step; --preset (speed_ladder/presets.py: cpu, tiny, gpt2-xl, ...) sets the sizes it names

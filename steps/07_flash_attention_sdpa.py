@@ -209,7 +209,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
     model.eval()
     tokenizer = run.tokenizer()
     encoded = torch.tensor(tokenizer.encode(start_context), device=device).unsqueeze(0)
-    context_size = run.preset["context_length"]
+    context_size = run.settings["context_length"]
     out = generate_text_simple(model, encoded, num_tokens, context_size)[0].tolist()
     run.print(tokenizer.decode([t for t in out if t < tokenizer.n_vocab]).replace("\n", " "))
     model.train()
@@ -219,7 +219,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 def main():
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
-    P = run.preset
+    P = run.settings
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
     # step; --preset (speed_ladder/presets.py: cpu, tiny, gpt2-xl, ...) sets the sizes it names

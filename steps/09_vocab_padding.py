@@ -13,7 +13,7 @@ Costs: 47 more rows in the token embedding and the output layer (50304 - 50257: 
 72K parameters on gpt2-124m, 0.06%). Their 47 classes take part in the softmax (no token uses
 them, so training pushes their logits down; sampling masks them), and the larger table draws
 another random init, so the loss leaves step 08's within the stated tolerance
-(tests/loss_parity.json).
+(speed_ladder/data/ladder.json).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
@@ -221,7 +221,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
     model.eval()
     tokenizer = run.tokenizer()
     encoded = torch.tensor(tokenizer.encode(start_context), device=device).unsqueeze(0)
-    context_size = run.preset["context_length"]
+    context_size = run.settings["context_length"]
     out = generate_text_simple(model, encoded, num_tokens, context_size)[0].tolist()
     run.print(tokenizer.decode([t for t in out if t < tokenizer.n_vocab]).replace("\n", " "))
     model.train()
@@ -231,7 +231,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
 def main():
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
-    P = run.preset
+    P = run.settings
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
     # step; --preset (speed_ladder/presets.py: cpu, tiny, gpt2-xl, ...) sets the sizes it names

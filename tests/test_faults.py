@@ -19,10 +19,10 @@ import pytest
 import torch
 from conftest import ROOT, VERDICT, py, records, sweep_here
 
-from speed_ladder import files
+from speed_ladder import errors, files
 from speed_ladder import flags as cli
 from speed_ladder.errors import UserError
-from speed_ladder.ladder import discover
+from speed_ladder.ladder import discover, processes_suffix
 from speed_ladder.measure import data, device, matmul_peak
 from speed_ladder.report import chart_style, charts, readme, reference, summary
 from speed_ladder.report import redraw as report
@@ -31,7 +31,7 @@ from speed_ladder.sweep import driver as sweep
 from speed_ladder.sweep import launch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-TAG = sweep.hardware_tag("cpu", 1)
+TAG = sweep.tag_base("cpu") + processes_suffix(1)  # this machine's 1-process tag
 
 
 def fixture_sweep(capsys, results, *args):
@@ -559,14 +559,14 @@ def test_user_cache_folder_follows_the_platform(monkeypatch, tmp_path):
 def _main_exit(capsys, fn):
     """speed_ladder.main(fn): (exit code, stderr, the failure recorded)."""
     recorded = []
-    cli.on_failure.register(lambda status, reason: recorded.append((status, reason)))
+    errors.on_failure.register(lambda status, reason: recorded.append((status, reason)))
     try:
         capsys.readouterr()
         with pytest.raises(SystemExit) as e:
-            cli.main(fn)
+            errors.main(fn)
         return e.value.code, capsys.readouterr().err, recorded
     finally:
-        cli.on_failure.register(None)
+        errors.on_failure.register(None)
 
 
 def _cpu_alloc():

@@ -11,9 +11,10 @@ import pytest
 from clone import fresh_clone, git_status
 
 from speed_ladder.files import mirror
+from speed_ladder.ladder import processes_suffix
 from speed_ladder.sweep import driver as sweep
 
-TAG = sweep.hardware_tag("cpu", 1)
+TAG = sweep.tag_base("cpu") + processes_suffix(1)  # this machine's 1-process tag
 
 
 def run(clone, *args, timeout=300):

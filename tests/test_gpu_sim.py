@@ -110,6 +110,26 @@ def test_bf16_only_where_the_gpu_has_it_natively(p, rocm, fast, words, fake_gpu,
         assert w in why, why
 
 
+def test_bf16_is_decided_once_and_the_record_reads_that_decision(fake_gpu, monkeypatch):
+    from speed_ladder import parity
+
+    monkeypatch.setattr(dev, "_BF16", {})
+    monkeypatch.setenv(dev.BF16_ENV, "auto")
+    assert dev.bf16_decided("cuda") is None  # nothing asked yet
+    gpu = fake_gpu(props("NVIDIA A100-SXM4-80GB", 8, 0))
+    asked, rule = [], dev._bf16_rule
+    monkeypatch.setattr(
+        dev, "_bf16_rule", lambda d, forced: asked.append(forced) or rule(d, forced)
+    )
+    assert dev.bf16_is_fast(gpu)[0] is True and dev.bf16_is_fast(gpu)[0] is True
+    assert asked == [None] and dev.bf16_decided("cuda") is True
+    assert parity.regime(gpu).startswith("bf16")
+    monkeypatch.setenv(dev.BF16_ENV, "0")  # what it depends on changed: decided again
+    assert dev.bf16_is_fast(gpu)[0] is False and asked == [None, False]
+    assert dev.bf16_decided("cuda") is False and dev.bf16_decided("cpu") is None
+    assert not parity.regime(gpu).startswith("bf16")
+
+
 # ---------------------------------------------------------------- more processes than GPUs
 def test_more_processes_than_gpus_is_one_clear_line_before_any_name_is_asked(fake_gpu, monkeypatch):
     fake_gpu(props("NVIDIA A10G", 8, 6, 80), count=2)
@@ -186,8 +206,8 @@ def test_every_step_makes_the_same_choice_prints_it_and_records_it(memory, batch
     major = 7 if memory == V100_16 else 8
     fake_gpu(props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory))
     runs = [Run(_run_args(), step, __file__) for step in ("00", "05", "10", "13")]
-    assert {r.preset["batch_size"] for r in runs} == {batch}
-    assert {r.preset["large_batch_size"] for r in runs} == {4 * batch}
+    assert {r.settings["batch_size"] for r in runs} == {batch}
+    assert {r.settings["large_batch_size"] for r in runs} == {4 * batch}
     rec = runs[0]._base_record("ok")
     if batch == 8:
         assert rec["batch_rule"] is None
@@ -202,7 +222,7 @@ def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
 
     fake_gpu(props("NVIDIA GeForce RTX 4090", 8, 9, 128, memory=RTX_4090))
     run = Run(_run_args(batch_size=8), "00", __file__)
-    assert run.preset["batch_size"] == 8 and run.preset["batch_rule"] is None
+    assert run.settings["batch_size"] == 8 and run.settings["batch_rule"] is None
 
 
 @pytest.mark.parametrize("memory,major,batch", [(RTX_4090, 8, 4), (V100_16, 7, 2)])
@@ -236,7 +256,7 @@ def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch,
         assert run.spec == planned
         padded = ladder[step].memory.padded_vocab
         run.cfg = {"vocab_size": 50304 if padded else 50257}  # what set_model is given
-        run.batch_size = ladder[step].batch(run.preset)
+        run.batch_size = ladder[step].batch(run.settings)
         recorded = rank_memory.announce(run, torch.nn.Linear(1, 1))["memory_model"]
         assert asdict(preflight.predict(ladder[step], planned, 1)) == recorded
         assert recorded["batch"] == planned.batch(step)

@@ -212,7 +212,7 @@ def test_a_measuring_run_evaluates_only_after_its_last_step():
     from speed_ladder.measure.run import Run
 
     def due(max_steps, results, step):
-        run = NS(preset={"eval_freq": 50}, args=NS(max_steps=max_steps, results=results),
+        run = NS(settings={"eval_freq": 50}, args=NS(max_steps=max_steps, results=results),
                  steps_done=step)  # fmt: skip
         return Run.eval_due(run)
 

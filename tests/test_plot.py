@@ -13,9 +13,9 @@ from conftest import ROOT
 from speed_ladder.ladder import discover, expected_steps, rungs
 from speed_ladder.report.charts import CHARTS, plot_tag
 from speed_ladder.report.readme import update_readme
-from speed_ladder.report.redraw import TAG_CHARTS, check_complete
+from speed_ladder.report.redraw import TAG_CHARTS
 from speed_ladder.report.reference import read_reference
-from speed_ladder.report.summary import find_tags
+from speed_ladder.report.summary import SUMMARY, find_tags, read_summary
 
 FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -155,6 +155,28 @@ def test_readme_without_markers_is_left_alone(tags, tmp_path, capsys):
     assert not update_readme(readme, tags)
     assert readme.read_text() == "# No markers here\n"
     assert "warning:" in capsys.readouterr().err
+
+
+def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
+    """What a tag lacks: a summary row (with a result, ok or failed) per ladder step, and the
+    four charts. An empty list means complete (test_committed_results_are_complete)."""
+    tag_dir = Path(tag_dir)
+    if steps is None:
+        steps = [s.num for s in expected_steps(discover(ROOT), tag_dir.name)]
+    problems = []
+    if not (tag_dir / SUMMARY).is_file():
+        return [f"{tag_dir}: no {SUMMARY}"]
+    df = read_summary(tag_dir)
+    status = dict(zip(df["step"], df["status"], strict=True))
+    for s in steps:
+        if s not in status:
+            problems.append(f"{tag_dir.name}: step {s} has no row in {SUMMARY}")
+        elif status[s] in (None, "not run"):
+            problems.append(f"{tag_dir.name}: step {s} was not run")
+    for png in TAG_CHARTS:
+        if not (tag_dir / png).is_file():
+            problems.append(f"{tag_dir.name}: {png} is missing")
+    return problems
 
 
 def test_check_complete(tags):
@@ -392,6 +414,9 @@ def test_no_label_leaves_the_figure_or_is_cut_mid_word(tags, monkeypatch):
     for r in read_reference().to_dict("records"):
         sources.append(f"{r['step']}  {r['optimization']} ({r['hardware'].split(' (')[0]})")
 
+    x1 = pd.read_csv(drawn[0] / "summary.csv", dtype={"step": str}).to_dict("records")
+    notes = [f"inactive here: {r['inactive_reason']}" for r in x1 if r["step_active"] is False]
+    assert len(notes) >= 5
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
     written = draw_charts(drawn, all_tags=[*drawn, results / "cpu-amd-epyc-2c-x2", tags[1]])
@@ -411,6 +436,10 @@ def test_no_label_leaves_the_figure_or_is_cut_mid_word(tags, monkeypatch):
                 assert inside, f"{path.name}: {t.get_text()!r} leaves the figure"
                 text = t.get_text()
                 assert "…" not in text.replace(" …", ""), f"{path.name}: {text!r} cut mid-word"
+            if path.name == "comparison.png" or path == drawn[0] / "tokens_per_sec.png":
+                shown = " ".join(" ".join(t.get_text().split()) for t in texts)
+                for note in notes:  # wrapped, never cut
+                    assert note in shown, f"{path.name}: {note!r} is not shown whole"
             for ax in fig.axes:  # the step labels: a title's first whole words
                 for label in ax.get_yticklabels():
                     if label.get_text() and label.get_text()[:2].isdigit():

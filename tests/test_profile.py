@@ -25,6 +25,7 @@ from speed_ladder.ladder import step_of
 from speed_ladder.measure import breakdown, matmul_peak, op_categories, profile
 from speed_ladder.measure.run import Run
 from speed_ladder.presets import PRESETS
+from speed_ladder.spec import KEY_FIELDS, resolve_spec, sweep_config
 
 # the tiny preset's model with a small vocabulary: steps of milliseconds
 MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
@@ -337,7 +338,7 @@ def test_without_max_steps_the_steps_after_warm_up_are_profiled(monkeypatch):
     """Epoch mode (gpt2-124m's default): the end is not known, so the steps right after the
     warm-up are profiled and the timed window starts after them."""
     run = _run(monkeypatch, ["--warmup-steps", "2", "--profile", "2"])
-    run.preset["max_steps"] = None
+    run.settings["max_steps"] = None
     run.profiler = profile.from_args(run.args, run)
     windows = []
     real_start = run._start_window
@@ -372,7 +373,7 @@ def test_a_profiler_that_cannot_start_costs_the_run_nothing(monkeypatch):
 
     monkeypatch.setattr(torch.profiler, "profile", broken)
     run = _run(monkeypatch, ["--warmup-steps", "2", "--profile"])
-    run.preset["max_steps"] = None  # epoch mode: the window would wait for the profiled steps
+    run.settings["max_steps"] = None  # epoch mode: the window would wait for the profiled steps
     run.profiler = profile.from_args(run.args, run)
     rec = _train(run, 5)
     assert rec["timed_steps"] == 3 and rec["time_breakdown"] is None
@@ -388,7 +389,8 @@ def test_profile_flags_are_passed_but_do_not_identify_a_run(tmp_path):
     sweep_command.add_run_parser(p.add_subparsers(dest="command"))
     values = vars(p.parse_args(["run", "--profile", "--trace", str(tmp_path)]))
     assert values["profile"] == profile.PROFILE_STEPS == 3
-    assert "profile" not in cli.run_config(values) and "trace" not in cli.run_config(values)
+    config = sweep_config(resolve_spec(values, "cpu"), 1)  # what the run's record is matched by
+    assert set(config) == {*KEY_FIELDS, "nproc"} and not {"profile", "trace"} & set(config)
     assert cli.child_argv(values)[-4:] == ["--profile", "3", "--trace", str(tmp_path)]
     assert cli.parse_args(None, ["--profile", "5"]).profile == 5
     assert cli.parse_args(None, []).profile is None

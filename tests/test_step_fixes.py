@@ -16,7 +16,7 @@ from conftest import load_step
 from test_memory_steps import _Run, report
 
 import speed_ladder
-from speed_ladder import flags as cli
+from speed_ladder import errors
 
 LIGER_OPS = "liger_kernel.ops.fused_linear_cross_entropy"
 
@@ -79,9 +79,9 @@ def _fails_inside_liger(step12, monkeypatch, error):
     fake_liger(monkeypatch, _raise(error))
     fused = step12.FusedLinearCrossEntropy(torch.float32, CUDA)
     recorded = []
-    monkeypatch.setattr(cli.on_failure, "_write", lambda s, r: recorded.append((s, r)))
+    monkeypatch.setattr(errors.on_failure, "_write", lambda s, r: recorded.append((s, r)))
     with pytest.raises(SystemExit) as e:
-        cli.main(lambda: fused(*data()))
+        errors.main(lambda: fused(*data()))
     return e.value.code, recorded, fused
 
 

@@ -20,10 +20,11 @@ from conftest import BPE, ROOT, VERDICT, sweep_here
 from speed_ladder import flags as cli
 from speed_ladder import machine
 from speed_ladder.errors import UserError
-from speed_ladder.ladder import discover, parse_steps
+from speed_ladder.ladder import discover, parse_steps, processes_suffix
 from speed_ladder.measure.data import stage_bpe
 from speed_ladder.records import append_jsonl
 from speed_ladder.report.summary import NUMBER_COLUMNS
+from speed_ladder.spec import KEY_FIELDS
 from speed_ladder.store import load_runs, recover
 from speed_ladder.sweep import command as sweep_command
 from speed_ladder.sweep import driver as sweep
@@ -31,7 +32,7 @@ from speed_ladder.sweep import launch
 from speed_ladder.sweep.child import failure_reason
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-TAG = sweep.hardware_tag("cpu", 1)
+TAG = sweep.tag_base("cpu") + processes_suffix(1)  # this machine's 1-process tag
 
 
 @pytest.fixture(scope="module")
@@ -399,13 +400,13 @@ def test_discover_titles_and_ddp():
 
 
 def test_hardware_tag(monkeypatch):
-
+    """A tag is the machine's base and the processes' suffix (the sweep joins them per pass)."""
     cpu = f"cpu-{machine.cpu_tag_part(machine.cpu_model(), machine.cpu_id())}-{os.cpu_count()}c"
-    assert sweep.hardware_tag("cpu", 1) == TAG == f"{cpu}-x1"
-    assert sweep.hardware_tag("cpu", 2) == f"{cpu}-x2"
+    assert sweep.tag_base("cpu") + processes_suffix(1) == TAG == f"{cpu}-x1"
+    assert sweep.tag_base("cpu") + processes_suffix(2) == f"{cpu}-x2"
     monkeypatch.setattr(sweep, "_CUDA_INFO", (8, "NVIDIA H200", 150 * 2**30))
-    assert sweep.hardware_tag("cuda", 8) == "nvidia-h200-x8" and sweep.default_nproc("cuda") == 8
-    assert sweep.hardware_tag("cuda", 1) == "nvidia-h200-x1"
+    assert sweep.tag_base("cuda") == "nvidia-h200" and sweep.default_nproc("cuda") == 8
+    assert processes_suffix(8) == "-x8" and processes_suffix(1) == "-x1"
     assert sweep.capacity("cuda") == 150 * 2**30
     assert sweep.this_machine("cuda")["device_count"] == 8
     assert machine.slug("NVIDIA H200") == "nvidia-h200"
@@ -424,8 +425,10 @@ def test_one_flag_table_gives_the_steps_and_the_sweep_their_flags():
     p = cli.Parser()
     sweep_command.add_run_parser(p.add_subparsers(dest="command"))
     values = vars(p.parse_args(["run"]))
-    assert cli.run_config(values) == {"preset": None, "device": "auto", "max_steps": None,
-                                      "warmup_steps": None, "seed": 123, "data": None}  # fmt: skip
+    # the passed flags but the profiler's identify a run: spec.KEY_FIELDS, as resolved
+    assert {f.dest for f in cli.STEP_FLAGS if f.passed} - {"profile", "trace"} == set(KEY_FIELDS)
+    assert {k: values[k] for k in KEY_FIELDS} == {"preset": None, "device": "auto",
+            "max_steps": None, "warmup_steps": None, "seed": 123, "data": None}  # fmt: skip
     assert cli.child_argv(values) == ["--device", "auto", "--seed", "123"]
     values = vars(p.parse_args(["run", "--preset", "tiny", "--max-steps", "3", "--data", "t"]))
     assert cli.child_argv(values) == ["--device", "auto", "--preset", "tiny", "--max-steps", "3",
@@ -615,7 +618,7 @@ def test_an_out_of_memory_on_another_rank_is_oom(tmp_path, capsys):
 
 def test_preflight_run_length_duration_and_memory(monkeypatch):
     from speed_ladder.measure import memory_model
-    from speed_ladder.spec import resolve
+    from speed_ladder.spec import resolve_spec
     from speed_ladder.sweep import preflight
 
     ladder = {s.num: s for s in discover(ROOT)}
@@ -650,16 +653,16 @@ def test_preflight_run_length_duration_and_memory(monkeypatch):
     assert preflight.compile_seconds(ladder["10"], [rec("08", None)], cfg, "m") is None
     # memory: the prediction's line, and a warning when it cannot fit
     gpu = lambda gib: (gib * 2**30, True)  # noqa: E731
-    xl = resolve({"preset": "gpt2-xl"}, "cuda", gpu(24))
+    xl = resolve_spec({"preset": "gpt2-xl"}, "cuda", gpu(24))
     pred = preflight.predict(ladder["10"], xl, 1)
     text, warning = preflight.memory_line(pred, "cuda", 24 * 2**30, 1)
     assert text.startswith("predicted per rank (gpt2-xl, single, 1 process")
     assert warning.startswith("predicted not to fit: ") and "24.0 GiB" in warning
     assert not memory_model.fits(pred, 24 * 2**30)
-    small = preflight.predict(ladder["10"], resolve({"preset": None}, "cuda", gpu(80)), 1)
+    small = preflight.predict(ladder["10"], resolve_spec({"preset": None}, "cuda", gpu(80)), 1)
     assert preflight.memory_line(small, "cuda", 80 * 2**30, 1)[1] is None
     monkeypatch.setenv("SPEED_LADDER_BF16", "0")  # a CPU's bf16 is measured: not here
-    cpu = preflight.predict(ladder["11"], resolve({"preset": None}, "cpu"), 2)
+    cpu = preflight.predict(ladder["11"], resolve_spec({"preset": None}, "cpu"), 2)
     assert cpu.mode == "ddp" and cpu.world == 2
     assert "RAM per process" in preflight.memory_line(cpu, "cpu", 2 * 2**30, 2)[1]
 
@@ -668,12 +671,12 @@ def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():
     """sweep.config is the RunSpec's (spec.sweep_config); a record from before it holds the
     flags the sweep passed (`preset: null`, `device: auto`), read as the step resolved them, so
     a sweep's earlier runs stay up to date (results/cpu-amd-epyc-f25-m17-bf16-2c-x1)."""
-    from speed_ladder.spec import config_of, resolve, sweep_config
+    from speed_ladder.spec import config_of, resolve_spec, sweep_config
 
     flags = {"device": "auto", "preset": None, "max_steps": None, "warmup_steps": None,
              "data": None, "seed": 123}  # fmt: skip
     cpu, gpu = {"cpu": {"vendor": "x"}}, {"gpus": []}
-    spec = resolve({"seed": 123}, "cpu")
+    spec = resolve_spec({"seed": 123}, "cpu")
     old = {"sweep": {"config": dict(flags, nproc=2), "machine": cpu}}
     assert config_of(old) == sweep_config(spec, 2)
     want = {"device": "cpu", "preset": "cpu", "max_steps": 10, "warmup_steps": 2, "data": None,
@@ -682,7 +685,7 @@ def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():
     new = {"sweep": {"config": sweep_config(spec, 2), "machine": cpu}}
     assert config_of(new) == sweep_config(spec, 2)  # resolving twice changes nothing
     measuring = dict(flags, max_steps=60, warmup_steps=10)  # preflight.measuring_values'
-    on_gpu = resolve(dict(measuring, device="cuda"), "cuda")
+    on_gpu = resolve_spec(dict(measuring, device="cuda"), "cuda")
     assert config_of({"sweep": {"config": dict(measuring, nproc=1), "machine": gpu}}) == (
         sweep_config(on_gpu, 1)
     )

@@ -263,7 +263,8 @@ def gpu_memory(device: torch.device) -> tuple[int, bool] | None:
 
 
 BF16_ENV = "SPEED_LADDER_BF16"  # 1/on or 0/off: step 05's rule forced, e.g. by the tests
-BF16_USED: dict[str, bool] = {}  # device type -> what bf16_is_fast answered (parity.regime)
+# bf16_is_fast's memo, which bf16_decided reads: device type -> (what it depends on, the answer)
+_BF16: dict[str, tuple[tuple, tuple[bool, str]]] = {}
 
 
 def bf16_forced() -> bool | None:
@@ -281,14 +282,30 @@ def bf16_forced() -> bool | None:
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
     """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step), unless
     $SPEED_LADDER_BF16 forces the answer: the CPU tests run both numeric regimes on any CPU
-    (emulated bf16 is slow, but `tiny` is small). The answer is kept in BF16_USED, so that the
-    record says which regime the run computed in (speed_ladder.parity).
+    (emulated bf16 is slow, but `tiny` is small). Decided once per device type in a process,
+    again only if what it depends on changed ($SPEED_LADDER_BF16, the device's name): the step,
+    the memory model (act_bytes_of) and the record (bf16_decided) see one answer.
 
     CUDA: compute capability >= 8.0 (Ampere on), where bf16 runs on tensor cores; not
     torch.cuda.is_bf16_supported(), which says True on a V100 or T4 too, where bf16 is emulated
     (slower than fp32). ROCm: by the AMD arch (speed_ladder.measure.gpus.has_native_bf16).
     """
     forced = bf16_forced()
+    depends = (forced, name(device) if forced is None else None)
+    memo = _BF16.get(device.type)
+    if memo is None or memo[0] != depends:
+        memo = _BF16[device.type] = depends, _bf16_rule(device, forced)
+    return memo[1]
+
+
+def bf16_decided(device_type: str) -> bool | None:
+    """What bf16_is_fast answered for this device type in this process: the regime a step's
+    autocast computed in (parity.regime); None when nothing asked."""
+    memo = _BF16.get(device_type)
+    return None if memo is None else memo[1][0]
+
+
+def _bf16_rule(device: torch.device, forced: bool | None) -> tuple[bool, str]:
     if forced is not None:
         ok, why = forced, f"forced {'on' if forced else 'off'} by {BF16_ENV}"
     elif device.type == "cuda":
@@ -305,5 +322,4 @@ def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
             ok = r["bf16"] > r["fp32"]
             why = f"measured matmul: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f}"
             why += " GFLOP/s"
-    BF16_USED[device.type] = ok
     return ok, why

@@ -52,7 +52,7 @@ class StepProfiler:
 
     def __init__(self, run, steps: int, trace_dir: str | None):
         self.run, self.steps, self.trace_dir = run, steps, trace_dir
-        p = run.preset
+        p = run.settings
         self.measuring = p["max_steps"] is not None
         # the step after which profiling starts: the window's end, or the warm-up's
         self.starts_after = p["max_steps"] if self.measuring else p["warmup_steps"]

@@ -35,9 +35,8 @@ from pathlib import Path
 import torch
 
 from speed_ladder import machine, parity
-from speed_ladder.errors import UserError, os_error_why
+from speed_ladder.errors import UserError, on_failure, os_error_why
 from speed_ladder.files import ROOT, check_cache_dir, portable_path
-from speed_ladder.flags import on_failure
 from speed_ladder.measure import cpu_load, profile
 from speed_ladder.measure import device as dev
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
@@ -52,7 +51,7 @@ from speed_ladder.measure.inactive import (
 )
 from speed_ladder.outputs import check_file
 from speed_ladder.records import FIELDS, append_jsonl, file_sha256, git_state, mfu_problem
-from speed_ladder.spec import resolve
+from speed_ladder.spec import resolve_spec
 
 # The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
 MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
@@ -74,12 +73,12 @@ class Run:
         check_cache_dir()
 
         # the run's settings, as the sweep resolved them for its plan (speed_ladder.spec)
-        self.spec = resolve(vars(args), self.device.type, dev.gpu_memory(self.device))
-        self.preset, self.preset_name = self.spec.settings, self.spec.preset
+        self.spec = resolve_spec(vars(args), self.device.type, dev.gpu_memory(self.device))
+        self.settings, self.preset_name = self.spec.settings, self.spec.preset
         self.print(f"[{step}] preset {self.spec.preset} ({self.spec.why}); device "
                    f"{self.device.type}: {dev.name(self.device)}")  # fmt: skip
-        if self.preset["batch_rule"] is not None:  # a GPU too small for the preset's batch
-            self.note(f"batch rule: {self.preset['batch_rule']['reason']}")
+        if self.settings["batch_rule"] is not None:  # a GPU too small for the preset's batch
+            self.note(f"batch rule: {self.settings['batch_rule']['reason']}")
 
         self.steps_done = 0
         self.clock = StepClock(self.device)  # step times and losses (clock.py)
@@ -114,14 +113,14 @@ class Run:
                 self.note(LIGER_INTERPRETED)
 
     def inactive(self, step: str, reason: str | None, acted: str | None = None) -> None:
-        """Step `step`'s optimization does nothing in this run, and why: TF32 or pinned memory
-        on a CPU, bf16 where it is not native, Liger's fallback, compile disabled, DDP in a
-        world of one. Every such note is kept (`step NN: reason`); when `step` is this run's
-        own, the record says `step_active: false` and `inactive_reason`, so that a no-op is
-        never read as a gain. A reason of None (the step acts here) records nothing, or the
-        note `step NN: acted` where `acted` says what ran, so that a step asks in one line:
-        `run.inactive("02", speed_ladder.tf32_unavailable(device))`. Asked again, it adds
-        nothing."""
+        """`reason` None means step `step`'s optimization acts here: nothing is recorded, or the
+        note `step NN: acted` where `acted` says what ran. A text means it does nothing in this
+        run, and why: TF32 or pinned memory on a CPU, bf16 where it is not native, Liger's
+        fallback, compile disabled, DDP in a world of one. Every such note is kept (`step NN:
+        reason`); when `step` is this run's own, the record says `step_active: false` and
+        `inactive_reason`, so that a no-op is never read as a gain. A step asks in one line,
+        with the check's answer: `run.inactive("02", speed_ladder.tf32_unavailable(device))`.
+        Asked again, it adds nothing."""
         if reason is None:
             if acted is not None:
                 self.note(f"step {step}: {acted}")
@@ -133,7 +132,7 @@ class Run:
     def model_overrides(self) -> dict:
         """The preset's model settings (speed_ladder/presets.py), which replace GPT-2 124M's in a
         step's GPT_CONFIG: `GPT_CONFIG = {...124M...} | run.model_overrides()`."""
-        return {k: self.preset[k] for k in MODEL_KEYS}
+        return {k: self.settings[k] for k in MODEL_KEYS}
 
     def tokenizer(self):
         return gpt2_tokenizer()
@@ -167,7 +166,7 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        m = self.preset["max_steps"]
+        m = self.settings["max_steps"]
         more = self.profiler is not None and self.profiler.wants_more  # profiled steps to come
         return m is not None and self.steps_done >= m and not more
 
@@ -177,7 +176,7 @@ class Run:
         evaluation inside the run costs wall time that no record shows (gpt2-124m evaluated at
         step 50 of 60, inside the timed window), and its pause empties the allocator's cache,
         so the next step allocates its memory again (tens of GB on a GPU)."""
-        f = self.preset["eval_freq"]
+        f = self.settings["eval_freq"]
         measuring = self.args.max_steps is not None or self.args.results is not None
         return bool(f) and not measuring and self.steps_done % f == 0
 
@@ -228,7 +227,7 @@ class Run:
         """At a step boundary: end the timed window, start the profiled steps (see profile.py)
         or the window when they are due; True if any did (the clock then restarts)."""
         started = False
-        if self._window == "open" and self.steps_done == self.preset["max_steps"]:
+        if self._window == "open" and self.steps_done == self.settings["max_steps"]:
             self._end_window()  # a measuring run's last timed step
             started = True
         p = self.profiler
@@ -236,7 +235,7 @@ class Run:
             p.start(self.steps_done + 1)
             started = True
         delay = p.window_delay if p is not None else 0
-        if self.steps_done == self.preset["warmup_steps"] + delay:
+        if self.steps_done == self.settings["warmup_steps"] + delay:
             self._start_window()
             started = True
         return started
@@ -248,7 +247,7 @@ class Run:
         self.steps_done += 1
         p = self.profiler  # a profiled step (speed_ladder.measure.profile) is never timed
         running = p is not None and p.state == "running"
-        warm = self.steps_done <= self.preset["warmup_steps"]
+        warm = self.steps_done <= self.settings["warmup_steps"]
         self.clock.step_end(loss, timed=not warm and not running)
         if running:  # its range ends with its device work (breakdown.py); outside the window
             dev.synchronize(self.device)
@@ -260,7 +259,7 @@ class Run:
         now = time.perf_counter()
         if now - self._t_print > 2.0 or self.finished:  # every rank reads what has passed
             self._t_print = now
-            total = self.preset["max_steps"] or "?"
+            total = self.settings["max_steps"] or "?"
             self.print(self.clock.progress(self.steps_done, total, tokens * self._world()))
 
     def _world(self) -> int:
@@ -293,7 +292,7 @@ class Run:
             "interpreted": interpreted(self.notes),  # Liger through Triton's interpreter
             "regime": parity.regime(self.device),  # fp32, tf32, bf16 (+ -compiled): parity.py
             "compiles": parity.compiles(),  # torch.compile's graphs, frames, seconds; or None
-            "batch_rule": self.preset["batch_rule"],
+            "batch_rule": self.settings["batch_rule"],
             "spec": self.spec.record(),  # the one configuration (speed_ladder.spec)
             **self.memory_prediction,
         }

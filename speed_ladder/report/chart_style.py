@@ -1,7 +1,7 @@
 """What every chart of the report shares (charts.py, comparison_chart.py, gain_chart.py,
 time_chart.py): the colors, the title width, the step labels, the label of a step without a
-value, the layout that keeps every label inside the figure, and the atomic save. Headless:
-matplotlib's Agg backend.
+value, an inactive step's note, the layout that keeps every label inside the figure, and the
+atomic save. Headless: matplotlib's Agg backend.
 
 Labels are wrapped or shortened at word boundaries (`textwrap`), never cut mid-word; a label
 placed after its bar widens the axis until it ends inside it (`fit_right`), so no text runs past
@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 from speed_ladder.files import atomic_write_bytes
+from speed_ladder.report.rows import inactive
 
 OURS_COLOR, REF_COLOR, FAIL_COLOR, MISSING_COLOR = "#1f77b4", "#b0b0b0", "#c0392b", "#7f7f7f"
 INACTIVE_COLOR = "#c6dbef"
@@ -21,6 +22,7 @@ DPI = 110
 LABEL_GAP_PT = 4  # points between a bar and its label
 STEP_LABEL_WIDTH = 34  # characters per line of a step's label on the y axis (two lines at most)
 TITLE_WIDTH = 95  # characters per line of a chart's title
+INACTIVE_WIDTH = 62  # characters per line of an inactive step's note
 
 
 def pyplot():
@@ -67,6 +69,14 @@ def no_value(row) -> tuple[str, str]:
     if status == "interpreted":  # Triton's interpreter ran Liger: numerics, no measurement
         return "interpreted (TRITON_INTERPRET=1): not a measurement", MISSING_COLOR
     return f"failed ({status})", FAIL_COLOR
+
+
+def inactive_label(row, width: int = INACTIVE_WIDTH) -> str | None:
+    """'inactive here: <why>' for a step that does nothing on this device, wrapped at word
+    boundaries on as many lines as it takes (never cut: the chart makes room); None for a step
+    that acts."""
+    note = inactive(row)
+    return None if note is None else wrap(note, width)
 
 
 def label_after(ax, x: float, y: float, text: str, **style):

@@ -24,6 +24,7 @@ from speed_ladder.report.chart_style import (
     OURS_COLOR,
     REF_COLOR,
     TITLE_WIDTH,
+    inactive_label,
     is_ok,
     label_after,
     layout,
@@ -84,8 +85,9 @@ def _bars(ax, rows, value_of, label_of, unit: str, no_value=no_value, span_of=No
             texts.append(label_after(ax, 0, y, text, color=color, fontweight="bold", fontsize=9))
             continue
         label = label_of(r, v) + ("  [busy]" if busy_text(r) else "")
-        if inactive(r):
-            label += "\n" + wrap(inactive(r), 62, max_lines=2)
+        note = inactive_label(r)
+        if note is not None:
+            label += "\n" + note
         x = _end(r, v, span_of)
         texts.append(label_after(ax, x, y, label, fontsize=8, linespacing=1.1))
     ax.set_yticks(ys, [step_label(r) for r in rows], fontsize=9)
@@ -140,19 +142,27 @@ def _reference_bars(ax, ref, column: str, unit: str, label_of, note: str = REF_N
     return texts
 
 
-ROW_IN = 0.42  # inches per step: a two-line step label, a label under an inactive step's numbers
+ROW_IN = 0.42  # inches per step: a two-line step label, two lines under an inactive step's numbers
+NOTE_LINE_IN = 0.13  # inches per line of an inactive step's note past its second
 
 
-def _figure(plt, n_ours: int, n_ref: int):
+def _row_in(rows) -> float:
+    """Inches per step: ROW_IN, more where an inactive step's note (never cut) is longer."""
+    lines = [len(n.splitlines()) for r in rows if (n := inactive_label(r)) is not None]
+    return ROW_IN + NOTE_LINE_IN * max(0, max(lines, default=0) - 2)
+
+
+def _figure(plt, rows, n_ref: int):
+    n_ours, row_in = len(rows), _row_in(rows)
     if n_ref:
         fig, (ax, ax_ref) = plt.subplots(
             2,
             1,
-            figsize=(11, ROW_IN * (n_ours + n_ref) + 3.6),
-            gridspec_kw={"height_ratios": [max(n_ours, 1), max(n_ref, 1)]},
+            figsize=(11, row_in * n_ours + ROW_IN * n_ref + 3.6),
+            gridspec_kw={"height_ratios": [row_in * max(n_ours, 1), ROW_IN * max(n_ref, 1)]},
         )
         return fig, ax, ax_ref
-    fig, ax = plt.subplots(figsize=(11, ROW_IN * n_ours + 1.9))
+    fig, ax = plt.subplots(figsize=(11, row_in * n_ours + 1.9))
     return fig, ax, None
 
 
@@ -193,7 +203,7 @@ def _tps_figure(plt, rows, heading: str, ref):
         s = f"{speedup_text(v / ref_base)}  " if ref_base else ""
         return f"{s}{v:,.0f}"
 
-    fig, ax, ax_ref = _figure(plt, len(rows), n_ref)
+    fig, ax, ax_ref = _figure(plt, rows, n_ref)
     texts = _bars(ax, rows, lambda r: number(r.get("tokens_per_sec_median")), _tps_label,
                   "tokens / s", span_of=_tps_span)  # fmt: skip
     what = ("training throughput per step (labels: speedup over step 00, tok/s [min-max]; "
@@ -208,7 +218,7 @@ def _tps_figure(plt, rows, heading: str, ref):
 
 
 def _memory_figure(plt, rows, heading: str, ref):
-    fig, ax, ax_ref = _figure(plt, len(rows), len(ref) if ref is not None else 0)
+    fig, ax, ax_ref = _figure(plt, rows, len(ref) if ref is not None else 0)
     gib = lambda r, v: f"{v:.2f} GiB"
     unit = "peak reserved memory (GiB)"
     texts = _bars(ax, rows, lambda r: number(r.get("peak_reserved_gib")), gib, unit,
@@ -240,7 +250,7 @@ def _mfu_missing(r) -> tuple[str, str]:
 
 
 def _mfu_figure(plt, rows, heading: str):
-    fig, ax, _ = _figure(plt, len(rows), 0)
+    fig, ax, _ = _figure(plt, rows, 0)
     texts = _bars(
         ax,
         rows,

@@ -33,13 +33,13 @@ Exit 0 without problems, 1 with some, 2 on bad input (no such folder, no runs.js
    sweep's or spec's; a world size not the tag's; a machine whose tag is another. The summary
    counts such a record as a failed run: status `invalid`, never `ok`. A record without
    `tokens_per_step` (older) is a note.
-4. summary.csv agrees with the summary rebuilt from runs.jsonl as `plot_results.py --rebuild`
-   does (`summary.rebuild`; a `-xN` tag's scaling against the `-x1` tag beside it) in every
-   cell that comes from the records, to the digits summary.csv keeps (`parity` too, judged
-   under this checkout's tests/loss_parity.json; `parity_detail` is not compared: its words are
-   the manifest's); a row with a result but no records, or a step with records but no row, is a
-   problem. `busy_runs` is check 6's: the summary counts it against the busy threshold of the
-   machine that computes it.
+4. summary.csv agrees with the summary rebuilt from runs.jsonl as `plot_results.py --rebuild` does
+   (`summary.rebuild`; a `-xN` tag's scaling against the `-x1` tag beside it) in every cell that
+   comes from the records, to the digits summary.csv keeps (`parity` too, judged under this
+   checkout's rules, speed_ladder/data/ladder.json; `parity_detail` is not compared: its words are
+   the rules'); a row with a result but no records, or a step with records but no row, is a problem.
+   `busy_runs` is check 6's: the summary counts it against the busy threshold of the machine that
+   computes it.
 5. One machine: every fingerprint (`sweep.machine`, else the record's `machine`; a pooled
    sweep's `pool:NAME` is in it) equals the tag's most common one, as whole dicts. A record
    without one (older) is a note.

@@ -5,8 +5,9 @@ Per step, each tag's speedup over its own step 00 (tok/s of the step / tok/s of 
 00; an N-process tag, which holds the distributed steps only, over its 1-process tag's step 00
 on the same machine) beside the published reference's speedup over its step 00 (its single-GPU
 rows, reference.py's), on a log axis with 1x at step 00. An inactive step is a hatched, pale bar
-labelled "inactive here"; a step that failed, ran interpreted or did not run is a label at 1x,
-never a bar. The chart is written atomically, as every chart (chart_style.save).
+labelled "inactive here: <why>" (wrapped, never cut: the bars make room); a step that failed,
+ran interpreted or did not run is a label at 1x, never a bar. The chart is written atomically,
+as every chart (chart_style.save).
 """
 
 import re
@@ -16,6 +17,7 @@ from speed_ladder.ladder import BASELINE, tag_processes
 from speed_ladder.report.chart_style import (
     REF_COLOR,
     TITLE_WIDTH,
+    inactive_label,
     is_ok,
     label_after,
     layout,
@@ -30,6 +32,16 @@ from speed_ladder.report.rows import inactive
 from speed_ladder.report.summary import number, read_summary, speedup_text
 
 COMPARISON = "comparison.png"
+NOTE_WIDTH = 80  # characters per line of an inactive step's note (fontsize 7)
+BAR_IN = 0.16  # inches per bar: one line of its label
+LINE_IN = 0.11  # inches per line of a label (fontsize 7)
+
+
+def _bar_in(series) -> float:
+    """Inches per bar: BAR_IN, more where an inactive step's note (never cut) takes lines."""
+    notes = [inactive_label(r, NOTE_WIDTH) for _, df in series for r in df.to_dict("records")]
+    lines = max([len(n.splitlines()) for n in notes if n is not None], default=1)
+    return max(BAR_IN, LINE_IN * lines + 0.04)
 
 
 def _base_tps(df) -> float | None:
@@ -64,8 +76,9 @@ def _speedup_bar(ax, y, s, height, **style):
 
 def _comparison_bars(ax, series, bases, steps, height, colors) -> tuple[list, list]:
     """Each tag's speedup over its step 00 per step: a bar and its "1.23x" label; a hatched, pale
-    bar labelled "inactive here" for an inactive step; a label at 1x, no bar, for a step without
-    a measurement (failed, interpreted, not run). Returns the speedups drawn and the labels."""
+    bar labelled "inactive here: <why>" for an inactive step; a label at 1x, no bar, for a step
+    without a measurement (failed, interpreted, not run). Returns the speedups drawn and the
+    labels."""
     from matplotlib.colors import to_rgba
 
     values, texts = [], []
@@ -91,8 +104,9 @@ def _comparison_bars(ax, series, bases, steps, height, colors) -> tuple[list, li
                 style = {"color": color}
             _speedup_bar(ax, y, up, height, **style)
             values.append(up)
-            label = speedup_text(up) + ("  inactive here" if off else "")
-            texts.append(label_after(ax, max(up, 1.0), y, label, fontsize=7))
+            note = inactive_label(r, NOTE_WIDTH)
+            label = speedup_text(up) + (f"  {note}" if note is not None else "")
+            texts.append(label_after(ax, max(up, 1.0), y, label, fontsize=7, linespacing=1.1))
     return values, texts
 
 
@@ -147,7 +161,7 @@ def plot_comparison(tag_dirs, out: Path | None = None, reference="default") -> P
             titles.setdefault(r["step"], r["optimization"])
     n = len(series) + (1 if ref is not None else 0)
     height = 0.8 / max(n, 1)
-    fig, ax = plt.subplots(figsize=(11, 0.2 * len(steps) * max(n, 2) + 2.6))
+    fig, ax = plt.subplots(figsize=(11, _bar_in(series) / 0.8 * len(steps) * max(n, 2) + 2.6))
     colors = plt.get_cmap("tab10").colors
     values, texts = _comparison_bars(ax, series, bases, steps, height, colors)
     handles = []

@@ -1,5 +1,4 @@
-"""Charts and the README results table from the sweep's summaries (`python plot_results.py`),
-and whether a results tag is complete.
+"""Charts and the README results table from the sweep's summaries (`python plot_results.py`).
 
     python plot_results.py                     # every results/<tag>/ with a summary.csv
     python plot_results.py results/cpu-8c      # just these
@@ -70,28 +69,6 @@ def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
     if len(readable) > 1:
         written.append(plot_comparison(readable))
     return written
-
-
-def check_complete(tag_dir: Path, steps: list[str] | None = None) -> list[str]:
-    """What a tag lacks: a summary row (with a result, ok or failed) per ladder step, and the
-    four charts. An empty list means complete."""
-    tag_dir = Path(tag_dir)
-    if steps is None:
-        steps = [s.num for s in ladder.expected_steps(ladder.discover(ROOT), tag_dir.name)]
-    problems = []
-    if not (tag_dir / SUMMARY).is_file():
-        return [f"{tag_dir}: no {SUMMARY}"]
-    df = read_summary(tag_dir)
-    status = dict(zip(df["step"], df["status"], strict=True))
-    for s in steps:
-        if s not in status:
-            problems.append(f"{tag_dir.name}: step {s} has no row in {SUMMARY}")
-        elif status[s] in (None, "not run"):
-            problems.append(f"{tag_dir.name}: step {s} was not run")
-    for png in TAG_CHARTS:
-        if not (tag_dir / png).is_file():
-            problems.append(f"{tag_dir.name}: {png} is missing")
-    return problems
 
 
 def rebuild_summaries(tags) -> None:

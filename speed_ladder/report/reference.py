@@ -61,11 +61,12 @@ def published(ref, step: str, processes: int = 1) -> tuple[float, float | None] 
     step tok/s from 08: no ratio across them)."""
     if ref is None:
         return None
-    rows = {r["step"]: r for r in ref.to_dict("records")}
-    row = rows.get(step)
+    records = ref.to_dict("records")
+    at = next((i for i, r in enumerate(records) if r["step"] == step), None)
+    row = records[at] if at is not None else None
     if row is None or _gpus(row["hardware"]) not in (None, processes):
         return None
-    prev = rows.get(f"{int(step) - 1:02d}") if step.isdigit() else None
+    prev = records[at - 1] if at > 0 else None  # the csv's row before: its previous step
     same = prev is not None and prev.get("metric") == row.get("metric") and prev["tokens_per_sec"]
     gain = row["tokens_per_sec"] / prev["tokens_per_sec"] if same else None
     return float(row["tokens_per_sec"]), gain

@@ -68,7 +68,7 @@ from speed_ladder.report import committed
 from speed_ladder.report import redraw as report
 from speed_ladder.report.rows import pooled_text
 from speed_ladder.report.summary import SUMMARY, format_table
-from speed_ladder.spec import RunSpec, resolve, sweep_config
+from speed_ladder.spec import RunSpec, resolve_spec, sweep_config
 from speed_ladder.store import RUNS, foreign, load_runs, recover
 from speed_ladder.sweep import preflight
 from speed_ladder.sweep.launch import Lock
@@ -118,11 +118,6 @@ def tag_base(device_type: str) -> str:
     return machine.tag_base(device_type, cuda_info()[1] if device_type == "cuda" else None)
 
 
-def hardware_tag(device_type: str, nproc: int) -> str:
-    """`cpu-intel-xeon-2-50ghz-2c-x1`, `nvidia-h200-x8`, ...: where the numbers were measured."""
-    return tag_base(device_type) + processes_suffix(nproc)
-
-
 def this_machine(device_type: str) -> dict:
     if device_type == "cuda":
         count, name, _, props = cuda_info()
@@ -149,7 +144,7 @@ def gpu_of(device_type: str) -> tuple[int, bool] | None:
 def run_spec(values: dict, device_type: str) -> RunSpec:
     """The RunSpec every step of this sweep resolves (speed_ladder.spec), resolved here the same
     way: the same flags, the same device."""
-    return resolve(values, device_type, gpu_of(device_type))
+    return resolve_spec(values, device_type, gpu_of(device_type))
 
 
 # ---------------------------------------------------------------- the plan
@@ -212,8 +207,8 @@ def choose_base(results_dir: Path, base: str, nprocs: list[int], fp: dict, expli
 
 
 def _values(args) -> dict:
-    """The flags' values, --data and --trace absolute: the steps' command lines (run_config
-    names the text portably for the records)."""
+    """The flags' values, --data and --trace absolute: the steps' command lines (sweep_config
+    names the text portably for the records, files.data_id)."""
     if args.data is not None:
         from speed_ladder.measure.data import check_text_file
 
@@ -288,12 +283,12 @@ def _compare(tag_dir: Path, df) -> None:
 
 def sweep(args) -> int:
     """Run the plan's rounds, then print each tag's summary, its comparison with the committed
-    results (report/committed.py) and the closing status lines: the
-    runs --budget left, `parity off: step NN (...)` for a chosen step whose losses left the
-    previous step's beyond tests/loss_parity.json's rule (summary `parity`, parity.py), and
-    `failed: ...`. Exit code: 1 when a step failed, else BUDGET_EXIT (3) when runs were left,
-    else 0; parity is information and never changes it (the run measured what it measured;
-    the tests, tests/test_ladder.py, are where a step's numerics must hold)."""
+    results (report/committed.py) and the closing status lines: the runs --budget left, `parity
+    off: step NN (...)` for a chosen step whose losses left the previous step's beyond its rule
+    (speed_ladder/data/ladder.json; summary `parity`, parity.py), and `failed: ...`. Exit code:
+    1 when a step failed, else BUDGET_EXIT (3) when runs were left, else 0; parity is
+    information and never changes it (the run measured what it measured; the tests,
+    tests/test_ladder.py, are where a step's numerics must hold)."""
     budget = getattr(args, "budget", None)
     deadline = time.monotonic() + budget if budget else None
     p = plan(args)

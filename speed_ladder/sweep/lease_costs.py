@@ -117,7 +117,9 @@ KINDS = {
 
 
 @dataclass
-class Run:
+class PlannedRun:
+    """One step's run as a lease's plan expects it (measure/run.py's `Run` is the run itself)."""
+
     step: str
     seconds: float
     source: str  # measured, modelled or assumed
@@ -152,21 +154,21 @@ def _own(step, recs: list) -> float | None:
     return took if ok else None
 
 
-def run_seconds(step, recs: list, kind: Kind, profile: bool = True) -> Run:
+def run_seconds(step, recs: list, kind: Kind, profile: bool = True) -> PlannedRun:
     """One run of `step` on `kind`: measured in the tag, modelled from a measured step (the
     rung's `lease` in ladder.json), else assumed; x the kind's factor, less PROFILE_S without
     --profile."""
     compiled = step.compiled
     took = _own(step, recs)
     if took is not None:
-        run = Run(step.num, took, "measured", compiled, expected=took)
+        run = PlannedRun(step.num, took, "measured", compiled, expected=took)
     elif step.lease and (base := _base(step, recs)) is not None:
         like, factor = step.lease["like"], step.lease["factor"]
-        run = Run(step.num, base * factor, "modelled", compiled,
-                  f"modelled, no sweep record: {factor:g}x step {like}'s run")  # fmt: skip
+        run = PlannedRun(step.num, base * factor, "modelled", compiled,
+                         f"modelled, no sweep record: {factor:g}x step {like}'s run")  # fmt: skip
     else:
-        run = Run(step.num, ASSUMED_RUN_S, "assumed", compiled,
-                  f"assumed: measured nowhere, {ASSUMED_RUN_S:.0f} s")  # fmt: skip
+        run = PlannedRun(step.num, ASSUMED_RUN_S, "assumed", compiled,
+                         f"assumed: measured nowhere, {ASSUMED_RUN_S:.0f} s")  # fmt: skip
     if kind.factor != 1.0 and run.source != "assumed":
         run.seconds *= kind.factor
     if MID_EVAL_SKIPPED and run.source != "assumed":

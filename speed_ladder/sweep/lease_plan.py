@@ -66,7 +66,7 @@ class Call:
     @property
     def budget(self) -> int:
         """gpu_session.sh's --budget: the work before the summary x SLACK, or more where the
-        sweep's start check needs it (each run's estimate, Run.expected, within --budget less
+        sweep's start check needs it (each run's estimate, PlannedRun.expected, within --budget less
         KEPT_S, the runs before it SLACK times slower), the 45 s it keeps after the last phase
         (the summary and pack), and the 20 s it keeps to stop the tests."""
         t = need = (lc.SETUP_AGAIN_S if self.again else lc.SETUP_S) + lc.SWEEP_START_S
