@@ -97,7 +97,7 @@ def parity_notes(rows: list[dict]) -> list[str]:
         return []
     lines = [
         "*loss parity*: this step's per-step training losses against the previous step's, "
-        "round with round (same seed, same data), under `tests/loss_parity.json`'s rule for "
+        "round with round (same seed, same data), under `speed_ladder/data/ladder.json`'s rule for "
         "the step and the runs' numeric regime (`speed_ladder/parity.py`); *n/c*: the rule does "
         "not hold on this preset; details in summary.csv's `parity_detail`."
     ]

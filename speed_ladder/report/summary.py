@@ -11,7 +11,7 @@ it comes from), the peak reserved GiB (max and min over the runs; per rank for a
 and `busy_runs` say whether other processes were busy while it was measured (measure/cpu_load.py). A
 step whose runs say `interpreted: true` (Triton's interpreter ran step 12's Liger on a CPU) has
 status `interpreted` and no tok/s, memory or MFU. `parity` says whether its per-step losses keep the
-previous step's under tests/loss_parity.json's rule (parity.py: `ok`, `off`, or `not comparable`
+previous step's under its rung's rule in data/ladder.json (parity.py: `ok`, `off`, `not comparable`
 where the rule does not hold for this preset), round with round, the worst round counting;
 `parity_detail` says by how much, against which bound and in which rounds. An MFU outside (0, 100%]
 is never a number: `mfu` stays empty and `mfu_invalid` says why. Records without the newer fields
