@@ -107,7 +107,7 @@ def test_rebuild_a_summary_from_old_records(tmp_path):
 
     root = Path(__file__).resolve().parent / "fixtures" / "ladder_ok"
     steps = discover(root)
-    files = {s.num: s.rel for s in discover()}  # this checkout's step files
+    files = {s.num: s.rel for s in steps}  # the step files of the ladder rebuilt here
     one, two = tmp_path / "old-cpu-x1", tmp_path / "old-cpu-x2"
     for tag, nums, scale, w in ((one, ("00", "01", "02", "03"), 1, 1), (two, ("02",), 1.6, 2)):
         tag.mkdir()
