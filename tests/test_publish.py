@@ -122,6 +122,7 @@ def as_host(host: str):
     return edit
 
 
+@pytest.mark.slow  # 12-16 s of charts on 2 cores: the fast suite keeps publish's main path
 def test_another_machines_committed_folder_is_never_written(place, records, tmp_path, capsys):
     """results/cpu-amd-epyc-2c-x1 holds another machine's records: this machine's go to
     cpu-amd-epyc-2c-<6 hex of its fingerprint>-x1, the other folder keeps every byte; where
@@ -154,6 +155,7 @@ def test_another_machines_committed_folder_is_never_written(place, records, tmp_
     assert "nothing published" in err and tree(results) == before and readme.read_text() == text
 
 
+@pytest.mark.slow  # 12-16 s of charts on 2 cores: the fast suite keeps publish's main path
 def test_a_local_tag_gets_its_charts_and_never_the_readme(tmp_path, records, monkeypatch):
     """plot_results.py results/local/<tag>: that tag's charts, and the README, LADDER.md and
     results/comparison.png as they were."""
