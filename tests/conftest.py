@@ -105,18 +105,24 @@ def offline_env(tmp_path_factory):
     yield
 
 
-def sweep_here(capsys, *args) -> tuple[int, str, str]:
-    """`python -m speed_ladder run ARGS` in this process (no interpreter start, torch is loaded);
-    the steps still run as child processes. Returns (exit code, stdout, stderr)."""
+def command_here(capsys, command: str, *args) -> tuple[int, str, str]:
+    """`python -m speed_ladder COMMAND ARGS` in this process (no interpreter start, torch is
+    loaded). Returns (exit code, stdout, stderr)."""
     from speed_ladder.__main__ import main
 
     capsys.readouterr()
     try:
-        code = main(["run", *map(str, args)])
+        code = main([command, *map(str, args)])
     except SystemExit as e:
         code = e.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def sweep_here(capsys, *args) -> tuple[int, str, str]:
+    """`python -m speed_ladder run ARGS` in this process; the steps still run as child
+    processes. Returns (exit code, stdout, stderr)."""
+    return command_here(capsys, "run", *args)
 
 
 def run_script(args, timeout=600, env=None, cwd=ROOT):

@@ -9,7 +9,7 @@ import json
 import subprocess
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, command_here
 
 from speed_ladder import ladder, machine
 from speed_ladder.report import check, publish, redraw
@@ -62,15 +62,7 @@ def tree(folder):
 
 
 def run_publish(capsys, *args):
-    from speed_ladder.__main__ import main
-
-    capsys.readouterr()
-    try:
-        code = main(["publish", *map(str, args)])
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return command_here(capsys, "publish", *args)
 
 
 def test_publish_checks_copies_and_redraws_and_twice_adds_nothing(place, records, capsys):
