@@ -182,11 +182,7 @@ def judge(step: str, prev_rec: dict, cur_rec: dict) -> tuple[str, float, str]:
     step `step`'s run `cur_rec` against the previous step's `prev_rec`; `off` also when a run
     has no losses (the difference is then NaN)."""
     device = cur_rec.get("device", "cpu")
-    # a record without its own preset field: the one its sweep ran it with
-    config = (cur_rec.get("sweep") or {}).get("config") or {}
-    preset = (
-        cur_rec.get("preset") or (cur_rec.get("spec") or {}).get("preset") or config.get("preset")
-    )
+    preset = cur_rec.get("preset")
     prev, cur = prev_rec.get("losses") or [], cur_rec.get("losses") or []
     r = rule(step, prev_rec.get("regime"), cur_rec.get("regime"), device, preset)
     why = not_comparable(step, prev_rec, cur_rec)
