@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, VERDICT, records, run_script
+from session_records import session_record
 
 pytestmark = [
     pytest.mark.gpu,
@@ -165,20 +166,26 @@ def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
 
 @pytest.mark.limit(240)
 def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path):
-    """gpt2-124m at batch 16 (4 below 40 GB), eager: step 10 holds the (B*1024, 50304) logits and
-    every block's activations; step 12 drops the logits, step 13 the blocks' insides too. Where
-    liger-kernel is installed, step 12 ran its kernel, not the chunked fallback."""
-    batch = 16 if dev.gpu_memory(GPU)[0] >= 40e9 else 4
-    peaks = {}
-    for script in ["steps/10_larger_batch.py", "steps/12_liger_fused_ce.py",
-                   "steps/13_gradient_checkpointing.py"]:  # fmt: skip
-        flags = ["--preset", "gpt2-124m", "--batch-size", batch, "--max-steps", 4,
-                 "--warmup-steps", 2]  # fmt: skip
-        rec = _ok(*run_on_cuda(script, tmp_path, *flags, data=middlemarch(), env=EAGER))
-        peaks[rec["step"]] = rec["peak_mem_reserved_bytes"]
-        if rec["step"] == "12" and liger_installed():
-            assert rec["step_active"] is True, rec["inactive_reason"]
-            assert any("Liger fused linear cross-entropy kernel ran" in n for n in rec["notes"])
+    """gpt2-124m: step 10 holds the (B*1024, 50304) logits and every block's activations; step 12
+    drops the logits, step 13 the blocks' insides too. Where liger-kernel is installed, step 12
+    ran its kernel, not the chunked fallback. In a GPU session the sweep has just run the three
+    at batch 32, compiled, on this GPU: their records are read (tests/session_records.py);
+    otherwise three eager runs at batch 16 (4 below 40 GB)."""
+    name = torch.cuda.get_device_name(GPU)
+    recs = {s: session_record(s, name) for s in ("10", "12", "13")}
+    if any(r is None for r in recs.values()):
+        batch = 16 if dev.gpu_memory(GPU)[0] >= 40e9 else 4
+        for script in ["steps/10_larger_batch.py", "steps/12_liger_fused_ce.py",
+                       "steps/13_gradient_checkpointing.py"]:  # fmt: skip
+            flags = ["--preset", "gpt2-124m", "--batch-size", batch, "--max-steps", 4,
+                     "--warmup-steps", 2]  # fmt: skip
+            rec = _ok(*run_on_cuda(script, tmp_path, *flags, data=middlemarch(), env=EAGER))
+            recs[rec["step"]] = rec
+    assert len({r["batch_size"] for r in recs.values()}) == 1, recs  # the same batch: comparable
+    peaks = {s: r["peak_mem_reserved_bytes"] for s, r in recs.items()}
+    if liger_installed():
+        assert recs["12"]["step_active"] is True, recs["12"]["inactive_reason"]
+        assert any("Liger fused linear cross-entropy kernel ran" in n for n in recs["12"]["notes"])
     assert peaks["12"] < peaks["10"], peaks
     assert peaks["13"] < peaks["12"], peaks
 
@@ -186,6 +193,13 @@ def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path)
 @pytest.mark.limit(120)
 @pytest.mark.parametrize("launcher", ["python", "torchrun"])
 def test_ddp_with_nccl_as_a_world_of_one(launcher, tmp_path):
+    """Step 11 as a world of one under plain python and under torchrun (nccl, CUDA's default
+    backend). In a GPU session the sweep has just launched step 11 through torchrun on this GPU:
+    its record stands for the torchrun case (tests/session_records.py)."""
+    rec = session_record("11", torch.cuda.get_device_name(GPU))
+    if launcher == "torchrun" and rec is not None and rec.get("world_size") == 1:
+        assert rec["step_active"] is False, rec  # nothing to share with
+        return
     argv = [sys.executable]
     if launcher == "torchrun":
         argv += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]

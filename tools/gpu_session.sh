@@ -24,7 +24,8 @@
 #   --budget S    the whole call ends within S seconds (a machine lent by the hour, a call with a
 #                 time limit): the sweep runs with --budget (runs that do not fit are left for the
 #                 next call), the tests get what is left, only once the sweep has nothing left
-#                 (a test still going at the end is recorded cut), then --pack; 45 s kept for it
+#                 (a test still going at the end is recorded cut), then --pack; 45 s kept for
+#                 it (30 s without --pack or with --no-cache-pack)
 #   --resume PATH an earlier call's --pack archive, its OUT folder, or its OUT/results: its
 #                 results (the sweep resumes them), its test state (only the tests that did not
 #                 finish run) and its compile caches are copied in first. Where every call is a
@@ -41,9 +42,11 @@
 #
 #   tools/gpu_session.sh --plan [--kind K] [--lease S] [--cap S] [--steps LIST] [--tests S]
 #                               [--extra LIST] [--no-profile] [--slower X] [--results DIR]
-#   prints the calls of a session on a lent GPU (default: the 15-minute lease, the H200's
-#   measured durations) and the exact `run` calls, then exits (0: it fits with room to finish
-#   a cut call, 1: it does not, the shortfall and what to drop; speed_ladder/sweep/lease_plan.py)
+#   prints the plan of a session on a lent GPU (default: the 15-minute lease, the H200's
+#   measured durations): this script once in the background (tools/gpu_lease.sh), waited for by
+#   calls of the same command, or calls that each run a part; the exact `run` calls; then exits
+#   (0: it fits with room for a rerun, 1: it does not, the shortfall and what to drop;
+#   speed_ladder/sweep/lease_plan.py)
 #
 # Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
@@ -55,7 +58,7 @@ set -u -o pipefail
 # to go on from, not a silent death: the TERM trap below must still pack
 trap '' PIPE
 
-usage() { sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 if [ "$1" = --plan ]; then  # the plan only: speed_ladder/sweep/lease_plan.py, before any other work
     shift; cd "$(dirname "$0")/.." || exit 2
@@ -101,6 +104,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ $HAVE_DEVICE = 1 ] || SWEEP+=(--device cuda)
+# without the compile cache the pack is a tar of ~2 MB, not a gzip of ~86 MiB (20 s measured on
+# an H200 with it), and without --pack there is none: 15 s less to keep (lease_plan.py's KEPT_S)
+{ [ $CACHE_PACK = 1 ] && [ -n "$PACK" ]; } || MARGIN=30
 [ $PROFILE = 1 ] && SWEEP+=(--profile)
 left() { echo $(( T0 + BUDGET - $(date +%s) - MARGIN )); }  # seconds left for a phase
 
@@ -300,7 +306,9 @@ elif [ $TESTS = 1 ]; then
     # --foreground: pytest stays in this group, so a signal to the group reaches it at once;
     # INT (pytest records the test in flight as cut, writes its state), KILL 20 s later
     [ -n "$BUDGET" ] && LIMIT=(timeout --foreground --signal=INT --kill-after=20 $(( $(left) - 20 )))
-    ${LIMIT[@]+"${LIMIT[@]}"} "$PY" -m pytest -m "$MARK" tests/test_gpu.py -v -rs \
+    # the sweep's records of this GPU stand in for runs it already made (tests/session_records.py)
+    ${LIMIT[@]+"${LIMIT[@]}"} env SPEED_LADDER_SESSION_RESULTS="$OUT/results" \
+        "$PY" -m pytest -m "$MARK" tests/test_gpu.py -v -rs \
         --state "$STATE" --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
     rc=${PIPESTATUS[0]}
     case $rc in  # passed, failed, nothing left to run, stopped by the budget: the state holds;

@@ -38,15 +38,15 @@ Not measured, and said so where the plan prints them:
   40 steps, 12's 42.2 s for 60), 14 as 1.1x step 13's (FSDP2 over 13: 123 ms a step by hand
   against 13's 93 ms, 2 s over 60 steps, and its wrapping; 10% on top).
 - a step measured nowhere (a new rung): `ASSUMED_RUN_S` 90 s, the slowest measured run and more.
-- `TESTS_S` 150 s, the fast GPU tests (tests/test_gpu.py, `gpu and not slow`; never run on CUDA):
+- `TESTS_S` 70 s, the fast GPU tests (tests/test_gpu.py, `gpu and not slow`; never run on CUDA):
   ~10 s of pytest and imports, 2 s for the peak table and batch rule, ~40 s for the six Liger
-  tests (Triton compiles its kernels once), ~45 s for three eager gpt2-124m processes of the
-  peak test, ~20 s for the two DDP runs (one through torchrun), rounded up. At their limits
-  (@pytest.mark.limit) they could take 900 s: the --budget cuts them, and the next call resumes.
-  `TESTS_SMALL_S` 125 s: the same with the peak test's three processes on a small preset instead
-  of gpt2-124m (~7 s each: a process start, torch's import, CUDA's start; not yet in test_gpu.py).
-  `LONGEST_TEST_S` 60 s: the longest single test (the peak test's three processes), what a cut
-  test costs to run again.
+  tests (Triton compiles its kernels once), ~10 s for step 11 as a world of one under plain
+  python, rounded up. In a session the peak test (steps 10, 12, 13 at gpt2-124m) and the torchrun
+  DDP test read the records the sweep has just written on this GPU (tests/session_records.py)
+  instead of running three gpt2-124m processes and a torchrun again (~55 s: 150 s were estimated
+  with them). At their limits (@pytest.mark.limit) the tests could take 900 s: the --budget cuts
+  them, and the next call resumes. `LONGEST_TEST_S` 30 s: the longest single test (a Liger test's
+  first Triton compile, or the step-11 process), what a cut test costs to run again.
 - `TRANSFER_S` 10 s a call (the ~6 MB tree and ~4 MB .carry/ out, an archive of at most 16 MiB
   back), `GAP_S` 30 s between calls (the most that keeps the machine), `CLOSE_S` 10 s for
   give_back; `PROFILE_S` 4.5 s a run that --no-profile would save (sweep.log: "profile analysed
@@ -78,9 +78,8 @@ SWEEP_START_S = 5.0
 END_S = 20.0
 END_LEAN_S = 8.0
 SETUP_AGAIN_S = 3.0
-TESTS_S = 150.0
-TESTS_SMALL_S = 125.0
-LONGEST_TEST_S = 60.0
+TESTS_S = 70.0
+LONGEST_TEST_S = 30.0
 TRANSFER_S = 10.0
 IDLE_S = 30.0
 GAP_S = 30.0
@@ -223,6 +222,6 @@ def cost_lines(kind: Kind) -> list[str]:
         f"between calls, {CLOSE_S:.0f} s give_back (assumed)",
         "each run less its step-50 evaluation (measuring runs evaluate at their end only): "
         + ("counted" if MID_EVAL_SKIPPED else "not counted"),
-        f"the GPU tests: {TESTS_S:.0f} s estimated (never run on CUDA; {TESTS_SMALL_S:.0f} s "
-        "with the peak test on a small preset)",
+        f"the GPU tests: {TESTS_S:.0f} s estimated (never run on CUDA; the sweep's records "
+        "stand in for the runs it made)",
     ]

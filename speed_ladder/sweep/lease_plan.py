@@ -1,32 +1,26 @@
-"""A plan for a lent GPU (`tools/gpu_session.sh --plan`): which calls, which steps and tests in
-each, how much device time they take against the lease, and the exact `run` calls to make,
-before any device time is spent. What a call costs is lease_costs.py's.
+"""A plan for a lent GPU (`tools/gpu_session.sh --plan`): how the bounded ladder (`--steps`,
+default every step) and then the fast GPU tests (`--tests` s) fit the lease, and the exact `run`
+calls, before any device time is spent. The lease (docs/gpu-machines.md, "A machine lent for a
+while"): `--lease` 900 s of device time, start-ups, idle time and transfers counted; a command of
+at most `--cap` 600 s; a machine gone after 30 s without one. What things cost: lease_costs.py.
 
-The lease (docs/gpu-machines.md, "A machine lent for a while"): `--lease` 900 s of device time a
-session, start-ups, idle time and transfers counted; each command at most `--cap` 600 s; a machine
-goes back after `--idle` 30 s without a command. The session: one machine of `--kind`, its calls
-back to back (each within 30 s of the last, so /tmp/s survives between them), the bounded ladder
-(`--steps`, default every step of ladder.discover()) then the fast GPU tests (`--tests` s), as
-tools/gpu_session.sh runs them; give_back after the last call.
+First, **one session in the background** (lease_session.py, tools/gpu_lease.sh): gpu_session.sh
+runs once, in a process session of its own, and the calls only wait for it, so the machine works
+through the gaps between them. It fits when the plan and a rerun of its longest run are within
+the lease (the default leaves the profile out: `--profile` adds ~4.5 s a run).
 
-**Fits** means: the session's worst case (each call running to its --budget) within the lease, and
-the planned session plus a reserve to finish a call cut mid-way: the sweep resumes (`--resume` the
-call's pack: finished runs are kept and skipped, only the tests that did not finish run), so the
-rerun is a fresh machine's start-up, one call's set-up and the longest single run (or test) that was
-in flight, not the whole call. A machine lost mid-call returns nothing: that call's work is lost
-whole, which no reserve in a 15-minute lease covers; the plan says how much is at stake. Where it
-does not fit, the plan says by how much, and what to drop: the steps the tag holds **current**
-records of (lease_costs.is_current: the file's sha256 now, the lease's configuration, this kind's
-GPU), the eager ones first, then the compiled ones, until it fits; their records stay in the
-summary with `--resume results`. A record of another version of a step's script gives only its
-duration. When dropping those is not enough, the smallest split into leases (sessions of their
-own): in ladder order, the first lease the most steps that fit with the tests, each later one the
-most that fit, resumed on the results committed before it. Then, **if time is left** (the reserve
-not spent), an extra
-call: `--extra` steps (08,09) for `--extra-rounds` 2 rounds in a fresh folder, so that one machine
-measures both twice (08 and 09 are host-bound at batch 8: one round cannot tell them apart), in the
-last lease. Exit 0 when the session asked for fits, 1 when it does not (the plan that fits is
-printed after it), 2 on bad input.
+Where it does not, **calls that each run a part** (Call, Session): each call gpu_session.sh with
+its own --budget, back to back on one warm machine. Fits means: each call running to its budget
+within the lease, and the plan plus a reserve to finish a call cut mid-way (it comes back, the
+machine stays warm, the same call again skips what is done: a gap, transfers, the run in flight).
+Where that does not fit either: the steps the tag holds **current** records of
+(lease_costs.is_current: the file's sha256 now, the lease's configuration, this kind's GPU) are
+dropped, eager ones first, and resumed into the summary (`--resume results`); else the smallest
+split into leases, in ladder order, each resumed on those committed before it; then, if time is
+left, an extra call: `--extra` (08,09) for `--extra-rounds` 2 rounds in a fresh folder (host-bound
+at batch 8: one round cannot tell them apart). A machine lost mid-call returns nothing: no
+reserve covers it; the plan says what is at stake. Exit 0 when the session asked for fits, 1 when
+it does not (what would fit printed after it), 2 on bad input.
 """
 
 import argparse
@@ -37,11 +31,14 @@ from pathlib import Path
 from speed_ladder.errors import UserError
 from speed_ladder.ladder import ROOT, discover, parse_steps
 from speed_ladder.sweep import lease_costs as lc
+from speed_ladder.sweep.lease_session import Background
 
 RESULTS = ROOT / "results"
 EXTRA = "08,09"
 SLACK = 1.1  # a call's --budget: its planned seconds x this, rounded up to 10 s
-KEPT_S, TESTS_KILL_S = 45, 20  # tools/gpu_session.sh: MARGIN, and the tests' `timeout` less 20
+# tools/gpu_session.sh: MARGIN with --no-cache-pack (every lease call passes it), and the
+# tests' `timeout` less 20
+KEPT_S, TESTS_KILL_S = 30, 20
 CUSHION_S = 30  # timeout_s over --budget: gpu_session.sh ends within its budget, this is spare
 CARRY = [".carry"]  # the text, the BPE files and the liger wheel (docs/gpu-machines.md)
 FLAGS = "--data .carry/middlemarch.txt --bpe .carry/gpt2_bpe --wheels .carry/wheels"
@@ -67,7 +64,7 @@ class Call:
     def budget(self) -> int:
         """gpu_session.sh's --budget: the work before the summary x SLACK, or more where the
         sweep's start check needs it (each run's estimate, PlannedRun.expected, within --budget less
-        KEPT_S, the runs before it SLACK times slower), the 45 s it keeps after the last phase
+        KEPT_S, the runs before it SLACK times slower), the 30 s it keeps after the last phase
         (the summary and pack), and the 20 s it keeps to stop the tests."""
         t = need = (lc.SETUP_AGAIN_S if self.again else lc.SETUP_S) + lc.SWEEP_START_S
         for r in self.runs:
@@ -152,9 +149,12 @@ class Session:
         return max(runs + tests, default=0.0)
 
     def reserve(self) -> float:
-        """Finishing a call cut mid-way, its pack back: a fresh machine, one call's set-up, and
-        with --resume only what was in flight (the longest run or test), then the pack."""
-        return (self.kind.start_s + lc.TRANSFER_S + lc.SETUP_S + lc.SWEEP_START_S
+        """Finishing a call cut mid-way: a call that its --budget or timeout_s ended comes back,
+        and the machine stays warm for the next command (the device tool keeps it 30 s after
+        each), so the same call again into the same OUT skips what is done: an idle gap, its
+        transfers, the set-up it skips, the sweep's start, what was in flight (the longest run
+        or test) and the pack. A machine lost mid-call is not covered (describe says so)."""
+        return (lc.GAP_S + lc.TRANSFER_S + lc.SETUP_AGAIN_S + lc.SWEEP_START_S
                 + self.in_flight() + lc.BETWEEN_RUNS_S + lc.END_LEAN_S)  # fmt: skip
 
     def fits(self) -> bool:
@@ -237,9 +237,9 @@ def describe(session: Session, extra: Call | None) -> list[str]:
     plain, worst = session.device_seconds(), session.device_seconds(worst=True)
     out.append(
         f"session: {plain:.0f} s planned + {session.reserve():.0f} s reserve (a cut call "
-        f"resumed on a fresh machine: start-up, set-up, its {session.in_flight():.0f} s in "
-        f"flight again) = {plain + session.reserve():.0f} s; {worst:.0f} s with each call to its "
-        f"--budget; lease {session.lease:.0f} s"
+        f"again on the warm machine: its {session.in_flight():.0f} s in flight again) = "
+        f"{plain + session.reserve():.0f} s; {worst:.0f} s with each call to its --budget; "
+        f"lease {session.lease:.0f} s"
     )
     out.append(
         f"not covered: a machine lost mid-call returns nothing (call {session.longest().number}: "
@@ -273,6 +273,17 @@ def report(a, runs: list, kind: lc.Kind, source: str) -> tuple[list[str], bool]:
     # of this kind (any script version) gives the sweep its estimates: without them it expects
     # 60 s an eager run and 120 s a compiled one, and leaves the last runs of a call undone
     resume = bool(a.current - asked) or any(r.get("status") == "ok" for r in a.measured)
+    bg = Background(runs, a.tests, kind, a.lease, a.cap, a.profile, resume and kind.factor == 1.0)
+    out += bg.describe()
+    if bg.fits():
+        left = a.lease - bg.device_seconds() - bg.in_flight()
+        out.append(f"fits: the session and a rerun of its longest run within the "
+                   f"{a.lease / 60:.0f}-minute lease, {left:.0f} s to spare (too few for "
+                   f"--extra's rounds: a lease of their own)")  # fmt: skip
+        return out + ["calls:", *bg.run_calls()], True
+    over = bg.device_seconds() + bg.in_flight() - a.lease
+    out.append(f"does not fit in the background ({over:.0f} s over with a rerun of its longest "
+               "run, or its --budget too short); as calls that each run a part:")  # fmt: skip
     session = plan(runs, a.tests, kind, a.lease, a.cap, resume=resume and kind.factor == 1.0)
     extra_runs = extras(a, kind)
     extra = extra_call(session, extra_runs, a.extra_rounds, a.cap) if session.fits() else None
@@ -365,8 +376,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="expected seconds of the fast GPU tests (0: none)")  # fmt: skip
     ap.add_argument("--extra", default=EXTRA, help="steps of the extra call ('' for none)")
     ap.add_argument("--extra-rounds", type=int, default=2, help="its rounds")
-    ap.add_argument("--no-profile", dest="profile", action="store_false",
-                    help="no --profile (each run ~4.5 s shorter, an estimate)")  # fmt: skip
+    ap.add_argument("--profile", action="store_true",
+                    help="the sweep with --profile (each run ~4.5 s longer)")  # fmt: skip
+    ap.add_argument("--no-profile", dest="profile", action="store_false", help="the default")
     ap.add_argument("--slower", type=float, default=1.0, help="every run this many times slower")
     ap.add_argument("--results", type=Path, default=None,
                     help="the tag folder of durations (default: the kind's)")  # fmt: skip
