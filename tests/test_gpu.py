@@ -1,15 +1,18 @@
 """The GPU suite: `pytest -m gpu` on a machine with a CUDA GPU (skipped, not failed, without).
 
-tools/gpu_session.sh runs the fast part, `pytest -m "gpu and not slow"` (about 2-4 minutes on an
-H100), after the sweep: a GPU sweep already runs every step on CUDA and judges each step's loss
-against the previous step's (summary.csv `parity`, each rung's CUDA rule in ladder.json), so the
-fast part checks only what a sweep cannot, most informative first:
+tools/gpu_session.sh runs the fast part, `pytest -m "gpu and not slow"` (about 70 s estimated
+after the sweep, never yet run on CUDA), after the sweep: a GPU sweep already runs every step on
+CUDA and judges each step's loss against the previous step's (summary.csv `parity`, each rung's
+CUDA rule in ladder.json), so the fast part checks only what a sweep cannot, most informative
+first, and reads the sweep's records where it has just run what a test needs
+(tests/session_records.py, SPEED_LADDER_SESSION_RESULTS):
 - the MFU peak table resolves this GPU, and the batch rule leaves the preset to a big one;
 - Liger's loss and gradients against plain cross-entropy, and the numerics cases of
   tests/liger_cases.py (the CPU suite runs them through Triton's interpreter);
 - the peak memory of steps 12 and 13 below step 10's where activations dominate, and that Liger
-  (not the fallback) ran in step 12;
-- DDP with nccl as a world of one, under plain python and under torchrun.
+  (not the fallback) ran in step 12: the sweep's gpt2-124m records, else three eager runs;
+- DDP with nccl as a world of one, under plain python and under torchrun (the sweep's step-11
+  record, else a run).
 The slow part (`-m gpu`) runs every script on `tiny` on CUDA (08-14 compiled): an ok record,
 loss parity under speed_ladder/data/ladder.json's "cuda" tolerances, and only what this GPU lacks
 recorded inactive.
