@@ -108,6 +108,7 @@ def _window_on(device_type, monkeypatch):
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: fake.peak_used)
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", fake.reset)
         monkeypatch.setattr(torch.cuda, "empty_cache", fake.empty_cache)
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: fake.reserved)
     else:  # MPS: no peak counter, only what the driver holds now
         monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: fake.reserved)
         monkeypatch.setattr(torch.mps, "current_allocated_memory", lambda: fake.used)
@@ -147,3 +148,20 @@ def test_a_pause_before_the_window_opens_changes_nothing(monkeypatch):
     window.pause()
     window.resume()
     assert fake.calls == []  # warm-up: nothing to fold, nothing to reset yet
+
+
+def test_an_evaluation_within_trainings_pool_leaves_the_cuda_allocator_warm(monkeypatch):
+    """Training's cached blocks hold the evaluation: nothing to hand back, no empty_cache (the
+    next step would allocate them again), and the peak is still the training steps'."""
+    fake, window = _window_on("cuda", monkeypatch)
+    window.start()
+    fake.alloc(500)  # a step's activations, freed but cached: the pool is 600
+    fake.free(500)
+    window.pause()
+    fake.alloc(300)  # an evaluation smaller than the pool
+    fake.free(300)
+    window.resume()
+    assert "empty_cache" not in fake.calls and fake.reserved == 600
+    fake.alloc(500)
+    fake.free(500)
+    assert window.peak() == (600, 600)

@@ -176,8 +176,9 @@ class PeakWindow:
     The device counters know only "the peak since the last reset", so the window keeps its own
     running peak. At a pause (`Run.paused()`: evaluation, sampling, the final evaluation) it
     folds the counters' peak so far into a Python max; when the pause ends it releases what the
-    pause left cached (CUDA: torch.cuda.empty_cache(), else evaluation's cached blocks stay
-    reserved; CPU: malloc_trim(0) where glibc has it) and resets the counters to the memory in
+    pause left cached (CUDA: torch.cuda.empty_cache() where the pause grew the pool, else
+    evaluation's cached blocks stay reserved; an evaluation that fit in training's pool leaves
+    it warm; CPU: malloc_trim(0) where glibc has it) and resets the counters to the memory in
     use then (CUDA: reset_peak_memory_stats(); Linux: /proc/self/clear_refs "5" sets VmHWM to
     the current RSS). MPS keeps no peak: the driver's allocation (the allocator's cache
     included) is sampled at every step's end. Evaluation at batch 32 on gpt2-124m holds 6 GiB
@@ -192,6 +193,7 @@ class PeakWindow:
         self.open = False
         self.reserved: int | None = None
         self.allocated: int | None = None
+        self.held = 0  # CUDA: bytes reserved at the last pause
 
     def _fold(self) -> None:
         r, a = peak_memory(self.device)
@@ -207,14 +209,23 @@ class PeakWindow:
             self._fold()
 
     def pause(self) -> None:
-        """Before an evaluation or a sample: keep the training peak so far."""
+        """Before an evaluation or a sample: keep the training peak so far, and what the CUDA
+        allocator holds (training's pool)."""
         if self.open:
             self._fold()
+            if self.device.type == "cuda":
+                self.held = torch.cuda.memory_reserved(self.device)
 
     def resume(self) -> None:
-        """After it: drop what it cached and start the counters again from here."""
+        """After it: drop what it cached and start the counters again from here. On CUDA only
+        where it grew the pool: an evaluation that fit in training's cached blocks leaves them
+        warm (empty_cache would hand back ~30 GB that the next step at batch 32 on gpt2-124m
+        allocates again: the 2026-11-27 H200 run, issue 30), and the counters restart from
+        training's own pool."""
         if self.open:
-            release_cached(self.device)
+            grew = self.device.type != "cuda" or torch.cuda.memory_reserved(self.device) > self.held
+            if grew:
+                release_cached(self.device)
             reset_peak_memory(self.device)
 
     def peak(self) -> tuple[int | None, int | None]:
