@@ -8,7 +8,8 @@ first, and reads the sweep's records where it has just run what a test needs
 (tests/session_records.py, SPEED_LADDER_SESSION_RESULTS):
 - the MFU peak table resolves this GPU, and the batch rule leaves the preset to a big one;
 - Liger's loss and gradients against plain cross-entropy, and the numerics cases of
-  tests/liger_cases.py (the CPU suite runs them through Triton's interpreter);
+  tests/liger_cases.py (the CPU suite runs them through Triton's interpreter); step 12's fused
+  loss at gpt2-124m's shape in 8 launches and no host sync (torch.cuda.set_sync_debug_mode);
 - the peak memory of steps 12 and 13 below step 10's where activations dominate, and that Liger
   (not the fallback) ran in step 12: the sweep's gpt2-124m records, else three eager runs;
 - DDP with nccl as a world of one, under plain python and under torchrun (the sweep's step-11
@@ -118,7 +119,7 @@ def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
 
 
 @pytest.mark.limit(60)
-@pytest.mark.parametrize("case", ["fp32", "bf16", "accum", "accum-bf16-control"])
+@pytest.mark.parametrize("case", ["fp32", "bf16", "bf16-16-chunks", "accum", "accum-bf16-control"])
 def test_liger_cases_shared_with_the_cpu_interpreter_tests(case):
     """tests/liger_cases.py, the cases tests/test_liger.py runs through Triton's interpreter,
     here compiled on CUDA (the tolerances per dtype are that module's)."""
@@ -165,6 +166,43 @@ def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
     assert rel_err(g_w, weight.grad) < tol
     assert rel_err(g_h, hidden.grad) < tol
     assert fused.fallback_reason is None  # the step's loop then notes that Liger's kernel ran
+
+
+@pytest.mark.limit(120)
+def test_step12s_fused_loss_never_waits_for_the_gpu_and_runs_8_chunks_at_gpt2_124m():
+    """Issue 30: Liger's own Function synced the host twice a step and ran 64 chunks of 512 rows.
+    The step's loss, forward and backward, at gpt2-124m's batch 32 (32768 x 768, V 50304, bf16),
+    under torch.cuda.set_sync_debug_mode("error") (an op that makes the host wait raises): 8
+    launches of Liger's kernel on 4096 rows each; and the host-sync count of tests/liger_cases.py
+    (the CPU suite's, through the interpreter), with its control, Liger's Function."""
+    pytest.importorskip("liger_kernel", reason=LIGER)
+    import liger_cases
+    from conftest import load_step
+
+    fused = load_step("12_liger_fused_ce").FusedLinearCrossEntropy(torch.bfloat16, GPU)
+    kernel, launches = fused.liger, []
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    torch.manual_seed(0)
+    n, c, v = 32 * 1024, 768, 50304
+    weight = (torch.randn(v, c, device=GPU) * 0.02).requires_grad_()
+    hidden = torch.randn(n, c, device=GPU, dtype=torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, 50257, (n,), device=GPU)
+    fused(weight, hidden, targets).backward()  # Triton compiles the kernel first
+    fused.liger = Counting()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fused(weight, hidden, targets).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert launches == [(4096,)] * 8, launches
+    got = liger_cases.syncs(GPU)
+    assert got["step"] == {} and got["liger"].get("Tensor.item", 0) >= 1, got
 
 
 @pytest.mark.limit(240)

@@ -4,9 +4,11 @@ Triton reads TRITON_INTERPRET when it is first imported, and pytest imports ever
 in one process (others import triton without the interpreter), so every check here runs in a
 subprocess with the variable set in its environment:
 - the numerics cases of tests/liger_cases.py (shared with tests/test_gpu.py, which runs them on
-  CUDA compiled): step 12's own call against plain linear + cross-entropy in fp32 and bf16 with
-  ignored targets, the weight gradient's fp32 accumulation, and a control that sums in bf16 and
-  must fail (so the accumulation case can);
+  CUDA compiled): step 12's own fused loss against plain linear + cross-entropy in fp32 and bf16
+  with ignored targets, over several chunks, the weight gradient's fp32 accumulation, and a
+  control that sums in bf16 and must fail (so the accumulation case can);
+- no host sync in the step's fused loss, forward and backward (`.item()`, `torch.equal`, ...),
+  where Liger's own Function, the control, counts its two;
 - step 12 end to end on `tiny` against step 11 (slow: ~3 s a step interpreted), its record
   `step_active: true` and `interpreted: true`;
 - steps 12 and 14 under torchrun with 2 gloo processes (slow): the out_head gradient equals the
@@ -75,6 +77,16 @@ def test_step12_liger_call_matches_plain_cross_entropy_through_the_interpreter()
             assert not bad, (name, bad, res)
 
 
+def test_step12s_fused_loss_never_waits_for_the_device_where_liger_does_twice():
+    proc = run_script([sys.executable, ROOT / "tests" / "liger_cases.py", "cpu", "syncs"],
+                      env=INTERPRET, timeout=300)  # fmt: skip
+    interpreted_ok(proc)
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["step"] == {}, got  # no .item(), torch.equal, .cpu(), bool(tensor), ...
+    # the control: the counter sees Liger's .item() (forward) and torch.equal (backward)
+    assert got["liger"].get("Tensor.item", 0) >= 1 and got["liger"].get("torch.equal", 0) >= 1, got
+
+
 def step_run(tmp_path, script, name, env=INTERPRET, launcher=(sys.executable,), args=TINY):
     res = tmp_path / f"{name}.jsonl"
     proc = run_script([*launcher, ROOT / "steps" / script, *args, "--results", res], env=env)
@@ -129,14 +141,15 @@ def set_model_(self, model, *a, **k):
     self._out_head = inner.out_head
     return set_model(self, model, *a, **k)
 Run.set_model = set_model_
-from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction as L
-apply = L.apply
-def apply_(*args):  # the weight Liger reads: its shape and kind, once
-    if int(os.environ.get("RANK", "0")) == 0 and not os.path.exists({seen!r}):
+from torch.autograd.function import Function
+apply = Function.apply.__func__
+def apply_(cls, *args, **kwargs):  # the weight the step's Liger loss reads: shape, kind, once
+    if (cls.__name__ == "LigerLinearCrossEntropy" and int(os.environ.get("RANK", "0")) == 0
+            and not os.path.exists({seen!r})):
         with open({seen!r}, "w") as f:
             f.write(repr((list(args[1].shape), type(args[1]).__name__)))
-    return apply(*args)
-L.apply = apply_
+    return apply(cls, *args, **kwargs)
+Function.apply = classmethod(apply_)
 sys.argv[0] = {script!r}
 runpy.run_path({script!r}, run_name="__main__")
 """
@@ -203,16 +216,19 @@ def test_steps_12_and_14_with_two_gloo_processes_give_liger_the_full_weight_and_
 
 @pytest.mark.slow
 def test_the_liger_kernel_floor_in_pyproject_passes_the_cases(tmp_path):
-    """pyproject's floor, liger-kernel 0.6.2 (the first with accum_dtype), fetched with pip and
+    """pyproject's floor (0.8.5: the kernel arguments step 12 passes), fetched with pip and
     put first on the path (no dependencies: this environment's triton and torch); skipped
     where pip cannot fetch it."""
+    import re
     import zipfile
 
-    got = run_script([sys.executable, "-m", "pip", "download", "liger-kernel==0.6.2",
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    floor = re.search(r'"liger-kernel>=([0-9.]+)', pyproject).group(1)
+    got = run_script([sys.executable, "-m", "pip", "download", f"liger-kernel=={floor}",
                       "--no-deps", "-q", "-d", tmp_path], timeout=120)  # fmt: skip
-    wheels = list(tmp_path.glob("liger_kernel-0.6.2-*.whl"))
+    wheels = list(tmp_path.glob(f"liger_kernel-{floor}-*.whl"))
     if got.returncode != 0 or not wheels:
-        pytest.skip(f"pip could not fetch liger-kernel 0.6.2: {got.stderr[-300:]}")
+        pytest.skip(f"pip could not fetch liger-kernel {floor}: {got.stderr[-300:]}")
     zipfile.ZipFile(wheels[0]).extractall(tmp_path / "site")
     site, cases = str(tmp_path / "site"), str(ROOT / "tests" / "liger_cases.py")
     code = (

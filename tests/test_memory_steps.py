@@ -97,3 +97,15 @@ def test_checkpointing_lowers_measured_peak_memory():
     # checkpointing; with it, the 8 block inputs plus one block's recompute
     assert plain > 400e6, growth
     assert ckpt < 0.5 * plain, growth
+
+
+def test_the_memory_model_sizes_liger_chunks_as_step_12_does(step12):
+    from speed_ladder.measure import memory_model as mm
+
+    assert mm.LIGER_CHUNK_MEM_CONST == step12.FusedLinearCrossEntropy.CHUNK_MEM_CONST
+    for rows, dim, vocab in [(32768, 768, 50304), (16384, 1024, 50304), (1024, 384, 50304),
+                             (20, 8, 50), (64, 32, 512)]:  # fmt: skip
+        const = mm.LIGER_CHUNK_MEM_CONST
+        assert mm.liger_chunk_rows(rows, dim, vocab) == step12.liger_chunk_rows(
+            rows, dim, vocab, const
+        )

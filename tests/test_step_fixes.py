@@ -1,11 +1,11 @@
 """What steps 09, 11 and 12 do on a GPU, shown on a CPU by simulating the GPU's side.
 
-Step 12: Liger runs (with fp32 accumulation) on CUDA; it falls back to the chunked loss only
-where it cannot run; a CUDA out-of-memory or a Triton error inside it is the run's result.
+Step 12: Liger's kernel runs on CUDA (a stand-in for it here, in torch), chunk by chunk, the
+weight gradient summed in fp32; the chunks at gpt2-124m's shape; it falls back to the chunked loss
+only where it cannot run; a CUDA out-of-memory or a Triton error inside it is the run's result.
 Step 11: a bad DDP_BACKEND is one line. Step 09: generation never picks a padded id.
 """
 
-import inspect
 import sys
 import types
 import warnings
@@ -21,24 +21,44 @@ from speed_ladder import errors
 LIGER_OPS = "liger_kernel.ops.fused_linear_cross_entropy"
 
 
-def fake_liger(monkeypatch, apply):
-    """liger_kernel.ops.fused_linear_cross_entropy with a Function whose apply is `apply`."""
-    calls = []
+class FakeKernel:
+    """Liger's liger_cross_entropy_kernel as step 12 launches it, `kernel[grid](**kwargs)`, in
+    torch: each row's loss, and in place its gradient over the logits (reduction "sum"), or
+    `launch(kwargs)` where given (one that raises). Every launch's grid and kwargs in `calls`."""
 
-    class Function:
-        @staticmethod
-        def apply(*args):
-            calls.append(args)
-            return apply(*args)
+    def __init__(self, launch=None):
+        self.calls, self.launch = [], launch or self.cross_entropy
 
+    def __getitem__(self, grid):
+        def launch(**kwargs):
+            self.calls.append((grid, kwargs))
+            return self.launch(kwargs)
+
+        return launch
+
+    @staticmethod
+    def cross_entropy(k):
+        x, y, loss = k["X_ptr"], k["Y_ptr"], k["loss_ptr"]
+        assert k["reduction"] == "sum" and k["HAS_GRADIENTS"] and x.shape[0] == y.shape[0]
+        keep, y0 = y != k["ignore_index"], y.clamp(min=0)
+        xf = x.float()
+        loss.copy_(torch.where(keep, xf.logsumexp(-1) - xf.gather(1, y0[:, None])[:, 0], 0.0))
+        grad = xf.softmax(-1)
+        grad[torch.arange(len(y)), y0] -= 1
+        x.copy_(grad * keep[:, None])
+
+
+def fake_liger(monkeypatch, launch=None):
+    """liger_kernel.ops.fused_linear_cross_entropy with a FakeKernel(launch); returns it."""
+    kernel = FakeKernel(launch)
     mod = types.ModuleType(LIGER_OPS)
-    mod.LigerFusedLinearCrossEntropyFunction = Function
+    mod.liger_cross_entropy_kernel, mod.MAX_FUSED_SIZE = kernel, 65536 // 2
     monkeypatch.setitem(sys.modules, LIGER_OPS, mod)
-    return calls
+    return kernel
 
 
-def plain_ce(hidden, weight, targets, *rest):
-    return torch.nn.functional.cross_entropy(hidden @ weight.T, targets), None
+def plain_ce(hidden, weight, targets):
+    return torch.nn.functional.cross_entropy(hidden @ weight.T, targets)
 
 
 def data():
@@ -49,28 +69,58 @@ def data():
 CUDA = torch.device("cuda", 0)  # only a name here: nothing is allocated on it
 
 
-def test_liger_runs_on_cuda_with_fp32_accumulation(step12, monkeypatch):
-    calls = fake_liger(monkeypatch, plain_ce)
+def test_liger_runs_on_cuda_chunk_by_chunk_with_fp32_accumulation(step12, monkeypatch):
+    kernel = fake_liger(monkeypatch)
+    sums = []  # the weight gradient's in-place sums, one per chunk
+    add = step12.add_weight_grad
+    counted = lambda gw, *a: (sums.append(gw.dtype), add(gw, *a))
+    monkeypatch.setattr(step12, "add_weight_grad", counted)
     run = _Run()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning
         fused = step12.FusedLinearCrossEntropy(torch.bfloat16, CUDA)
+        fused.chunk_mem_const = 1  # Liger's default: 20 rows of C 8, V 50 in 5 chunks of 4
         w, h, t = data()
+        t[[2, 11]] = -100  # ignored: the mean is over the 18 others, as F.cross_entropy's
+        w, h = w.requires_grad_(True), h.requires_grad_(True)
         loss = fused(w, h, t)
+        loss.backward()
     report(run, fused)
-    (args,) = calls
-    assert args[0].dtype == args[1].dtype == torch.bfloat16  # hidden and weight as autocast
-    assert args[8] == "mean" and args[11] is torch.float32  # accum_dtype: fp32 gradient sums
-    assert loss.dtype == torch.bfloat16
+    assert [grid for grid, _ in kernel.calls] == [(4,)] * 5 and sums == [torch.float32] * 5
+    for _, k in kernel.calls:
+        assert k["X_ptr"].dtype == torch.bfloat16 and k["X_ptr"].shape == (4, 50)
+        assert k["reduction"] == "sum" and k["ignore_index"] == -100
+    hq, wq = (h.detach().to(torch.bfloat16).float().requires_grad_(True),
+              w.detach().to(torch.bfloat16).float().requires_grad_(True))  # fmt: skip
+    ref = torch.nn.functional.cross_entropy(hq @ wq.T, t)
+    ref.backward()
+    assert loss.dtype == torch.float32 and abs(loss.item() - ref.item()) < 1e-2
+    assert w.grad.dtype == torch.float32  # the fp32 sum, never rounded to bf16
+    torch.testing.assert_close(w.grad, wq.grad, atol=2**-7 * wq.grad.abs().max(), rtol=0)
+    torch.testing.assert_close(h.grad, hq.grad, atol=2**-7 * hq.grad.abs().max(), rtol=0)
+    assert (h.grad[[2, 11]] == 0).all()
     assert fused.fallback_reason is None and run.inactive_reason is None  # step_active: true
     assert any("Liger fused linear cross-entropy kernel ran" in n for n in run.notes)
 
 
+def test_step12_cuts_gpt2_124m_into_8_chunks_of_4096_rows_not_liger_defaults_64(step12):
+    """batch 32 x 1024 rows of 768, the padded vocabulary: Liger's default chunk_mem_const 1 gave
+    64 chunks of 512 (the H200 profile of issue 30); the step's 8 gives 8 chunks of 4096, whose
+    bf16 logits are 0.4 GB."""
+    rows, dim, vocab = 32 * 1024, 768, 50304
+    const = step12.FusedLinearCrossEntropy.CHUNK_MEM_CONST
+    assert step12.FusedLinearCrossEntropy(torch.float32, CUDA).chunk_mem_const == const == 8
+    assert step12.liger_chunk_rows(rows, dim, vocab, const) == 4096  # 8 chunks
+    assert step12.liger_chunk_rows(rows, dim, vocab, 1) == 512  # 64 chunks
+    assert 4096 * vocab * 2 / 1e9 < 0.42
+    assert step12.liger_chunk_rows(20, 8, 50, 8) == 20  # never more rows than there are
+
+
 def _raise(e):
-    def apply(*args):
+    def launch(kwargs):
         raise e
 
-    return apply
+    return launch
 
 
 def _fails_inside_liger(step12, monkeypatch, error):
@@ -115,18 +165,19 @@ def test_without_cuda_liger_is_never_called(step12, monkeypatch):
     with pytest.warns(UserWarning, match="step 12"):
         fused = step12.FusedLinearCrossEntropy(torch.float32, torch.device("cpu"))
     w, h, t = data()
-    torch.testing.assert_close(fused(w, h, t), plain_ce(h, w, t)[0])
+    torch.testing.assert_close(fused(w, h, t), plain_ce(h, w, t))
     assert "no CUDA device" in fused.fallback_reason
 
 
-def test_the_installed_liger_takes_accum_dtype_where_the_step_passes_it():
+def test_the_installed_liger_kernel_takes_the_arguments_the_step_passes(step12, monkeypatch):
+    """The step launches Liger's kernel itself, by keyword: every argument the installed
+    kernel has, none it lacks (pyproject's floor, liger-kernel 0.8.5, has these)."""
     ops = pytest.importorskip(LIGER_OPS, exc_type=ImportError)
-    params = list(inspect.signature(ops.LigerFusedLinearCrossEntropyFunction.forward).parameters)
-    # apply(hidden, weight, targets, bias, ce_weight, ignore_index, lse_square_scale,
-    #       label_smoothing, reduction, softcap, return_z_loss, accum_dtype): ctx is params[0]
-    assert params[1:13] == ["_input", "weight", "target", "bias", "ce_weight", "ignore_index",
-                            "lse_square_scale", "label_smoothing", "reduction", "softcap",
-                            "return_z_loss", "accum_dtype"]  # fmt: skip
+    names = ops.liger_cross_entropy_kernel.arg_names
+    kernel = fake_liger(monkeypatch)
+    step12.FusedLinearCrossEntropy(torch.float32, CUDA)(*data())
+    passed = set(kernel.calls[0][1]) - {"num_warps"}  # a launch option, not an argument
+    assert passed == set(names), passed ^ set(names)
     assert "transformers" not in sys.modules  # the ops path does not import it
 
 

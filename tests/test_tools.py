@@ -101,7 +101,7 @@ def _fake_liger_wheel(folder) -> None:
     import zipfile
 
     info = "liger_kernel-0.0.1.dist-info"
-    fused = "LigerFusedLinearCrossEntropyFunction = 0\n"
+    fused = "MAX_FUSED_SIZE = liger_cross_entropy_kernel = 0\n"
     files = {
         "liger_kernel/__init__.py": "",
         "liger_kernel/ops/__init__.py": "",

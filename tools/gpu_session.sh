@@ -213,7 +213,7 @@ fi
 # PyTorch (its record says so, step_active false), and status.txt says so here too
 if [ $AGAIN = 1 ]; then :
 elif LIGER=$("$PY" -c "import importlib.metadata as md
-from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+from liger_kernel.ops.fused_linear_cross_entropy import MAX_FUSED_SIZE, liger_cross_entropy_kernel
 print(md.version('liger-kernel'))" 2>&1); then
     note liger "ok (liger-kernel ${LIGER##*$'\n'})"
 else
