@@ -6,10 +6,12 @@ only ~3 s of torch import per case. One case, and a text too short to train on, 
 their own (the exit code and stderr a user sees).
 """
 
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT, VERDICT, load_script, py
 
 import speed_ladder
@@ -49,8 +51,15 @@ def main_here(script, args, capsys, monkeypatch, env=None):
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(errors.on_failure, "_write", None)  # no earlier case's Run records this
     capsys.readouterr()
-    with pytest.raises(SystemExit) as exit:
-        speed_ladder.main(SCRIPTS[script].main)
+    environ = dict(os.environ)
+    try:
+        with pytest.raises(SystemExit) as exit:
+            speed_ladder.main(SCRIPTS[script].main)
+    finally:  # what the step set up before it stopped: a process group, its variables
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environ)
     out = capsys.readouterr()
     return subprocess.CompletedProcess(args, exit.value.code, out.out, out.err)
 
