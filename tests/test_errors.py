@@ -1,7 +1,21 @@
-"""Bad input: one clear `error:` line on stderr, a non-zero exit, never a traceback."""
+"""Bad input: one clear `error:` line on stderr, a non-zero exit, never a traceback.
+
+The flag cases run a script's main() in this process, through the same guard
+(`speed_ladder.main`) its `__main__` calls, its stderr captured: a process of its own would add
+only ~3 s of torch import per case. One case, and a text too short to train on, run as processes of
+their own (the exit code and stderr a user sees).
+"""
+
+import os
+import subprocess
+import sys
 
 import pytest
-from conftest import VERDICT, py
+import torch
+from conftest import ROOT, VERDICT, load_script, py
+
+import speed_ladder
+from speed_ladder import errors
 
 
 def one_error_line(proc):
@@ -24,21 +38,57 @@ CASES = {
 }
 
 
+SCRIPTS = {}
+
+
+def main_here(script, args, capsys, monkeypatch, env=None):
+    """`python SCRIPT ARGS` in this process: its main() under speed_ladder.main, the guard its
+    `__main__` runs. Returns a CompletedProcess of its exit code and captured output."""
+    if script not in SCRIPTS:
+        SCRIPTS[script] = load_script(script)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / script), *map(str, args)])
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(errors.on_failure, "_write", None)  # no earlier case's Run records this
+    capsys.readouterr()
+    environ = dict(os.environ)
+    try:
+        with pytest.raises(SystemExit) as exit:
+            speed_ladder.main(SCRIPTS[script].main)
+    finally:  # what the step set up before it stopped: a process group, its variables
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environ)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, exit.value.code, out.out, out.err)
+
+
+def skip_with_cuda(case):
+    if case == "no cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA GPU is visible")
+
+
 # every script shares the harness's checks: all cases on 00, a sample on the DDP step
 @pytest.mark.parametrize(
     "script,case",
     [("00_orig.py", c) for c in CASES]
     + [("steps/11_ddp.py", c) for c in ["missing data", "zero steps", "unknown preset"]],
 )
-def test_bad_input(script, case):
+def test_bad_input(script, case, capsys, monkeypatch):
     args, expected = CASES[case]
-    if case == "no cuda":
-        pytest.importorskip("torch")
-        import torch
+    skip_with_cuda(case)
+    proc = main_here(script, ["--preset", "tiny", "--data", VERDICT, *args], capsys, monkeypatch)
+    assert expected in one_error_line(proc)
 
-        if torch.cuda.is_available():
-            pytest.skip("a CUDA GPU is visible")
-    proc = py(script, "--preset", "tiny", "--data", VERDICT, *args, timeout=120)
+
+def test_bad_input_in_a_process_of_its_own():
+    """A case from a fresh interpreter: the exit code and stderr a user sees."""
+    args, expected = CASES["unknown preset"]
+    proc = py("00_orig.py", "--preset", "tiny", "--data", VERDICT, *args, timeout=120)
     assert expected in one_error_line(proc)
 
 
@@ -51,7 +101,7 @@ def test_text_too_short(tmp_path):
     assert '"status": "error"' in res.read_text()  # the failure is recorded, not lost
 
 
-def test_nccl_where_not_built():
-    proc = py("steps/11_ddp.py", "--preset", "tiny", "--device", "cpu", "--data", VERDICT,
-              env={"DDP_BACKEND": "nccl"}, timeout=120)  # fmt: skip
+def test_nccl_where_not_built(capsys, monkeypatch):
+    proc = main_here("steps/11_ddp.py", ["--preset", "tiny", "--device", "cpu", "--data", VERDICT],
+                     capsys, monkeypatch, env={"DDP_BACKEND": "nccl"})  # fmt: skip
     assert "nccl" in one_error_line(proc)

@@ -47,12 +47,40 @@ Outro text.
 """
 
 
-def test_cli_renders_headless_and_regenerates_readme(tags, tmp_path):
+# plot_results.py run as a user runs it (`python plot_results.py ARGS`, its --help first) where
+# torch is not installed: test_cli_renders_headless_without_torch_and_regenerates_readme
+NO_TORCH = """
+import sys
+
+class NoTorch:  # `import torch` (or a torch submodule) raises, as where torch is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+
+sys.meta_path.insert(0, NoTorch())
+sys.path.insert(0, sys.argv[1])
+import runpy
+
+for argv in (["--help"], sys.argv[2:]):
+    sys.argv = ["plot_results.py", *argv]
+    try:
+        runpy.run_path(sys.path[0] + "/plot_results.py", run_name="__main__")
+    except SystemExit as e:
+        assert e.code in (0, None), e.code
+assert not [m for m in sys.modules if m == "torch" or m.startswith("torch.")]
+print("drawn without torch")
+"""
+
+
+def test_cli_renders_headless_without_torch_and_regenerates_readme(tags, tmp_path):
+    """plot_results.py with no display and no MPLBACKEND: every tag's charts, the comparison,
+    the README's tables between its markers and nothing else of it; and all of it with torch
+    blocked (NO_TORCH), as where torch is not installed: one run of the script checks both."""
     readme = tmp_path / "README.md"
     readme.write_text(README)
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "plot_results.py"), *map(str, tags), "--readme", str(readme)],
+        [sys.executable, "-c", NO_TORCH, str(ROOT), *map(str, tags), "--readme", str(readme)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -69,6 +97,9 @@ def test_cli_renders_headless_and_regenerates_readme(tags, tmp_path):
     assert text.endswith("<!-- results:end -->\n\nOutro text.\n")
     assert "results/cpu-fixture/tokens_per_sec.png" in text
     assert "results/gpu-fixture-x1/mfu.png" in text and "results/comparison.png" in text
+    # plot_results.py (--help, and the charts, README and ladder page from runs.jsonl-less
+    # summaries) imported nothing of torch: the report is drawn where torch is not installed
+    assert "drawn without torch" in proc.stdout and "usage: plot_results.py" in proc.stdout
 
 
 def test_missing_tag_folder_is_an_error(tmp_path):
@@ -320,47 +351,6 @@ def test_a_gpu_tag_sets_the_published_a100_figures_beside_its_steps(tmp_path):
     assert "- `nvidia-h200-x1`: published A100: 142,156 tok/s, its step's gain 1.12x; " in sec10
     assert "(Raschka's figures, not measured here; PyTorch 2.6;" in sec10
     assert "`cpu-amd-epyc-2c-x1`: published" not in page
-
-
-NO_TORCH = """
-import sys
-
-class NoTorch:  # `import torch` (or a torch submodule) raises, as where torch is not installed
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
-
-sys.meta_path.insert(0, NoTorch())
-sys.path.insert(0, sys.argv[1])
-import runpy
-
-for argv in (["--help"], sys.argv[2:]):
-    sys.argv = ["plot_results.py", *argv]
-    try:
-        runpy.run_path(sys.path[0] + "/plot_results.py", run_name="__main__")
-    except SystemExit as e:
-        assert e.code in (0, None), e.code
-assert not [m for m in sys.modules if m == "torch" or m.startswith("torch.")]
-print("drawn without torch")
-"""
-
-
-def test_plot_results_runs_without_torch(tags, tmp_path):
-    """plot_results.py (--help, and the charts, README and ladder page from runs.jsonl-less
-    summaries) imports nothing of torch: the report is drawn where torch is not installed."""
-    readme = tmp_path / "README.md"
-    readme.write_text(README)
-    proc = subprocess.run(
-        [sys.executable, "-c", NO_TORCH, str(ROOT), *map(str, tags), "--readme", str(readme)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "drawn without torch" in proc.stdout and "usage: plot_results.py" in proc.stdout
-    assert (tmp_path / "results" / "comparison.png").read_bytes()[:8] == PNG
-    assert "results/cpu-fixture/tokens_per_sec.png" in readme.read_text()
 
 
 def _drawn_texts(fig):
