@@ -39,14 +39,15 @@ Not measured, and said so where the plan prints them:
   against 13's 93 ms, 2 s over 60 steps, and its wrapping; 10% on top).
 - a step measured nowhere (a new rung): `ASSUMED_RUN_S` 90 s, the slowest measured run and more.
 - `TESTS_S` 70 s, the fast GPU tests (tests/test_gpu.py, `gpu and not slow`; never run on CUDA):
-  ~10 s of pytest and imports, 2 s for the peak table and batch rule, ~40 s for the six Liger
-  tests (Triton compiles its kernels once), ~10 s for step 11 as a world of one under plain
-  python, rounded up. In a session the peak test (steps 10, 12, 13 at gpt2-124m) and the torchrun
-  DDP test read the records the sweep has just written on this GPU (tests/session_records.py)
-  instead of running three gpt2-124m processes and a torchrun again (~55 s: 150 s were estimated
-  with them). At their limits (@pytest.mark.limit) the tests could take 900 s: the --budget cuts
-  them, and the next call resumes. `LONGEST_TEST_S` 30 s: the longest single test (a Liger test's
-  first Triton compile, or the step-11 process), what a cut test costs to run again.
+  ~10 s of pytest and imports, 2 s for the peak table and batch rule, ~40 s for the seven Liger
+  tests (Triton compiles its kernels once; one runs step 12's loss at gpt2-124m's shape), ~10 s
+  for step 11 as a world of one under plain python, rounded up. In a session the peak test
+  (steps 10, 12, 13 at gpt2-124m) and the torchrun DDP test read the records the sweep has just
+  written on this GPU (tests/session_records.py) instead of running three gpt2-124m processes
+  and a torchrun again (~55 s: 150 s were estimated with them). At their limits
+  (@pytest.mark.limit) the tests could take 960 s: the --budget cuts them. `LONGEST_TEST_S` 30 s:
+  the longest single test (a Liger test's first Triton compile, or the step-11 process), what a
+  cut test costs to run again.
 - `TRANSFER_S` 10 s a call (the ~6 MB tree and ~4 MB .carry/ out, an archive of at most 16 MiB
   back), `GAP_S` 30 s between calls (the most that keeps the machine), `CLOSE_S` 10 s for
   give_back; `PROFILE_S` 4.5 s a run that --no-profile would save (sweep.log: "profile analysed
