@@ -39,7 +39,7 @@ def simulate(bg, factor=1.0, again=None, gap=lc.GAP_S):
     walls, modelled = wall_times(), {r.step: r.seconds for r in bg.runs}
     cost = {r.step: (walls.get(r.step, modelled[r.step]) - (0 if bg.profile else lc.PROFILE_S))
             for r in bg.runs}  # fmt: skip
-    deadline = bg.budget() - ls.KEPT_S
+    deadline = bg.budget() - lc.KEPT_S
     t, done, left, problems = lc.SETUP_S + lc.SWEEP_START_S, [], False, []
     for r in bg.runs:
         if t + walls.get(r.step, lc.SWEEP_GUESS_S) > deadline:
@@ -91,7 +91,7 @@ def test_the_whole_ladder_and_the_tests_fit_one_lease_in_the_background(capsys):
     assert "fits: the session and a rerun of its longest run within the 15-minute lease" in out
     call = next(line for line in out.splitlines() if line.startswith("run("))
     assert call.startswith("run(kind=\"nvidia-h200\", carry=['.carry'], timeout_s=590, ")
-    assert f"tools/gpu_lease.sh /tmp/s $OUT 570 {ls.FLAGS} --resume results" in call
+    assert f"tools/gpu_lease.sh /tmp/s $OUT 570 {lc.FLAGS} --resume results" in call
     assert f"--steps {WHOLE} --no-profile --budget 824" in call and "--no-tests" not in call
     assert "the same call again, at once (within 30 s); 2 planned, 2 at most" in out
 

@@ -105,7 +105,7 @@ while [ $# -gt 0 ]; do
 done
 [ $HAVE_DEVICE = 1 ] || SWEEP+=(--device cuda)
 # without the compile cache the pack is a tar of ~2 MB, not a gzip of ~86 MiB (20 s measured on
-# an H200 with it), and without --pack there is none: 15 s less to keep (lease_plan.py's KEPT_S)
+# an H200 with it), and without --pack there is none: 15 s less to keep (lease_costs.py's KEPT_S)
 { [ $CACHE_PACK = 1 ] && [ -n "$PACK" ]; } || MARGIN=30
 [ $PROFILE = 1 ] && SWEEP+=(--profile)
 left() { echo $(( T0 + BUDGET - $(date +%s) - MARGIN )); }  # seconds left for a phase

@@ -90,7 +90,14 @@ ASSUMED_RUN_S = 90.0
 MID_EVAL_SKIPPED = True  # measure/run.py: a measuring run evaluates at its end only
 EVAL_FORWARDS = 2 * 5  # train and val, gpt2-124m's eval_iters
 EAGER_OVER_COMPILED = 1.75  # step 07's 46.7 ms a step against step 08's 26.8 ms
-# a lease's sweep (lease_plan.FLAGS: the carried text; presets.SWEEP_LENGTH; the default seed)
+# what a lease's calls carry and pass (docs/gpu-machines.md): the text, the BPE files and the
+# liger wheel in .carry/, named by every call of both plans (lease_plan.py, lease_session.py)
+CARRY = [".carry"]
+FLAGS = "--data .carry/middlemarch.txt --bpe .carry/gpt2_bpe --wheels .carry/wheels"
+SLACK = 1.1  # both plans: the planned work, this much slower, must fit its --budget
+KEPT_S = 30  # gpu_session.sh's MARGIN without a cache to pack: its sweep ends that much before
+# --budget (every lease call passes --no-cache-pack, or no --pack at all)
+# a lease's sweep (FLAGS: the carried text; presets.SWEEP_LENGTH; the default seed)
 LEASE_CONFIG = {"device": "cuda", "preset": "gpt2-124m", "max_steps": 60, "warmup_steps": 10,
                 "data": ".carry/middlemarch.txt", "seed": 123}  # fmt: skip
 # the sweep's own estimate of a run with no record (preflight: 60 s, step 08's compile measured)

@@ -35,13 +35,9 @@ from speed_ladder.sweep.lease_session import Background
 
 RESULTS = ROOT / "results"
 EXTRA = "08,09"
-SLACK = 1.1  # a call's --budget: its planned seconds x this, rounded up to 10 s
-# tools/gpu_session.sh: MARGIN with --no-cache-pack (every lease call passes it), and the
-# tests' `timeout` less 20
-KEPT_S, TESTS_KILL_S = 30, 20
+SLACK, KEPT_S, CARRY, FLAGS = lc.SLACK, lc.KEPT_S, lc.CARRY, lc.FLAGS  # a call's: lease_costs.py
+TESTS_KILL_S = 20  # tools/gpu_session.sh: the tests' `timeout` is what is left less 20
 CUSHION_S = 30  # timeout_s over --budget: gpu_session.sh ends within its budget, this is spare
-CARRY = [".carry"]  # the text, the BPE files and the liger wheel (docs/gpu-machines.md)
-FLAGS = "--data .carry/middlemarch.txt --bpe .carry/gpt2_bpe --wheels .carry/wheels"
 
 
 class Call:

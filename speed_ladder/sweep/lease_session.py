@@ -12,9 +12,10 @@ back what is done. So, unlike calls that each run a part of the work (lease_plan
   set so that even a session running to it stays within the lease.
 
 **Fits** means: the planned session plus its longest single run (room to run one of them again:
-a run that failed or was cut) within the lease, and the planned work, SLACK times slower, within
-the session's --budget less what gpu_session.sh keeps after its sweep (KEPT_S). A machine lost
-mid-session is not covered; each call has brought back what was done by its end (session.tgz).
+a run that failed or was cut) within the lease, and the planned work, lease_costs.SLACK times
+slower, within the session's --budget less what gpu_session.sh keeps after its sweep
+(lease_costs.KEPT_S). A machine lost mid-session is not covered; each call has brought back what
+was done by its end (session.tgz).
 
 Device time: the machine's start-up, each call's transfers and its archive of OUT, the session's
 work (the set-up, the sweep's runs, the tests), give_back. Costs: lease_costs.py.
@@ -24,13 +25,9 @@ import math
 
 from speed_ladder.sweep import lease_costs as lc
 
-SLACK = 1.1  # the planned work, this much slower, must fit the session's --budget
 WAIT_MARGIN_S = 20  # a call's timeout_s over its WAIT: the archive of OUT (~2 MB) and the reply
 BACK_S = 3.0  # a call's archive of OUT, no compile cache (assumed: a tar -czf of ~2 MB)
 CUSHION_S = 10.0  # between the session's --budget and what the lease leaves it
-KEPT_S = 30  # gpu_session.sh's MARGIN without --pack: its sweep ends that much before --budget
-FLAGS = "--data .carry/middlemarch.txt --bpe .carry/gpt2_bpe --wheels .carry/wheels"
-CARRY = [".carry"]
 
 
 class Background:
@@ -84,7 +81,7 @@ class Background:
 
     def fits(self) -> bool:
         room = self.device_seconds() + self.in_flight() <= self.lease
-        slow = self.work() * SLACK + KEPT_S <= self.budget()  # the sweep's deadline: less KEPT_S
+        slow = self.work() * lc.SLACK + lc.KEPT_S <= self.budget()  # the sweep's deadline
         return room and slow and self.worst() <= self.lease
 
     def steps(self) -> str:
@@ -95,7 +92,7 @@ class Background:
         characters."""
         parts = [
             f"export SPEED_LADDER_HOST_ID={self.kind.host_id} PYTHONUNBUFFERED=1;",
-            f"tools/gpu_lease.sh /tmp/s $OUT {self.wait} {FLAGS}",
+            f"tools/gpu_lease.sh /tmp/s $OUT {self.wait} {lc.FLAGS}",
         ]
         if self.resume:
             parts.append("--resume results")
@@ -131,7 +128,7 @@ class Background:
     def run_calls(self) -> list[str]:
         """The exact `run` calls: the first, then the same while it exits 4, then give_back."""
         call = (
-            f'run(kind="{self.kind.name}", carry={CARRY!r}, timeout_s={self.timeout}, '
+            f'run(kind="{self.kind.name}", carry={lc.CARRY!r}, timeout_s={self.timeout}, '
             f'command="{self.command()}")'
         )
         return [
