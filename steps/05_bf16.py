@@ -298,6 +298,8 @@ def main():
         shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
     )  # fmt: skip
 
+    use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
+    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
     model = GPTModel(GPT_CONFIG).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -305,9 +307,6 @@ def main():
         weight_decay=SETTINGS["weight_decay"],
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
-
-    use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

@@ -273,6 +273,8 @@ def main():
         shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
     )  # fmt: skip
 
+    use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
+    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
     model = GPTModel(GPT_CONFIG).to(device)
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
     run.inactive("08", speed_ladder.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
@@ -283,8 +285,6 @@ def main():
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
 
-    use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
     # step 07: inactive where SDPA runs its math path (no fused kernel)
     run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))
 
