@@ -27,7 +27,8 @@ ADD_A_RUNG = "docs/developing.md, Add a rung"
 
 # What memory_model.py, spec.py and parity know how to model: a value outside these is new code.
 TERMS = {
-    "precision": ("fp32", "tf32", "bf16-autocast"),  # tf32: fp32's bytes
+    # tf32: fp32's bytes; bf16-weights: bf16 model, fp32 masters for AdamW (autocast still on)
+    "precision": ("fp32", "tf32", "bf16-autocast", "bf16-weights"),
     "attention": ("materialized", "flash"),  # flash: no (B, H, T, T) scores
     "vocab": ("gpt2", "padded"),  # 50257 or 50304 rows
     "batch": ("batch_size", "large_batch_size"),  # the preset's setting the rung trains with
@@ -53,7 +54,13 @@ class Memory:
 
     @property
     def bf16_autocast(self) -> bool:
-        return self.precision == "bf16-autocast"
+        """Step 05's autocast is on (where bf16 is fast): every rung from it."""
+        return self.precision in ("bf16-autocast", "bf16-weights")
+
+    @property
+    def bf16_weights(self) -> bool:
+        """The model's weights are bf16 (where bf16 is fast), fp32 masters in the optimizer."""
+        return self.precision == "bf16-weights"
 
     @property
     def flash(self) -> bool:

@@ -28,10 +28,18 @@ from speed_ladder.presets import PRESETS
 
 
 # ---------------------------------------------------------------- a real step, calls counted
-def test_a_real_step_neither_synchronizes_nor_reads_a_loss_per_step(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "script,bf16", [("steps/10_larger_batch.py", "0"), ("steps/15_bf16_weights.py", "1")]
+)
+def test_a_real_step_neither_synchronizes_nor_reads_a_loss_per_step(
+    script, bf16, monkeypatch, tmp_path, capsys
+):
     """Step 10 on tiny, 12 steps (2 warm-up, 10 timed), its records' losses against the losses
-    the step computed (`.item()` of each, taken outside the count)."""
+    the step computed (`.item()` of each, taken outside the count); step 15 the same with bf16
+    forced on, so that its master weights' update runs in the window."""
     import torch._dynamo
+
+    monkeypatch.setenv(dev.BF16_ENV, bf16)
 
     monkeypatch.setattr(torch._dynamo.config, "disable", True)  # eager: no minute of compiling
     rates = {"fp32": 5e10, "bf16": 1e9}  # the matmul peak, not measured here
@@ -78,12 +86,13 @@ def test_a_real_step_neither_synchronizes_nor_reads_a_loss_per_step(monkeypatch,
     monkeypatch.setattr(Run, "step_done", step_done)
     monkeypatch.setattr(run_mod, "time", SimpleNamespace(time=time.time, perf_counter=_fast()))
     out = tmp_path / "r.jsonl"
-    argv = ["10", "--device", "cpu", "--preset", "tiny", "--max-steps", "12"]
+    argv = [script, "--device", "cpu", "--preset", "tiny", "--max-steps", "12"]
     argv += ["--warmup-steps", "2", "--data", str(VERDICT), "--results", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
-    load_script("steps/10_larger_batch.py").main()
+    load_script(script).main()
     rec = _record(out)
     assert rec["status"] == "ok" and rec["timed_steps"] == 10
+    assert rec["regime"] == ("bf16" if bf16 == "1" else "fp32")
     assert calls["sync"] == 0 and calls["item"] == 0, calls
     # a batched read per progress line in the window (about one every 2 s), never one a step
     assert 1 <= calls["tolist"] <= len(prints) < 10, (calls, prints)

@@ -2,7 +2,11 @@
 
 State is what training keeps between steps, and in this ladder all of it is fp32 (step 05's
 autocast keeps fp32 master weights): 4 bytes each for a parameter, its gradient and AdamW's two
-moments, 16 bytes per parameter (ZeRO, Rajbhandari et al. 2020, section 3.1).
+moments, 16 bytes per parameter (ZeRO, Rajbhandari et al. 2020, section 3.1). Step 15's bf16
+weights (where bf16 is on) keep the same 16: a bf16 weight and gradient (2 + 2), an fp32 master
+(4) and the moments (8); autocast then makes no bf16 copies of the weights, DDP's buckets hold
+bf16 gradients (2 B/param), and the fp32 copy of the gradients made at the update (4 B/param)
+lives only after backward has freed the activations.
 
 - one process, DDP (steps 00-13): every rank holds all 16 B/param. DDP adds 4 B/param of
   gradient buckets (its flat all-reduce buffers; `gradient_as_bucket_view=False`, the default).
@@ -97,11 +101,12 @@ def state_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB) -> dict:
     return out
 
 
-def buffer_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB) -> int:
-    """Communication buffers and gathered copies on top of the state (see the module doc)."""
+def buffer_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB, grad_bytes=FP32) -> int:
+    """Communication buffers and gathered copies on top of the state (see the module doc);
+    grad_bytes: a gradient's (2 with step 15's bf16 weights: DDP's buckets are bf16)."""
     pc = param_counts(cfg, vocab)
     if mode == "ddp":  # gradient buckets; a world of one is not wrapped in DDP (step 11)
-        return FP32 * pc["total"] if world > 1 else 0
+        return grad_bytes * pc["total"] if world > 1 else 0
     if mode == "fsdp2":
         root = 2 * FP32 * pc["root"]  # gathered root params + their full grads
         blocks = (2 + 1) * FP32 * pc["block"] if cfg["n_layers"] else 0
@@ -210,6 +215,8 @@ def predict(
     kind = step_kind(step)
     if batch is None:
         batch = ladder.rung(step).batch(cfg)
+    # bf16 weights (where bf16 is on): no autocast copies, bf16 gradients in DDP's buckets
+    bf16_weights = act_bytes == 2 and ladder.rung(step).memory.bf16_weights
     return Prediction(
         preset=name,
         world=world,
@@ -219,9 +226,9 @@ def predict(
         act_bytes=act_bytes,
         params=param_counts(cfg, vocab)["total"],
         state_bytes=state_bytes(cfg, world, mode, vocab)["total"],
-        buffer_bytes=buffer_bytes(cfg, world, mode, vocab),
+        buffer_bytes=buffer_bytes(cfg, world, mode, vocab, 2 if bf16_weights else FP32),
         activation_bytes=activation_bytes(cfg, batch, kind, act_bytes, flash, vocab)
-        + (autocast_copy_bytes(cfg, vocab) if act_bytes == 2 else 0),
+        + (autocast_copy_bytes(cfg, vocab) if act_bytes == 2 and not bf16_weights else 0),
     )
 
 

@@ -1,0 +1,89 @@
+"""Step 15: bf16 working weights, fp32 master weights for AdamW (`MasterWeights`).
+
+In-process, on the step's own class: the model computes in bf16 while AdamW updates fp32
+copies, so an update too small for bf16 still accumulates; where bf16 is off the step is step
+12's run (the optimizer gets the model's own parameters). The whole step trains in both
+numeric regimes in tests/test_ladder.py (fp32 in the fast suite; compiled bf16 in the slow one).
+"""
+
+import pytest
+import torch
+from conftest import load_step
+
+STEP = "15_bf16_weights"
+
+
+@pytest.fixture(scope="module")
+def step15():
+    return load_step(STEP)
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def train(model, weights, opt, steps=3):
+    torch.manual_seed(1)
+    for _ in range(steps):
+        opt.zero_grad()
+        x = torch.randn(5, 8, dtype=next(model.parameters()).dtype)
+        model(x).float().square().mean().backward()
+        weights.step(opt)
+
+
+def test_bf16_model_fp32_masters(step15):
+    model = tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    weights = step15.MasterWeights(model, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(m.dtype == torch.float32 for m in weights.master)
+    assert all(torch.equal(m, b) for m, b in zip(weights.master, before, strict=True))
+    # the optimizer's parameters are the masters, not the model's
+    opt = torch.optim.AdamW(weights.master, lr=1e-2)
+    train(model, weights, opt)
+    for m, w, b in zip(weights.master, model.parameters(), before, strict=True):
+        assert not torch.equal(m, b)  # AdamW moved the masters
+        assert torch.equal(w, m.to(torch.bfloat16))  # the working weights are them, rounded
+        assert m.grad.dtype == torch.float32 and w.grad is None  # bf16 gradients freed
+    state = opt.state[weights.master[0]]
+    assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
+
+
+def test_updates_too_small_for_bf16_accumulate_in_the_master(step15):
+    """A weight of 1.0 and updates of 2^-10: each would round away in bf16 (its step at 1.0 is
+    2^-7), and 200 of them move the master by ~0.2 and the bf16 weight with it."""
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    weights = step15.MasterWeights(model, torch.bfloat16)
+    opt = torch.optim.SGD(weights.master, lr=2**-10)
+    for _ in range(200):
+        opt.zero_grad()
+        model(torch.ones(1, 1, dtype=torch.bfloat16)).float().sum().backward()  # grad 1.0
+        weights.step(opt)
+    assert weights.master[0].item() == pytest.approx(1 - 200 * 2**-10, abs=1e-6)
+    assert model.weight.item() == pytest.approx(0.8047, abs=2**-7)  # bf16 of the master
+    # the same updates on a bf16 weight itself are lost: 1.0 - 2^-10 rounds back to 1.0
+    w = torch.ones(1, dtype=torch.bfloat16)
+    for _ in range(200):
+        w -= 2**-10
+    assert w.item() == 1.0
+
+
+def test_bf16_off_is_step_12(step15):
+    """dtype None (bf16 off here, step 05): the model stays fp32, the optimizer gets its own
+    parameters, and a step is optimizer.step() on them: the same floats as without the class."""
+    a, b = tiny_model(), tiny_model()
+    weights = step15.MasterWeights(a, None)
+    assert weights.master is weights.working and all(p.dtype == torch.float32 for p in a.parameters())
+    opt_a = torch.optim.AdamW(weights.master, lr=1e-2)
+    opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2)
+
+    class Plain:
+        def step(self, opt):
+            opt.step()
+
+    train(a, weights, opt_a)
+    train(b, Plain(), opt_b)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
