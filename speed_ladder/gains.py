@@ -4,8 +4,11 @@ round, with an interval, a verdict, and the noise floor that verdict is judged a
 - **Pairs.** `python -m speed_ladder run --repeats K` runs K rounds (every step once per round), so
   a step and its predecessor are measured minutes apart in each round. A record's round is
   `sweep.round` (`sweep.repeat` in records from before rounds: then the i-th run of each step).
-  The previous step is the one before it in the tag that has results (normally NN-1; in a
-  `-xN` tag, the previous distributed step).
+  The previous step is the rung it builds on (its `after` in speed_ladder/data/ladder.json:
+  normally the file before it, NN-1, but `"after": "12"` makes step 15's effect its gain over
+  step 12), where the tag has it with ok runs; none where the tag lacks that step or it has
+  no ok run (in a `-xN` tag the first distributed step has none). A step this checkout's
+  registry lacks is taken over the row before it.
 - **gain_vs_prev** is the median over rounds of (this step's tok/s / the previous step's tok/s,
   same round); `mem_vs_prev` the same for peak reserved memory.
 - **Interval** `[lo, hi]`: the min and max of those per-round ratios (not a bootstrap). With K
@@ -27,6 +30,8 @@ round, with an interval, a verdict, and the noise floor that verdict is judged a
 import math
 import statistics
 from dataclasses import dataclass
+
+from speed_ladder import ladder
 
 NO_CHANGE, ONE_ROUND, INACTIVE = "no change", "one round: no interval", "inactive"
 MIN_EFFECT = 0.01  # |ratio - 1| below this is "no change", however tight the interval
@@ -144,21 +149,26 @@ COLUMNS = [
 NUMBERS = [c for c in COLUMNS if c not in ("prev_step", "verdict", "mem_verdict", "noise_source")]
 
 
+def measured(row: dict | None, used: dict[str, list[dict]]) -> bool:
+    """Whether a summary row has ok runs to be the base of another step's effect or parity."""
+    return row is not None and bool(used.get(row["step"])) and row.get("status") == "ok"
+
+
 def add_effects(rows: list[dict], used: dict[str, list[dict]], control: list[dict]) -> Floor:
     """Fill each summary row's effect columns from the runs it summarizes (`used`, by step): each
-    step over the row before it, the previous step of the ladder, where both have ok runs."""
+    step over the rung it builds on (ladder.bases: its `after`, normally the row before it),
+    where both have ok runs."""
     first = next((r["step"] for r in rows if r["step"] in used), None)
     floor = noise_floor(used, control, first)
-    prev = None
-    for row in rows:
+    by_step = {r["step"]: r for r in rows}
+    for row, prev in zip(rows, ladder.bases([r["step"] for r in rows]), strict=True):
         runs = used.get(row["step"])
         row.update(noise_floor=floor.tps, mem_noise_floor=floor.mem, noise_source=floor.source)
         if not runs or row.get("status") != "ok":
-            # the next step's own effect is over this one: none where it has no ok run (a
-            # ratio over an earlier step would hold this step's effect too; parity.py alike)
-            prev = None
             continue
-        if prev is not None:
+        # none where the base has no ok run (a ratio over an earlier step would hold the
+        # base's own effect too; parity.py alike)
+        if measured(by_step.get(prev), used):
             g = effect(per_round(used[prev], TPS), per_round(runs, TPS), floor.tps,
                        "faster", "slower")  # fmt: skip
             m = effect(per_round(used[prev], MEM), per_round(runs, MEM), floor.mem, "more", "less")
@@ -167,7 +177,6 @@ def add_effects(rows: list[dict], used: dict[str, list[dict]], control: list[dic
                        mem_vs_prev_lo=m.lo, mem_vs_prev_hi=m.hi, mem_verdict=m.verdict)  # fmt: skip
         if row.get("step_active") is False:
             row["verdict"] = INACTIVE
-        prev = row["step"]
     return floor
 
 

@@ -4,12 +4,14 @@ them, and which of them a results tag of N processes holds.
 What a rung is lives in one place, speed_ladder/data/ladder.json, one entry per step file: what it
 changes (memory terms, precision, compiled, distributed), its README line, its loss-parity rule,
 what makes it inactive on a device, how the lease plan times it unmeasured, and the summary file
-that copies it. An entry states only what its rung changes; the loader folds the entries in
-order, so each `Step` carries the whole state. The memory model, the spec, parity, the lease plan,
-the inactive checks, the README table, the charts and the tests read it here, and no code
-elsewhere compares step numbers or greps a step's source (tests/test_no_step_literals.py). A new
-rung is its file plus one entry (docs/developing.md, Add a rung).
-"""
+that copies it. An entry states only what its rung changes over the rung it builds on (`after`:
+the file before it unless the entry names an earlier rung); the loader folds each entry onto
+that rung's state, so each `Step` carries the whole state. The memory model, the spec, parity,
+the lease plan, the inactive checks, the README table, the charts and the tests read it here,
+and no code elsewhere compares step numbers or greps a step's source
+(tests/test_no_step_literals.py). A new rung is its file plus one entry (docs/developing.md, Add
+a rung); whatever pairs a rung with the rung before it takes `after` from here (`bases`,
+`descendants`, `skips`)."""
 
 import difflib
 import json
@@ -103,6 +105,7 @@ class Step:
     inactive: Inactive | None = None
     lease: dict | None = None  # {"like": num, "factor": f, "why": ...}: timed as rung `like`
     summary_file: str | None = None  # a file at the root that copies this rung
+    after: str | None = None  # the rung this one is "that rung + one idea" of; None: the first
 
     @property
     def rel(self) -> str:
@@ -141,7 +144,8 @@ def _entries(path: Path) -> dict[str, dict]:
 
 
 def _fold(state: dict, e: dict, where: str) -> dict:
-    """The state after a rung: the one before it with the entry's `changes`, checked."""
+    """The state after a rung: the one it builds on (`after`) with the entry's `changes`,
+    checked."""
     changes = e.get("changes") or {}
     for k, v in changes.items():
         if k not in TERMS or v not in TERMS[k]:
@@ -157,7 +161,7 @@ def _fold(state: dict, e: dict, where: str) -> dict:
     return state
 
 
-def _step(f: Path, e: dict, state: dict, where: str) -> Step:
+def _step(f: Path, e: dict, state: dict, where: str, after: str | None) -> Step:
     memory = Memory(**{k: state[k] for k in Memory.__dataclass_fields__})
     inactive = e.get("inactive")
     try:
@@ -166,7 +170,20 @@ def _step(f: Path, e: dict, state: dict, where: str) -> Step:
         raise UserError(f"{where}: inactive {inactive}: {err}") from None
     return Step(f.name[:2], f, step_title(f), state["distributed"], state["compiled"], memory,
                 e.get("summary", ""), e.get("parity") or {}, inactive, e.get("lease"),
-                e.get("summary_file"))  # fmt: skip
+                e.get("summary_file"), after)  # fmt: skip
+
+
+def _after(e: dict, earlier: list[str], where: str) -> str | None:
+    """The rung an entry builds on: its `after`, which must name a rung before it in file
+    order; without one, the file before it (None for the first)."""
+    if "after" not in e:
+        return earlier[-1] if earlier else None
+    after = e["after"]
+    if not isinstance(after, str) or after not in earlier:
+        known = f"steps {earlier[0]}-{earlier[-1]}" if earlier else "none: it is the first rung"
+        raise UserError(f"{where}: after {after!r} is not a rung before it in file order "
+                        f"({known})")  # fmt: skip
+    return after
 
 
 def _check_parity(e: dict, where: str) -> None:
@@ -183,7 +200,8 @@ def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step
     speed_ladder/data/ladder.json for this checkout, where every step file needs an entry and
     every entry a step file; another ladder's (`--ladder-dir`, the tests' fixtures) is its own
     ladder.json if it has one, and a step file without an entry there is a plain rung (fp32,
-    eager, one process)."""
+    eager, one process). Each rung's state is the rung's `after` (default: the file before it)
+    with the entry's `changes`."""
     ladder_dir = Path(ladder_dir).resolve()
     strict = registry is not None or ladder_dir == ROOT.resolve()
     if registry is None:
@@ -191,8 +209,8 @@ def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step
     entries = _entries(registry) if strict or registry.is_file() else {}
     files = [ladder_dir / "00_orig.py"] if (ladder_dir / "00_orig.py").is_file() else []
     files += sorted((ladder_dir / "steps").glob("[0-9][0-9]_*.py"))
-    steps, seen = [], set()
-    state = {"precision": "fp32", "attention": "materialized", "vocab": "gpt2",
+    steps, seen, states = [], [], {}
+    initial = {"precision": "fp32", "attention": "materialized", "vocab": "gpt2",
              "batch": "batch_size", "loss": "logits", "checkpointing": False, "state": "single",
              "compiled": False, "distributed": False} if not strict else {}  # fmt: skip
     reg = _rel(registry)
@@ -200,7 +218,7 @@ def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step
         num = f.name[:2]
         if num in seen:
             raise UserError(f"two scripts for step {num} in {ladder_dir}: check steps/{num}_*.py")
-        seen.add(num)
+        seen.append(num)
         e = entries.get(num)
         rel = _rel(f, ladder_dir)
         if e is None and strict:
@@ -211,11 +229,12 @@ def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step
             raise UserError(f"{where}: file {e['file']} is not {rel}")
         if strict and steps:
             _check_parity(e, where)
-        state = _fold(state, e, where)
-        steps.append(_step(f, e, state, where))
+        after = _after(e, seen[:-1], where)
+        states[num] = _fold(states[after] if after else initial, e, where)
+        steps.append(_step(f, e, states[num], where, after))
     if not steps:
         raise UserError(f"no step scripts in {ladder_dir} (00_orig.py, steps/NN_*.py)")
-    extra = sorted(set(entries) - seen)
+    extra = sorted(set(entries) - set(seen))
     if extra:
         raise UserError(f"{reg}: rung {', '.join(extra)} has no step file in {ladder_dir}")
     return steps
@@ -254,6 +273,31 @@ def step_of(path: Path | str) -> str:
 def first(pred, steps=None) -> Step | None:
     """The first rung of `steps` (this checkout's) for which pred(step) holds, or None."""
     return next((s for s in (rungs() if steps is None else steps) if pred(s)), None)
+
+
+def descendants(num: str, steps=None) -> list[Step]:
+    """The rungs of `steps` (this checkout's) that build on rung `num`, directly or through
+    others (`after`), in file order: where a change to `num` must go on."""
+    tree, out = {num}, []
+    for s in rungs() if steps is None else steps:
+        if s.after in tree:
+            tree.add(s.num)
+            out.append(s)
+    return out
+
+
+def skips(steps: list[Step]) -> list[bool]:
+    """For each rung of `steps`: whether it builds on another rung than the file before it (an
+    `after` of its own), which the README's ladder table and LADDER.md say."""
+    return [s.after != (b.num if b else None) for b, s in zip([None, *steps], steps, strict=False)]
+
+
+def bases(nums: list[str]) -> list[str | None]:
+    """For each step of `nums` (a results tag's steps, in ladder order) the step its effect and
+    loss parity are judged against: its rung's `after` where it is a rung of this checkout,
+    else the step before it in `nums` (None for the first)."""
+    after = {s.num: s.after for s in rungs()}
+    return [after[n] if n in after else (nums[i - 1] if i else None) for i, n in enumerate(nums)]
 
 
 def inactive_helpers() -> dict[str, str]:

@@ -3,8 +3,10 @@ previous step's under the tolerance stated for it (each rung's `parity` in
 speed_ladder/data/ladder.json; the regimes in speed_ladder/data/loss_parity.json).
 
 Every step of a sweep or of the tests trains with the same seed and data, so neighbours' first
-losses compare. How close they must be depends on what the step changes and on the numbers it
-computes with, its **regime**, which every record keeps (`regime`):
+losses compare; a step's neighbour is the rung it builds on (its `after` in
+speed_ladder/data/ladder.json, normally the file before it). How close they must be depends on
+what the step changes and on the numbers it computes with, its **regime**, which every record
+keeps (`regime`):
 
 - `fp32`: IEEE fp32 matmuls (a CPU; a GPU before step 02 or without TF32);
 - `tf32`: fp32 matmuls on TF32 tensor cores (CUDA, compute capability >= 8.0, step 02 on);
@@ -26,7 +28,8 @@ rule covers its preset or length, or a step says its runs do not compare there: 
 stream) and `presets` (its own tolerance holds on those presets only: a larger batch sees
 other data, and how far its losses part depends on the preset). A step is compared with the
 step before it in the ladder, never across a step its tag lacks. Such a pair is `not
-comparable`, with the reason, never `ok` or `off`.
+comparable`, with the reason, never `ok` or `off`. "The step before it" is the rung it builds
+on: step 15 with `"after": "12"` is judged against step 12's runs.
 """
 
 import json
@@ -86,7 +89,8 @@ def manifest() -> dict:
 
 
 def _rung_rule(step: str, device: str) -> dict:
-    """Rung `step`'s rule against the rung before it: `cpu` or `cuda` (ladder.json)."""
+    """Rung `step`'s rule against the rung it builds on (`after`): `cpu` or `cuda`
+    (ladder.json)."""
     return ladder.rung(step).parity[device]
 
 
@@ -237,22 +241,28 @@ def pair_runs(step: str, prev_runs: list[dict], runs: list[dict]) -> tuple[str, 
 
 
 def add_columns(rows: list[dict], used: dict[str, list[dict]]) -> None:
-    """Each summary row's `parity` and `parity_detail` against the row before it, the previous
-    step of the ladder (the summary has a row for every step the tag holds, run or not); the
-    first row's stay empty. A rule compares a step with the step it changes: where that step
-    has no ok runs here, the pair is `not comparable`, never judged against an earlier step
-    (step 12 against 10 where 11 was not run differs by all that 11 changes)."""
-    for before, row in zip(rows, rows[1:], strict=False):
-        runs = used.get(row["step"])
-        if not runs or row.get("status") != "ok":
+    """Each summary row's `parity` and `parity_detail` against the row of the rung it builds on
+    (ladder.bases: its `after`, normally the row before it; the summary has a row for every
+    step the tag holds, run or not); a row whose base the tag does not hold (the first) stays
+    empty. A rule compares a step with the step it changes: where that step has no ok runs
+    here, the pair is `not comparable`, never judged against an earlier step (step 12 against
+    10 where 11 was not run differs by all that 11 changes)."""
+    from speed_ladder.gains import measured
+
+    by_step = {r["step"]: r for r in rows}
+    bases = ladder.bases([r["step"] for r in rows])
+    for i, (row, base) in enumerate(zip(rows, bases, strict=True)):
+        runs, before = used.get(row["step"]), by_step.get(base)
+        if not runs or row.get("status") != "ok" or before is None:
             continue
-        if not used.get(before["step"]) or before.get("status") != "ok":
+        if not measured(before, used):
             state = before.get("status") or "not run"
             why = "was not run" if state == "not run" else f"has no ok run ({state})"
+            rung = "before it" if i and rows[i - 1] is before else "it builds on (its `after`)"
             row["parity"] = NOT_COMPARABLE
             row["parity_detail"] = (
-                f"not comparable without step {before['step']}: it {why} in this tag, and a "
-                "step is judged against the step before it"
+                f"not comparable without step {base}: it {why} in this tag, and a step is "
+                f"judged against the step {rung}"
             )
             continue
         got = pair_runs(row["step"], used[before["step"]], runs)

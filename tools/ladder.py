@@ -3,9 +3,13 @@
 python tools/ladder.py goldens            # rewrite tests/golden/NN.diff and README's ladder table
 python tools/ladder.py check              # exit 1 if a diff left its golden, or the table is stale
 python tools/ladder.py propagate 00_orig.py [--base REV]
-    # carry the uncommitted change of one file (against REV, default HEAD) into every later
-    # step with `git merge-file` (a 3-way merge: later file, old file, new file), then copy
-    # step 10 / 11 onto the summary files. Conflicts are left marked for you to resolve.
+    # carry the uncommitted change of one file (against REV, default HEAD) into every step that
+    # builds on it (its `after`, transitively; by default every later step) with
+    # `git merge-file` (a 3-way merge: later file, old file, new file), then copy step 10 / 11
+    # onto the summary files. Conflicts are left marked for you to resolve.
+
+A rung's golden diff, tests/golden/NN.diff, is against the rung it builds on: the registry's
+`after` (speed_ladder/data/ladder.json), by default the file before it.
 """
 
 import argparse
@@ -18,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from speed_ladder.errors import UserError  # noqa: E402
 from speed_ladder.files import ROOT  # noqa: E402
-from speed_ladder.ladder import discover, rungs  # noqa: E402
+from speed_ladder.ladder import descendants, discover, rungs  # noqa: E402
 from speed_ladder.ladder import step_of as _step_of  # noqa: E402
 from speed_ladder.ladder import unified as _unified  # noqa: E402
 from speed_ladder.report import ladder_table  # noqa: E402
@@ -44,9 +48,11 @@ def unified(a: Path, b: Path) -> str:
     return _unified(a, b, ROOT)
 
 
-def pairs():
-    files = ladder()
-    return [(files[i - 1], files[i]) for i in range(1, len(files))]
+def pairs() -> list[tuple[Path, Path]]:
+    """(the file of the rung it builds on, the file) for every rung but the first."""
+    steps = discover(ROOT)
+    path = {s.num: s.path for s in steps}
+    return [(path[s.after], s.path) for s in steps if s.after is not None]
 
 
 def goldens() -> None:
@@ -78,10 +84,12 @@ def check() -> int:
 
 
 def propagate(name: str, base: str) -> int:
-    files = ladder()
+    steps = discover(ROOT)
+    files = [s.path for s in steps]
     changed = (ROOT / name).resolve()
     if changed not in files:
         sys.exit(f"{name} is not a ladder file")
+    later = [s.path for s in descendants(step_of(changed), steps)]
     old = subprocess.run(["git", "show", f"{base}:{changed.relative_to(ROOT).as_posix()}"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
     conflicts = 0
@@ -89,11 +97,11 @@ def propagate(name: str, base: str) -> int:
         old_path, new_path = Path(tmp) / "old.py", Path(tmp) / "new.py"
         old_path.write_text(old)
         shutil.copy(changed, new_path)
-        for later in files[files.index(changed) + 1 :]:
-            r = subprocess.run(["git", "merge-file", "-L", later.name, "-L", "old", "-L", "new",
-                                str(later), str(old_path), str(new_path)])  # fmt: skip
+        for f in later:
+            r = subprocess.run(["git", "merge-file", "-L", f.name, "-L", "old", "-L", "new",
+                                str(f), str(old_path), str(new_path)])  # fmt: skip
             conflicts += max(r.returncode, 0)
-            print(f"{later.relative_to(ROOT)}: {'CONFLICT' if r.returncode else 'merged'}")
+            print(f"{f.relative_to(ROOT)}: {'CONFLICT' if r.returncode else 'merged'}")
     for name_, step in SUMMARIES.items():
         src = next((p for p in files if step_of(p) == step), None)
         if src:

@@ -7,9 +7,10 @@ previous step: summary `parity`, ok with the largest difference and its bound, *
 detail, n/c where the rule does not hold on that preset; "inactive here" with the reason), then
 the published reference figure, in its own labelled line, and for each GPU tag (its records
 ran on CUDA) a line setting that figure and its step's gain in the published ladder beside the
-tag's own gain (reference.published). Generated from the step files (each diffed against the one
-before, as tests/golden/NN.diff holds it in a checkout) and results/<tag>/summary.csv; edits are
-overwritten."""
+tag's own gain (reference.published). Generated from the step files (each diffed against the rung
+it builds on, its `after`: the one before unless the registry names another, as
+tests/golden/NN.diff holds it in a checkout; the section says "after step NN" where that is not
+the file before) and results/<tag>/summary.csv; edits are overwritten."""
 
 import ast
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import ROOT, atomic_write_bytes
-from speed_ladder.ladder import BASELINE, Step, discover, tag_processes, unified
+from speed_ladder.ladder import BASELINE, Step, discover, skips, tag_processes, unified
 from speed_ladder.report.reference import is_gpu_tag, metric_switch, published, read_reference
 from speed_ladder.report.rows import (
     busy_text,
@@ -69,8 +70,8 @@ def costs(paras: list[str]) -> str | None:
 
 
 def change(step: Step, prev: Step | None) -> list[str]:
-    """The `+` lines step NN's diff against the step before it adds with a `# step NN` tag (a
-    tagged comment brings the lines that follow it)."""
+    """The `+` lines step NN's diff against `prev`, the rung it builds on, adds with a
+    `# step NN` tag (a tagged comment brings the lines that follow it)."""
     if prev is None:
         return []
     try:
@@ -116,7 +117,7 @@ def _measured_row(tag_dir: Path, row: dict) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
-def _measured(step: Step, summaries: list) -> list[str]:
+def _measured(step: Step, summaries: list, against: str = "previous step") -> list[str]:
     rows = []
     for tag_dir, df in summaries:
         for r in df.to_dict("records"):
@@ -124,7 +125,8 @@ def _measured(step: Step, summaries: list) -> list[str]:
                 rows.append(_measured_row(tag_dir, r))
     if not rows:
         return ["Not measured yet in any results tag."]
-    head = ["| tag | tok/s | vs previous step | peak memory vs previous | loss parity | status |",
+    short = "previous" if against == "previous step" else against
+    head = [f"| tag | tok/s | vs {against} | peak memory vs {short} | loss parity | status |",
             "|---|--:|---|---|---|---|"]  # fmt: skip
     return head + rows
 
@@ -185,13 +187,19 @@ def _published(step: Step, summaries, ref) -> list[str]:
             f"2.6{metric}):", "", *lines, ""]  # fmt: skip
 
 
-def _section(step: Step, prev: Step | None, summaries, ref, base: Path) -> list[str]:
+def _section(step: Step, prev: Step | None, summaries, ref, base: Path, skip: bool = False):
+    """A step's section; `prev` the rung it builds on, `skip` when that is not the file before
+    it (the section then says "after step NN")."""
     paras = paragraphs(step)
     out = [f"## {step.num} · {step.title}", ""]
     where = f"[`{step.rel}`]({Path(os.path.relpath(step.path, base)).as_posix()})"
     diff = GOLDEN / f"{step.num}.diff"
+    against = f"step {prev.num}" if skip and prev is not None else None
+    if against:
+        where = f"*after {against}* (not the file before it) · {where}"
     if diff.is_file():
-        where += f" · [diff against the previous step]({os.path.relpath(diff, base)})"
+        link = os.path.relpath(diff, base)
+        where += f" · [diff against {against or 'the previous step'}]({link})"
     out += [where, ""]
     lines = change(step, prev)
     if lines:
@@ -204,7 +212,7 @@ def _section(step: Step, prev: Step | None, summaries, ref, base: Path) -> list[
     cost = costs(paras)
     if cost or step.num != BASELINE:
         out += [f"**What it costs.** {cost or 'Not stated in the step docstring yet.'}", ""]
-    out += ["**Measured effect.**", "", *_measured(step, summaries), ""]
+    out += ["**Measured effect.**", "", *_measured(step, summaries, against or "previous step"), ""]
     return out + _reference(step, ref) + _published(step, summaries, ref)
 
 
@@ -236,8 +244,13 @@ def page_markdown(tag_dirs, base: Path, root: Path = ROOT) -> str:
         "",
     ]
     steps = discover(root)
-    for prev, step in zip([None, *steps], steps, strict=False):
-        out += _section(step, prev, summaries, ref, base)
+    by_num = {s.num: s for s in steps}
+    skipping = skips(steps)
+    if any(skipping):
+        out[-2] += (" A step that says *after step NN* is that step's file plus one idea, and "
+                    "is measured and diffed against it.")  # fmt: skip
+    for step, skip in zip(steps, skipping, strict=True):
+        out += _section(step, by_num.get(step.after), summaries, ref, base, skip)
     return "\n".join(out).rstrip() + "\n"
 
 

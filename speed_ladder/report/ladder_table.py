@@ -1,13 +1,14 @@
 """The README's ladder table (file, step, what it changes), written from the registry
 (speed_ladder/data/ladder.json: each rung's `summary`) between two markers in README.md.
 `python tools/ladder.py goldens` writes it and `check` fails where it is stale, so a new rung's
-row comes with its entry."""
+row comes with its entry. A rung that builds on another than the file before it (its `after`)
+says so first: "after 12: ..."."""
 
 from pathlib import Path
 
 from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT, atomic_write_bytes
-from speed_ladder.ladder import Step
+from speed_ladder.ladder import Step, skips
 
 BEGIN = "<!-- ladder:begin (python tools/ladder.py goldens writes this table) -->"
 END = "<!-- ladder:end -->"
@@ -15,7 +16,9 @@ END = "<!-- ladder:end -->"
 
 def ladder_table(steps: list[Step]) -> str:
     rows = ["| file | step | what it changes |", "|---|---|---|"]
-    rows += [f"| `{s.rel}` | {s.num} | {s.summary} |" for s in steps]
+    for s, skip in zip(steps, skips(steps), strict=True):
+        after = f"after {s.after}: " if skip else ""
+        rows.append(f"| `{s.rel}` | {s.num} | {after}{s.summary} |")
     return "\n".join(rows)
 
 

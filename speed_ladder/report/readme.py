@@ -2,15 +2,15 @@
 between `<!-- results:begin -->` and `<!-- results:end -->` (the rest of the README untouched).
 
 Per step: tok/s, its own effect over the previous step with the interval and verdict (rows.py's
-`effect_text`), the speedup over step 00, peak memory, MFU, val loss, loss parity with the
-previous step (summary `parity`: ok, **off**, n/c where the rule does not hold, with the off
-and n/c steps named under the table) and status; a step measured
-while the machine was busy says so in its status, an inactive step in its effect cell and in a
-line under the table, and a line says how to read the interval for this tag's rounds. A tag of N
-processes shows the scaling efficiency over its steps' 1-process runs and each rank's peak beside
-the memory model's prediction. A GPU tag's table (its records ran on CUDA) sets the published A100
-figure of each step beside it, with that step's gain in the published ladder (reference.py), and
-says under the table that those are Raschka's figures, not measured here."""
+`effect_cell`; `vs NN: ` first where the step builds on another rung, its `after`), the speedup over
+step 00, peak memory, MFU, val loss, loss parity with the previous step (summary `parity`: ok,
+**off**, n/c where the rule does not hold, with the off and n/c steps named under the table) and
+status; a step measured while the machine was busy says so in its status, an inactive step in its
+effect cell and in a line under the table, and a line says how to read the interval for this tag's
+rounds. A tag of N processes shows the scaling efficiency over its steps' 1-process runs and each
+rank's peak beside the memory model's prediction. A GPU tag's table (its records ran on CUDA) sets
+the published A100 figure of each step beside it, with that step's gain in the published ladder
+(reference.py), and says under the table that those are Raschka's figures, not measured here."""
 
 import os
 import sys
@@ -33,7 +33,7 @@ from speed_ladder.report.reference import (
 from speed_ladder.report.rows import (
     busy_text,
     describe,
-    effect_text,
+    effect_cell,
     floor_text,
     inactive,
     mfu_flag,
@@ -135,7 +135,7 @@ def _row(r: dict, published: str | None = None) -> str:
         r["step"],
         r.get("title") or "",
         _fmt(r.get("tokens_per_sec_median") if ok else None, ",.0f"),
-        effect_text(r),
+        effect_cell(r),
         *([] if published is None else [published]),
         "–" if speed is None else speedup_text(speed),
         _fmt(r.get("peak_reserved_gib") if ok else None, ".2f"),
@@ -158,7 +158,7 @@ def _row_n(r: dict, published: str | None = None) -> str:
         r.get("title") or "",
         _fmt(r.get("tokens_per_sec_median") if ok else None, ",.0f"),
         eff,
-        effect_text(r),
+        effect_cell(r),
         *([] if published is None else [published]),
         per_rank if ok else "–",
         _fmt(r.get("predicted_peak_gib") if ok else None, ".2f"),

@@ -1,6 +1,7 @@
 """A summary's rows read back, for people: numbers from cells, the effect of a step over the
 previous one as one cell, the busy and inactive marks, and the terminal table. The README table
-(readme.py), the charts and the ladder page use the same cells, so they say the same thing."""
+(readme.py), the charts and the ladder page use the same cells, so they say the same thing; a
+step's effect over a rung other than the file before it (its `after`) names that rung."""
 
 import math
 
@@ -103,6 +104,17 @@ def effect_text(row: dict, prefix: str = "gain_vs_prev", verdict: str = "verdict
     return f"{cell} {v}" if v else cell
 
 
+def effect_cell(row: dict) -> str:
+    """effect_text, with 'vs 12: ' first where the step's effect is over another rung than the
+    file before it (its `after` in the registry), which a "vs previous step" column would hide."""
+    from speed_ladder import ladder
+
+    cell, base = effect_text(row), text(row.get("prev_step"))
+    steps = list(ladder.rungs())
+    skipping = {s.num for s, skip in zip(steps, ladder.skips(steps), strict=True) if skip}
+    return f"vs {base}: {cell}" if cell != "–" and base and row.get("step") in skipping else cell
+
+
 def busy_text(row: dict) -> str | None:
     """'busy: 2/3 runs, up to 1.30 cores' when other processes were busy during its runs."""
     n = int(number(row.get("busy_runs")) or 0)
@@ -162,7 +174,7 @@ def format_table(df) -> str:
                 r["step"],
                 str(r["title"])[:42],
                 num(r["tokens_per_sec_median"], "{:,.0f}"),
-                effect_text(r).replace("–", "-"),
+                effect_cell(r).replace("–", "-"),
                 num(r["speedup_vs_00"], "{:.2f}x"),
                 num(r["peak_reserved_gib"], "{:.2f}"),
                 "invalid" if flag else num(None if mfu is None else mfu * 100, "{:.1f}%"),
