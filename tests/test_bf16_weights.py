@@ -76,7 +76,8 @@ def test_bf16_off_is_step_12(step15):
     parameters, and a step is optimizer.step() on them: the same floats as without the class."""
     a, b = tiny_model(), tiny_model()
     weights = step15.MasterWeights(a, None)
-    assert weights.master is weights.working and all(p.dtype == torch.float32 for p in a.parameters())
+    assert weights.master is weights.working
+    assert all(p.dtype == torch.float32 for p in a.parameters())
     opt_a = torch.optim.AdamW(weights.master, lr=1e-2)
     opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2)
 
