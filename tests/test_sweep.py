@@ -398,8 +398,8 @@ def test_discover_titles_and_ddp():
     assert ladder[0].num == "00" and by["00"].title == "the baseline"
     assert by["08"].title == "torch.compile"
     assert [s.num for s in ladder] == sorted(by)
-    # distributed: the steps that set up a process group, 11 (DDP) to 14 (FSDP2)
-    assert [s.num for s in ladder if s.distributed] == ["11", "12", "13", "14"]
+    # distributed: the steps that set up a process group, 11 (DDP) on (15 builds on 12)
+    assert [s.num for s in ladder if s.distributed] == ["11", "12", "13", "14", "15"]
     fixture = discover(FIXTURES / "ladder_ok")
     assert [s.distributed for s in fixture] == [False, False, True, False]
 

@@ -232,7 +232,10 @@ def _tag_section(tag_dir: Path, base: Path) -> list[str]:
             "",
         ]
     if skipped:
-        lines += [f"Not run in this tag: steps {', '.join(skipped)}.", ""]
+        lines += [
+            f"Not run in this tag: step{'s' if len(skipped) > 1 else ''} {', '.join(skipped)}.",
+            "",
+        ]
     for extra in (by_hand.line(tag_dir), corrections_line(tag_dir)):
         if extra:
             lines += [_cell(extra), ""]
