@@ -39,6 +39,7 @@ TERMS = {
     "state": ("single", "ddp", "fsdp2"),
     "compiled": (False, True),  # torch.compile: the sweep times its compile
     "distributed": (False, True),  # sets up a process group: launched through torchrun
+    "dropout": ("preset", "off"),  # off: dropout 0 whatever the preset says (no masks)
 }
 
 
@@ -53,6 +54,7 @@ class Memory:
     loss: str
     checkpointing: bool
     state: str
+    dropout: str = "preset"  # "off": the rung trains without dropout
 
     @property
     def bf16_autocast(self) -> bool:
@@ -211,8 +213,9 @@ def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step
     files += sorted((ladder_dir / "steps").glob("[0-9][0-9]_*.py"))
     steps, seen, states = [], [], {}
     initial = {"precision": "fp32", "attention": "materialized", "vocab": "gpt2",
-             "batch": "batch_size", "loss": "logits", "checkpointing": False, "state": "single",
-             "compiled": False, "distributed": False} if not strict else {}  # fmt: skip
+               "batch": "batch_size", "loss": "logits", "checkpointing": False, "state": "single",
+               "compiled": False, "distributed": False, "dropout": "preset"}  # fmt: skip
+    initial = initial if not strict else {}
     reg = _rel(registry)
     for f in files:
         num = f.name[:2]

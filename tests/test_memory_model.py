@@ -63,7 +63,7 @@ def test_fit_table_grows_with_sharding():
     assert mm.largest_fit("14", 4, 24) == "gpt2-xl"
     assert mm.largest_fit("13", 1, 24) != "gpt2-xl"  # 26 GB of state alone
     table = mm.fit_table()
-    assert table.count("\n") == 7 and "| 14 |" in table and "| 15 |" in table
+    assert table.count("\n") == 8 and "| 14 |" in table and "| 16 |" in table
 
 
 def test_memory_model_command_prints_the_table():

@@ -215,6 +215,8 @@ def predict(
     kind = step_kind(step)
     if batch is None:
         batch = ladder.rung(step).batch(cfg)
+    if ladder.rung(step).memory.dropout == "off":  # step 16: no masks whatever the preset says
+        cfg = {**cfg, "drop_rate": 0.0}
     # bf16 weights (where bf16 is on): no autocast copies, bf16 gradients in DDP's buckets
     bf16_weights = act_bytes == 2 and ladder.rung(step).memory.bf16_weights
     return Prediction(
@@ -319,8 +321,8 @@ def predict_run(shape: dict, step: str, world: int, batch: int, bf16: bool | Non
     CPU only without dropout: SDPA's math path otherwise), GPT-2's vocabulary padded from step
     09; the mode from the step unless the model says (`detect_mode`)."""
     act = act_bytes_of(step, bf16, device_type)
-    drop = (shape.get("drop_rate") or 0) > 0
     m = ladder.rung(step).memory
+    drop = (shape.get("drop_rate") or 0) > 0 and m.dropout != "off"
     flash = m.flash and (device_type == "cuda" or not drop)  # CPU + dropout: math SDPA
     if vocab is None:
         vocab = VOCAB if m.padded_vocab else GPT2_VOCAB
