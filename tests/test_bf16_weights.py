@@ -88,3 +88,32 @@ def test_bf16_off_is_step_12(step15):
     train(a, weights, opt_a)
     train(b, Plain(), opt_b)
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_the_update_never_waits_for_the_device(step15, monkeypatch):
+    """MasterWeights.step reads no number back (no `.item()`, `.tolist()` or synchronize): on a
+    GPU it queues its copies and AdamW's kernels behind backward without draining the GPU
+    (the whole step 15 is counted so in tests/test_clock.py, slow: emulated bf16)."""
+    model = tiny_model()
+    weights = step15.MasterWeights(model, torch.bfloat16)
+    opt = torch.optim.AdamW(weights.master, lr=1e-2, fused=True)
+    calls = []
+
+    def counting(name, real):
+        def wrapper(*a, **k):
+            calls.append(name)
+            return real(*a, **k)
+
+        return wrapper
+
+    x = torch.randn(5, 8, dtype=torch.bfloat16)
+    model(x).float().square().mean().backward()
+    monkeypatch.setattr(torch.Tensor, "item", counting("item", torch.Tensor.item))
+    monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", torch.Tensor.tolist))
+    monkeypatch.setattr(torch.cuda, "synchronize", counting("sync", torch.cuda.synchronize))
+    weights.step(opt)
+    assert calls == []
+    assert all(
+        torch.equal(w, m.to(torch.bfloat16))
+        for w, m in zip(model.parameters(), weights.master, strict=True)
+    )
