@@ -102,5 +102,5 @@ def published_note(ref) -> str:
         "*published A100 tok/s (its gain)*: Raschka's **published** figures for the same step "
         "(LLMs-from-scratch ch05/10, one A100, PyTorch 2.6; step 11 on 4x A100), not measured "
         "here, and that step's gain over his previous step." + metric + " *–*: his ladder has no "
-        "such step (12-14), or it ran on another number of GPUs than this tag's processes."
+        "such step (12 on), or it ran on another number of GPUs than this tag's processes."
     )
