@@ -205,7 +205,7 @@ def cross_entropy(logits, targets):  # (N, V), (N,) -> mean loss
 
 
 def calc_loss_batch(input_batch, target_batch, model):
-    logits = model(input_batch).float()  # (B, T, V); step 15: evaluation's loss from fp32 logits
+    logits = model(input_batch).float()  # step 15: (B, T, V) in fp32 for evaluation's loss
     return cross_entropy(logits.flatten(0, 1), target_batch.flatten())  # step 08
 
 
