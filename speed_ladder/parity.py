@@ -173,9 +173,18 @@ def not_comparable(step: str, prev_rec: dict, cur_rec: dict) -> str | None:
         where = ", ".join(sorted(presets - set(only)))
         return f"not comparable on preset {where}: {r.get('elsewhere') or 'see the manifest'}"
     rates = [d for d in map(drop_rate, presets) if d]
-    if r.get("dropout") and rates:
+    if r.get("dropout") and rates and not _both_without_dropout(step):
         return f"not comparable with dropout {max(rates):g}: {r['dropout']}"
     return None
+
+
+def _both_without_dropout(step: str) -> bool:
+    """Rung `step` and the rung it builds on both train without dropout (step 16 on): no masks
+    to draw otherwise, whatever the preset's drop_rate."""
+    rungs = {s.num: s for s in ladder.rungs()}
+    cur = rungs.get(step)
+    base = rungs.get(cur.after) if cur and cur.after else None
+    return bool(cur and base) and cur.memory.dropout == base.memory.dropout == "off"
 
 
 OK, OFF, NOT_COMPARABLE = "ok", "off", "not comparable"

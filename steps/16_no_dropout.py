@@ -13,11 +13,10 @@ dropout; on `tiny`, which has none, the same floats), and what it gains is work 
 Why: the masks go (one byte per element of every dropped activation, kept for backward), the
 attention kernels run without their random number generator, and on a CPU
 scaled_dot_product_attention can take its fused (flash) kernel at all, which refuses any dropout
-above 0 (step 07's note on a CPU). Measured on a 2-core AMD EPYC without native bf16 (cpu
-preset, step 15 with and without dropout, 8 steps, 2 alternating rounds, torch 2.13.0): 143 and
-151 tok/s with dropout 0.1 against 155 and 182 without (1.08x and 1.21x a round), and about 0.15
-GB less peak memory. A GPU is expected to gain in attention (about 12 of step 10's 80 ms a step
-on one H200) and in the fused elementwise kernels; not yet measured there.
+above 0 (step 07's note on a CPU). On one H200, attention took 12.4 of step 10's 80 ms a step
+(its device time by category); a GPU is expected to gain there and in the fused elementwise
+kernels: not yet measured. Where the preset has no dropout (`tiny`) the step changes nothing,
+and its record says so.
 
 Costs: the model: no regularization from dropout, which matters for small data and for
 fine-tuning (Srivastava et al. 2014). Middlemarch is small, so the validation loss may come out
@@ -401,18 +400,19 @@ class MasterWeights:  # step 15
     the optimizer; dtype None: the model stays fp32 and its own parameters are the masters."""
 
     def __init__(self, model, dtype):
-        self.working = list(model.parameters())
-        self.master = self.working
+        self.master = self.working = list(model.parameters())
         if dtype is not None:
             self.master = [nn.Parameter(p.detach().clone()) for p in self.working]  # fp32
-            model.to(dtype)  # the working weights: every activation the model writes is bf16
+            model.to(dtype)  # the working weights: the residual stream and embeddings too
+            self.working = list(model.parameters())  # read after the cast
 
     def step(self, optimizer):
         """optimizer.step() on the fp32 masters with the working gradients, rounded back."""
-        if self.master is self.working:
+        if self.master is self.working:  # bf16 off: the model's own parameters
             return optimizer.step()
         for m, w in zip(self.master, self.working, strict=True):
-            m.grad, w.grad = w.grad.float(), None  # fp32 gradients for AdamW, bf16 ones freed
+            m.grad = None if w.grad is None else w.grad.float()  # fp32 gradients for AdamW
+            w.grad = None  # the bf16 ones freed
         optimizer.step()
         with torch.no_grad():
             torch._foreach_copy_(self.working, self.master)  # the update, rounded to bf16
@@ -436,6 +436,7 @@ def main():
         "qkv_bias": False,  # no bias in the query, key and value projections
     } | run.model_overrides()
     GPT_CONFIG["drop_rate"] = 0.0  # step 16: no dropout, whatever the preset says
+    run.inactive("16", speed_ladder.dropout_already_off(P["drop_rate"]))  # step 16: none to take
     SETTINGS = {
         "learning_rate": P["lr"],
         "num_epochs": P["epochs"],

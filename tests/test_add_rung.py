@@ -55,7 +55,7 @@ assert "no CUDA tolerance" in parity.uncovered("17", "cuda", "gpt2-124m", 4)
 p = PRESETS["gpt2-124m"]
 assert mm.predict_run(p, "17", 4, 32, True, "cuda").total_bytes == \
     mm.predict_run(p, "16", 4, 32, True, "cuda").total_bytes
-assert "| 17 |" in mm.fit_table() and "step 17 x4" in mm.breakdown_table()
+assert "| 17 |" in mm.fit_table() and "step 17 x4" in mm.breakdown_table(["16", "17"])
 assert mm.predict("gpt2-124m").line() == mm.predict("gpt2-124m", step="17").line()
 
 # lease plan: an unmeasured rung is assumed, and planned

@@ -158,3 +158,24 @@ def test_the_h200_tags_parity_reads_what_the_steps_did():
     got = {r["step"]: r.get("parity") for r in rows}
     assert got["07"] == "ok" and got["12"] == "not comparable" and got["10"] == "not comparable"
     assert "off" not in got.values(), got
+
+
+def test_the_dropout_reason_is_left_out_where_a_rung_and_its_base_train_without_dropout(
+    monkeypatch,
+):
+    """`dropout` (another model or other masks with the preset's dropout) names the preset's
+    drop_rate; from step 16 on there is none, so a later rung with such a rule still compares
+    with 16 on the cpu preset, while 16 against 15 (dropout 0.1 there) and 14 do not."""
+    import dataclasses
+
+    from speed_ladder import ladder
+
+    r16 = ladder.rung("16")
+    rule = {"cpu": {"rule": "close", "why": "a later rung", "dropout": "other masks"}}
+    r17 = dataclasses.replace(r16, num="17", after="16", parity={**r16.parity, **rule})
+    real = ladder.rungs()
+    monkeypatch.setattr(ladder, "rungs", lambda: (*real, r17))
+    cpu = {"preset": "cpu"}
+    assert parity.not_comparable("17", cpu, cpu) is None
+    assert parity.not_comparable("16", cpu, cpu).startswith("not comparable with dropout 0.1: ")
+    assert parity.not_comparable("14", cpu, cpu).startswith("not comparable with dropout 0.1: ")

@@ -56,6 +56,8 @@ TIMED = """    # peer (tools/peer.py): STEPS optimizer steps, a synchronize and 
     model.train()
     sync()
     last = time.perf_counter()
+    if len(train_loader) == 0:
+        raise SystemExit("PEER error: the train loader is empty (too little text)")
     while done < STEPS:
         for inp_batch, tgt_batch in train_loader:
             optimizer.zero_grad()

@@ -8,7 +8,7 @@ import torch
 
 
 def process_group():
-    """torch.distributed where a process group is up (steps 11-14 under torchrun), else None."""
+    """torch.distributed where a process group is up (step 11 on, under torchrun), else None."""
     d = torch.distributed
     return d if d.is_available() and d.is_initialized() else None
 

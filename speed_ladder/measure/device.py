@@ -48,7 +48,7 @@ def _local_rank_gpu() -> int:
 
 
 def ddp_backend(device: torch.device) -> str:
-    """The torch.distributed backend of a step's process group (steps 11-14, `ddp_setup`):
+    """The torch.distributed backend of a step's process group (step 11 on, `ddp_setup`):
     $DDP_BACKEND, else nccl on CUDA and gloo elsewhere; checked here, each problem one line,
     before any process group exists: a name torch does not know, nccl without CUDA or NCCL, a
     backend this torch was built without, and on CUDA more processes on this node than GPUs."""

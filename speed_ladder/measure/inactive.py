@@ -111,11 +111,19 @@ def liger_unavailable(device: torch.device) -> str | None:
     return f"Liger runs Triton GPU kernels: no CUDA device ({device.type})"
 
 
+def dropout_already_off(drop_rate) -> str | None:
+    """Step 16: why taking dropout out changes nothing here (the preset has none, as `tiny`), or
+    None where the preset's dropout is above 0."""
+    if drop_rate:
+        return None
+    return "the preset has no dropout to take out (drop_rate 0): the same model as step 15"
+
+
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run
 
 
 def interpreted(notes: list[str]) -> bool:
-    """Whether a run's Triton kernels (step 12's Liger, in steps 12-14) ran through Triton's
+    """Whether a run's Triton kernels (step 12's Liger, in the steps from 12) ran through Triton's
     interpreter: its record then says `interpreted: true` (its notes hold LIGER_INTERPRETED,
     which Run.note adds beside LIGER_RAN), and the summary, gains and `python -m speed_ladder check`
     never take its speed or memory for a measurement."""

@@ -8,7 +8,7 @@ weights (where bf16 is on) keep the same 16: a bf16 weight and gradient (2 + 2),
 bf16 gradients (2 B/param), and the fp32 copy of the gradients made at the update (4 B/param)
 lives only after backward has freed the activations.
 
-- one process, DDP (steps 00-13): every rank holds all 16 B/param. DDP adds 4 B/param of
+- one process, DDP (every step but 14): every rank holds all 16 B/param. DDP adds 4 B/param of
   gradient buckets (its flat all-reduce buffers; `gradient_as_bucket_view=False`, the default).
 - FSDP2 (step 14): each parameter is split on dim 0 into world_size shards (rank 0 holds the
   largest, ceil(rows / W) rows), so a rank holds 16 B/param / W. What it gathers comes on top:
@@ -41,7 +41,8 @@ full activations while it is recomputed.
 The sum state + buffers + activations is an upper bound of the peak (gradients are created as
 activations are freed); on CPU the process itself adds about 0.5 GiB. `python -m
 speed_ladder.measure.memory_model` prints the prediction per preset and the largest GPT-2 preset
-that fits per GPU for steps 10-14 (docs/memory.md, "How big can you go"): predicted, not measured.
+that fits per GPU for the large-batch steps, 10 on (docs/memory.md, "How big can you go"):
+predicted, not measured.
 """
 
 import argparse
@@ -277,11 +278,12 @@ def fit_table(steps=None, gpus=(1, 4), sizes=GPU_GB) -> str:
 
 def breakdown_table(steps=None, gpus=(1, 4)) -> str:
     """Markdown: predicted GiB per rank, state + buffers + activations, per GPT-2 preset; by
-    default for the last rung that replicates its state and the last rung."""
+    default for the last rung that shards its state (FSDP2) and the rung it builds on (13 and
+    14: what sharding saves), else the last rung and the one it builds on."""
     if steps is None:
-        last = ladder.rungs()[-1]
-        kept = [r for r in ladder.rungs() if r.memory.state != last.memory.state]
-        steps = [r.num for r in kept[-1:]] + [last.num]
+        sharding = [r for r in ladder.rungs() if r.memory.state == "fsdp2"]
+        last = (sharding or list(ladder.rungs()))[-1]
+        steps = [last.after, last.num] if last.after else [last.num]
     rows = ["| preset | params | batch | " + " | ".join(f"step {s} x{n}" for s in steps
             for n in gpus) + " |", "|---|--:|--:|" + "--:|" * (len(steps) * len(gpus))]  # fmt: skip
     for name in GPT2_FAMILY:
