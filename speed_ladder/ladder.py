@@ -105,7 +105,9 @@ class Step:
     summary: str = ""  # the README table's "what it changes"
     parity: dict = field(default_factory=dict, compare=False)  # {"cpu": ..., "cuda": ...}
     inactive: Inactive | None = None
-    lease: dict | None = None  # {"like": num, "factor": f, "why": ...}: timed as rung `like`
+    # {"like": num, "factor": f, "why": ...}: timed as rung `like`; out of the hash (a dict),
+    # which the sweep takes of its jobs' steps
+    lease: dict | None = field(default=None, compare=False)
     summary_file: str | None = None  # a file at the root that copies this rung
     after: str | None = None  # the rung this one is "that rung + one idea" of; None: the first
 

@@ -168,3 +168,13 @@ def test_a_step_file_without_an_entry_or_a_bad_entry_is_one_error(tmp_path):
     (root / "steps" / "03_x.py").unlink()
     with pytest.raises(UserError, match="rung 03 has no step file"):
         ladder.discover(root, path)
+
+
+def test_every_rung_is_hashable_as_the_sweep_keys_its_jobs():
+    """The sweep keys its jobs by step (sweep/rounds.py): a rung with a `lease` entry (11, 14 on)
+    raised TypeError there, a traceback for `python -m speed_ladder run --steps 15,16`."""
+    from speed_ladder.sweep.plan import Job
+
+    steps = ladder.rungs()
+    assert all(s.lease for s in steps if s.num in ("11", "14", "15", "16"))
+    assert len({Job(0, s): s.num for s in steps}) == len(steps)
