@@ -13,10 +13,13 @@ dropout; on `tiny`, which has none, the same floats), and what it gains is work 
 Why: the masks go (one byte per element of every dropped activation, kept for backward), the
 attention kernels run without their random number generator, and on a CPU
 scaled_dot_product_attention can take its fused (flash) kernel at all, which refuses any dropout
-above 0 (step 07's note on a CPU). On one H200, attention took 12.4 of step 10's 80 ms a step
-(its device time by category); a GPU is expected to gain there and in the fused elementwise
-kernels: not yet measured. Where the preset has no dropout (`tiny`) the step changes nothing,
-and its record says so.
+above 0 (step 07's note on a CPU). Measured on a 2-core AMD EPYC without native bf16 (cpu
+preset, `python -m speed_ladder run --steps 15,16 --repeats 3`,
+results/cpu-amd-epyc-f23-m1-2c-x1): 1.10x [1.08-1.17] step 15's tok/s (147 to 163), peak 2.20 to
+2.05 GiB. On one H200, attention took 12.4 of step 10's 80 ms a step (its device time by
+category); a GPU is expected to gain there and in the fused elementwise kernels: not yet
+measured. Where the preset has no dropout (`tiny`) the step changes nothing, and its record says
+so.
 
 Costs: the model: no regularization from dropout, which matters for small data and for
 fine-tuning (Srivastava et al. 2014). Middlemarch is small, so the validation loss may come out
