@@ -181,10 +181,11 @@ def not_comparable(step: str, prev_rec: dict, cur_rec: dict) -> str | None:
 def _both_without_dropout(step: str) -> bool:
     """Rung `step` and the rung it builds on both train without dropout (step 16 on): no masks
     to draw otherwise, whatever the preset's drop_rate."""
-    rungs = {s.num: s for s in ladder.rungs()}
-    cur = rungs.get(step)
-    base = rungs.get(cur.after) if cur and cur.after else None
-    return bool(cur and base) and cur.memory.dropout == base.memory.dropout == "off"
+    cur = ladder.rung(step)
+    return (
+        cur.after is not None
+        and cur.memory.dropout == ladder.rung(cur.after).memory.dropout == "off"
+    )
 
 
 OK, OFF, NOT_COMPARABLE = "ok", "off", "not comparable"

@@ -21,7 +21,7 @@ from speed_ladder.sweep import lease_plan as lp
 ROOT = Path(__file__).resolve().parent.parent
 TAG = ROOT / "results" / "nvidia-h200-x1"
 H200 = lc.KINDS["nvidia-h200"]
-LEASE, CAP, MARGIN = 900.0, 600.0, lp.KEPT_S  # MARGIN: what gpu_session.sh keeps after a phase
+LEASE, CAP, MARGIN = 900.0, 600.0, lc.KEPT_S  # MARGIN: what gpu_session.sh keeps after a phase
 SWEEP_ROUGH_S = 86.0  # the sweep's own guess for a step it never ran (60 s + step 08's compile)
 BLIND_S = {False: 60.0, True: 120.0}  # its guess with no record at all (preflight: rough+compile)
 

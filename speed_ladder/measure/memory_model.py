@@ -214,12 +214,13 @@ def predict(
     name = preset if isinstance(preset, str) else "custom"
     mode = mode or mode_of_step(step)
     kind = step_kind(step)
+    rung = ladder.rung(step)
     if batch is None:
-        batch = ladder.rung(step).batch(cfg)
-    if ladder.rung(step).memory.dropout == "off":  # step 16: no masks whatever the preset says
+        batch = rung.batch(cfg)
+    if rung.memory.dropout == "off":  # step 16: no masks whatever the preset says
         cfg = {**cfg, "drop_rate": 0.0}
     # bf16 weights (where bf16 is on): no autocast copies, bf16 gradients in DDP's buckets
-    bf16_weights = act_bytes == 2 and ladder.rung(step).memory.bf16_weights
+    bf16_weights = act_bytes == 2 and rung.memory.bf16_weights
     return Prediction(
         preset=name,
         world=world,

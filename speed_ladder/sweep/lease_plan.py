@@ -35,7 +35,6 @@ from speed_ladder.sweep.lease_session import Background
 
 RESULTS = ROOT / "results"
 EXTRA = "08,09"
-SLACK, KEPT_S, CARRY, FLAGS = lc.SLACK, lc.KEPT_S, lc.CARRY, lc.FLAGS  # a call's: lease_costs.py
 TESTS_KILL_S = 20  # tools/gpu_session.sh: the tests' `timeout` is what is left less 20
 CUSHION_S = 30  # timeout_s over --budget: gpu_session.sh ends within its budget, this is spare
 
@@ -58,16 +57,16 @@ class Call:
 
     @property
     def budget(self) -> int:
-        """gpu_session.sh's --budget: the work before the summary x SLACK, or more where the
+        """gpu_session.sh's --budget: the work before the summary x lc.SLACK, or more where the
         sweep's start check needs it (each run's estimate, PlannedRun.expected, within --budget less
-        KEPT_S, the runs before it SLACK times slower), the 30 s it keeps after the last phase
+        lc.KEPT_S, the runs before it lc.SLACK times slower), the 30 s it keeps after the last phase
         (the summary and pack), and the 20 s it keeps to stop the tests."""
         t = need = (lc.SETUP_AGAIN_S if self.again else lc.SETUP_S) + lc.SWEEP_START_S
         for r in self.runs:
             need = max(need, t + r.expected)
-            t += r.seconds * SLACK + lc.BETWEEN_RUNS_S
-        work = max((self.seconds - lc.END_LEAN_S) * SLACK, need)
-        work += KEPT_S + (TESTS_KILL_S if self.tests else 0)
+            t += r.seconds * lc.SLACK + lc.BETWEEN_RUNS_S
+        work = max((self.seconds - lc.END_LEAN_S) * lc.SLACK, need)
+        work += lc.KEPT_S + (TESTS_KILL_S if self.tests else 0)
         return int(math.ceil(work / 10) * 10)
 
     @property
@@ -81,7 +80,7 @@ class Call:
         """The shell command of this call's `run`, at most 2,000 characters."""
         parts = [
             f"export SPEED_LADDER_HOST_ID={host_id} PYTHONUNBUFFERED=1;",
-            f"tools/gpu_session.sh {self.out} {FLAGS}",
+            f"tools/gpu_session.sh {self.out} {lc.FLAGS}",
         ]
         if self.resume:
             parts.append("--resume results")
@@ -249,7 +248,7 @@ def run_calls(session: Session, extra: Call | None) -> list[str]:
     lines = []
     for c in [*session.calls, *([extra] if extra else [])]:
         lines.append(
-            f'run(kind="{session.kind.name}", carry={CARRY!r}, timeout_s={c.timeout}, '
+            f'run(kind="{session.kind.name}", carry={lc.CARRY!r}, timeout_s={c.timeout}, '
             f'command="{c.command(session.kind.host_id)}")'
         )
     return lines + ["give_back()"]
