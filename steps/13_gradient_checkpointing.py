@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist  # step 11
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP  # step 11
-from torch.utils.checkpoint import checkpoint  # step 12
+from torch.utils.checkpoint import checkpoint  # step 13
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler  # step 11
 
@@ -200,21 +200,16 @@ def calc_loss_batch(input_batch, target_batch, model):
     return cross_entropy(logits.flatten(0, 1), target_batch.flatten())  # step 08
 
 
-def _chunk_ce_sum(hidden, weight, targets):  # step 12
-    logits = hidden @ weight.to(hidden.dtype).T  # (rows, V): one chunk only
-    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
-
-
-def chunked_linear_cross_entropy(weight, hidden, targets, chunk_rows=1024):  # step 12
-    """mean CE of hidden @ weight.T in plain PyTorch, chunk_rows rows at a time.
-
-    checkpoint() keeps only each chunk's inputs and recomputes its logits in backward, so at
-    most one (chunk_rows, V) block of logits is alive, never the full (N, V).
-    """
-    total = hidden.new_zeros((), dtype=torch.float32)
-    for h, t in zip(hidden.split(chunk_rows), targets.split(chunk_rows), strict=True):
-        total = total + checkpoint(_chunk_ce_sum, h, weight, t, use_reentrant=False)
-    return total / targets.numel()
+def torch_chunk_ce(logits, targets, loss):  # step 12
+    """Liger's kernel's work on one chunk in plain PyTorch, where Liger cannot run: each row's
+    loss into `loss`, and d(loss sum)/d(logits) = softmax - one-hot (0 on an ignored row) into
+    `logits` in place, so the chunk loop below needs no recomputation in backward."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (rows, V) fp32
+    loss.copy_(torch.nn.functional.nll_loss(logp, targets, reduction="none"))  # -100: 0
+    keep = (targets != -100).unsqueeze(1)  # (rows, 1)
+    one_hot = keep.to(logp.dtype).neg()  # -1 at each kept row's target
+    grad = logp.exp_().mul_(keep).scatter_add_(1, targets.where(keep[:, 0], 0)[:, None], one_hot)
+    logits.copy_(grad)
 
 
 def liger_chunk_rows(rows, dim, vocab, chunk_mem_const):  # step 12
@@ -279,6 +274,7 @@ class FusedLinearCrossEntropy:  # step 12
     # chunks sized for a GPU: gpt2-124m's 32768 rows in 8 chunks of 4096 (0.4 GB of bf16 logits),
     # not Liger's default 1's 64 of 512 (small launches from a Python loop; the docstring)
     CHUNK_MEM_CONST = 8
+    FALLBACK_ROWS = 1024  # a CPU's matmuls: few, large chunks (the cpu preset's 1024 rows: 1)
 
     def __init__(self, dtype, device):
         self.dtype, self.liger, self.fallback_reason = dtype, None, None
@@ -319,8 +315,10 @@ class FusedLinearCrossEntropy:  # step 12
 
     def __call__(self, weight, hidden, targets):
         hidden = hidden.to(self.dtype)  # bf16 when step 05 is on, as autocast would cast it
-        if self.liger is None:
-            return chunked_linear_cross_entropy(weight, hidden, targets)
+        if self.liger is None:  # the fallback: the same loop, PyTorch's cross-entropy in it
+            return LigerLinearCrossEntropy.apply(
+                hidden, weight, targets, torch_chunk_ce, self.FALLBACK_ROWS, torch.float32
+            )
         rows = liger_chunk_rows(*hidden.shape, weight.shape[0], self.chunk_mem_const)
         # accum_dtype: the output layer's weight gradient is summed over all rows in fp32
         return LigerLinearCrossEntropy.apply(hidden, weight, targets, self.ce, rows, torch.float32)

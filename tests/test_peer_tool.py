@@ -42,7 +42,8 @@ def main(gpt_config, settings):
     assert os.environ["TIKTOKEN_CACHE_DIR"] == os.path.join(here, "tiktoken")
     model = torch.nn.Linear(4, 4)
     model.to(device).to(torch.bfloat16)
-    print("CONFIG", gpt_config["context_length"], gpt_config["emb_dim"], settings["batch_size"])
+    print("CONFIG", gpt_config["context_length"], gpt_config["emb_dim"], settings["batch_size"],
+          gpt_config["drop_rate"])
     print("DTYPE", next(model.parameters()).dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = [(torch.randn(3, 4), torch.randn(3, 4)) for _ in range(7)]  # 7 batches an epoch
@@ -110,7 +111,9 @@ def test_the_peer_trains_its_steps_and_prints_their_median(tmp_path):
     run = run_peer(out)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    assert "CONFIG 1024 768 32" in lines and "DTYPE torch.bfloat16" in lines  # the GPU peer as is
+    assert (
+        "CONFIG 1024 768 32 0.1" in lines and "DTYPE torch.bfloat16" in lines
+    )  # the GPU peer as is
     (peer,) = [ln for ln in lines if ln.startswith("PEER median step ")]
     assert peer.endswith("steps 11-15") and " tok/s " in peer  # 15 steps over 3 epochs of 7
 
@@ -121,7 +124,16 @@ def test_the_cpu_peer_is_the_cpu_presets_model_in_fp32(tmp_path):
     (out.parent / "middlemarch.txt").write_text("text")
     run = run_peer(out)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "CONFIG 256 384 4" in run.stdout and "DTYPE torch.float32" in run.stdout
+    assert "CONFIG 256 384 4 0.1" in run.stdout and "DTYPE torch.float32" in run.stdout
+
+
+def test_the_no_dropout_peer_is_step_16s_model(tmp_path):
+    proc, out = make(tmp_path, "--steps", "11", "--preset", "cpu", "--fp32", "--no-dropout")
+    assert proc.returncode == 0, proc.stderr
+    (out.parent / "middlemarch.txt").write_text("text")
+    run = run_peer(out)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "CONFIG 256 384 4 0.0" in run.stdout and "DTYPE torch.float32" in run.stdout
 
 
 def test_another_peer_or_bad_input_is_one_error_line(tmp_path):

@@ -17,8 +17,9 @@ below gives its category to everything it calls, except a callee with a name of 
   "Norm" or is an activation's (GELU): the hand-written LayerNorm's mean, var, sub, div, sqrt,
   mul, add and GELU's pow, tanh, mul, add in steps 00-05.
 - loss: aten::cross_entropy_loss, log_softmax, nll_loss and their backward (the zeroing of
-  nll_loss's (N, V) gradient included); Liger's kernels. Step 12's chunked fallback: its
-  cross-entropy is loss, its logits' aten::mm matmul, its loop's adds other.
+  nll_loss's (N, V) gradient included); Liger's kernels. Step 12's PyTorch fallback: its
+  log_softmax and nll_loss are loss, its logits' aten::mm matmul, its in-place exp_, mul_ and
+  scatter_add_ (the gradient) other.
 - optimizer: the Optimizer.step#AdamW.step and Optimizer.zero_grad#... ranges (every
   _foreach_, lerp_, addcdiv_ or _fused_adamw_ op inside them), aten::_fused_adamw_.
 - communication: nccl:*, gloo:*, c10d::* (c10d::allreduce_), record_param_comms, DDP's reducer
