@@ -4,7 +4,7 @@ that its tok/s compare with the ladder's on the same machine (issue 30). The pee
 the repository: this reads a fetched copy and writes the changed one into a git-ignored folder.
 
     python tools/peer.py SRC [--out .carry/peer] [--text ../middlemarch.txt] [--bpe DIR]
-                             [--steps 40] [--preset cpu] [--fp32]
+                             [--steps 40] [--preset cpu] [--fp32] [--no-dropout]
 
 The changes, each at an exact anchor of SRC (an upstream edit that moves one is one error line,
 never another peer):
@@ -19,7 +19,8 @@ never another peer):
 - the loss plot at the end is not drawn.
 --preset cpu: the ladder's cpu preset model (speed_ladder/presets.py) at its large batch, as
 step 10 trains it; --fp32: the model is not cast to bf16 (the peer's best on a CPU without
-native bf16). Neither is the 2026-11-27 GPU peer: that is the default.
+native bf16); --no-dropout: drop_rate 0.0, the model step 16 trains. None of them is the
+2026-11-27 GPU peer: that is the default.
 """
 
 import argparse
@@ -79,7 +80,7 @@ TIMED = """    # peer (tools/peer.py): STEPS optimizer steps, a synchronize and 
 """
 
 
-def make(src: str, text: str, steps: int, preset: str | None, fp32: bool) -> str:
+def make(src: str, text: str, steps: int, preset: str | None, fp32: bool, no_dropout=False) -> str:
     """SRC's text with the changes (the module doc); ValueError naming a missing anchor."""
 
     def once(s: str, old: str, new: str) -> str:
@@ -105,6 +106,10 @@ def make(src: str, text: str, steps: int, preset: str | None, fp32: bool) -> str
             if n != 1:
                 raise ValueError(f"not the peer this tool knows: no {key!r} in its config")
         out = once(out, '"batch_size": 32,', f'"batch_size": {p["large_batch_size"]},')
+    if no_dropout:  # step 16's model: the same config with dropout 0
+        out, n = re.subn(r'("drop_rate": )[^,\n]+', r"\g<1>0.0", out, count=1)
+        if n != 1:
+            raise ValueError("not the peer this tool knows: no 'drop_rate' in its config")
     return out
 
 
@@ -117,13 +122,16 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=40, help="optimizer steps (> 10)")
     ap.add_argument("--preset", choices=["cpu"], help="the ladder's preset model and large batch")
     ap.add_argument("--fp32", action="store_true", help="no bf16 cast of the model")
+    ap.add_argument("--no-dropout", action="store_true", help="drop_rate 0.0 (step 16's model)")
     a = ap.parse_args(argv)
     try:
         if a.steps <= 10:
             raise ValueError(f"--steps {a.steps}: the median is over the steps after the first 10")
         if not (a.bpe / "encoder.json").is_file() or not (a.bpe / "vocab.bpe").is_file():
             raise ValueError(f"--bpe {a.bpe}: no encoder.json and vocab.bpe there")
-        peer = make(a.src.read_text(encoding="utf-8"), a.text, a.steps, a.preset, a.fp32)
+        peer = make(
+            a.src.read_text(encoding="utf-8"), a.text, a.steps, a.preset, a.fp32, a.no_dropout
+        )
         a.out.mkdir(parents=True, exist_ok=True)
         stage_bpe(a.bpe, a.out / "tiktoken")
         (a.out / NAME).write_text(peer, encoding="utf-8")
