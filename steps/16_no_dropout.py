@@ -14,9 +14,9 @@ Why: the masks go (one byte per element of every dropped activation, kept for ba
 attention kernels run without their random number generator, and on a CPU
 scaled_dot_product_attention can take its fused (flash) kernel at all, which refuses any dropout
 above 0 (step 07's note on a CPU). Measured on a 2-core AMD EPYC without native bf16 (cpu
-preset, `python -m speed_ladder run --steps 15,16 --repeats 3`,
-results/cpu-amd-epyc-f23-m1-2c-x1): 1.10x [1.08-1.17] step 15's tok/s (147 to 163), peak 2.20 to
-2.05 GiB. On one H200, attention took 12.4 of step 10's 80 ms a step (its device time by
+preset, `python -m speed_ladder run --steps 10,12,15,16 --repeats 3`,
+results/cpu-amd-epyc-f23-m1-2c-x1): 1.14x [1.12-1.24] step 15's tok/s (186 to 212), peak 2.09 to
+1.92 GiB. On one H200, attention took 12.4 of step 10's 80 ms a step (its device time by
 category); a GPU is expected to gain there and in the fused elementwise kernels: not yet
 measured. Where the preset has no dropout (`tiny`) the step changes nothing, and its record says
 so.
