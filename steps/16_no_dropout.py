@@ -210,12 +210,14 @@ def torch_chunk_ce(logits, targets, loss):  # step 12
     """Liger's kernel's work on one chunk in plain PyTorch, where Liger cannot run: each row's
     loss into `loss`, and d(loss sum)/d(logits) = softmax - one-hot (0 on an ignored row) into
     `logits` in place, so the chunk loop below needs no recomputation in backward."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (rows, V) fp32
-    loss.copy_(torch.nn.functional.nll_loss(logp, targets, reduction="none"))  # -100: 0
+    x = logits.float()  # (rows, V) fp32: the logits themselves where they are fp32
     keep = (targets != -100).unsqueeze(1)  # (rows, 1)
-    one_hot = keep.to(logp.dtype).neg()  # -1 at each kept row's target
-    grad = logp.exp_().mul_(keep).scatter_add_(1, targets.where(keep[:, 0], 0)[:, None], one_hot)
-    logits.copy_(grad)
+    t = targets.where(keep[:, 0], 0).unsqueeze(1)  # an ignored row reads column 0
+    top, picked = x.amax(-1, keepdim=True), x.gather(1, t)  # (rows, 1) each
+    total = x.sub_(top).exp_().sum(-1, keepdim=True)  # in place: no new (rows, V) tensor
+    loss.copy_(((total.log() + top - picked) * keep).squeeze(1))  # logsumexp - target logit
+    x.div_(total.masked_fill_(~keep, float("inf"))).scatter_add_(1, t, keep.to(x.dtype).neg())
+    logits.copy_(x)  # softmax - one-hot; an ignored row: 0 (divided by inf)
 
 
 def liger_chunk_rows(rows, dim, vocab, chunk_mem_const):  # step 12

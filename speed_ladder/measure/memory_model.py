@@ -30,11 +30,12 @@ With bf16 logits and loss (the reference ladder's bf16 model) the same count is 
 its published A100 peaks at steps 09-10 (5.9 and 22.5 GB). Autocast also keeps a bf16 copy of
 every weight it casts (all but the embeddings) for backward: 2 B per such parameter. The
 fused loss (12+) keeps one chunk instead, the larger of its two ways (which runs is the device's):
-the PyTorch fallback's 1024 rows (logits in the activations' dtype, their fp32 log-softmax, and
-an fp32 copy of bf16 logits), or Liger's chunk (LIGER_CHUNK_MEM_CONST, Liger's rule: 4096 rows at
-gpt2-124m's batch 32) of logits in the activations' dtype, the gradient written over them; both
+the PyTorch fallback's 1024 rows (logits in the activations' dtype, softmax and gradient
+written over them, and an fp32 copy of bf16 logits), or Liger's chunk (LIGER_CHUNK_MEM_CONST,
+Liger's rule: 4096 rows at gpt2-124m's batch 32) of logits in the activations' dtype, the
+gradient written over them; both
 beside the fp32 weight gradient and the hidden states' gradient, which they hold from forward
-to backward (at gpt2-124m's batch 32 in bf16: a chunk of 0.52 against 0.41 GB);
+to backward (at gpt2-124m's batch 32 in bf16: a chunk of 0.31 against 0.41 GB);
 checkpointing (13+) keeps each block's input only (the fp32 residual stream) plus one block's
 full activations while it is recomputed.
 
@@ -153,9 +154,9 @@ def activation_bytes(
     rows = b * s
     if kind == "logits":
         out = rows * vocab * 3 * loss_bytes  # backward: saved log-softmax, 2 gradients
-    else:  # one chunk (the fallback's: logits, fp32 log-softmax, fp32 copy; or Liger's logits)
+    else:  # one chunk (the fallback's: logits, their fp32 copy where bf16; or Liger's logits)
         copy = FP32 if act_bytes < FP32 else 0  # the fallback upcasts bf16 logits
-        fallback = min(rows, CHUNK_ROWS) * vocab * (act_bytes + FP32 + copy)
+        fallback = min(rows, CHUNK_ROWS) * vocab * (act_bytes + copy)
         liger = liger_chunk_rows(rows, h, vocab) * vocab * act_bytes
         out = max(fallback, liger) + vocab * h * FP32 + rows * h * act_bytes  # + grads held
     if kind == "checkpointed":

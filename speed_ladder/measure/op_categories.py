@@ -18,7 +18,7 @@ below gives its category to everything it calls, except a callee with a name of 
   mul, add and GELU's pow, tanh, mul, add in steps 00-05.
 - loss: aten::cross_entropy_loss, log_softmax, nll_loss and their backward (the zeroing of
   nll_loss's (N, V) gradient included); Liger's kernels and what runs inside step 12's
-  LigerLinearCrossEntropy (its log_softmax, exp_ and mul_ on a CPU), except its matmuls: the
+  LigerLinearCrossEntropy (its amax, exp_, sum and div_ on a CPU), except its matmuls: the
   logits' and the hidden states' gradient's aten::mm and the weight gradient's aten::addmm_ are
   matmul (an in-place addmm_ counted as loss was a third of the output layer's matmuls).
 - optimizer: the Optimizer.step#AdamW.step and Optimizer.zero_grad#... ranges (every
