@@ -78,6 +78,11 @@ class Memory:
     def large_batch(self) -> bool:
         return self.batch == "large_batch_size"
 
+    def drop_rate(self, cfg: dict) -> float:
+        """The dropout this rung trains a model of config `cfg` with: 0 where it takes dropout
+        out (step 16 on), whatever the preset says; else the preset's."""
+        return 0.0 if self.dropout == "off" else cfg.get("drop_rate") or 0.0
+
     @property
     def activations(self) -> str:
         """What the model keeps: `logits`, `fused` (no full logits), `checkpointed`."""

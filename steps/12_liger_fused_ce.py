@@ -21,16 +21,16 @@ with ignore_index, failures with bf16 and accum_dtype). The output layer's weigh
 summed over all B*T rows in fp32, in place (addmm into an fp32 buffer, as Liger's
 `accum_dtype=torch.float32`): in bf16 the running sum of 32K rows' contributions would round
 small ones away.
-Only where Liger cannot run (no CUDA GPU, liger-kernel not installed, no triton) does the step
-warn once and run the same chunk loop with a cross-entropy in plain PyTorch in place of Liger's
-kernel (1024 rows a chunk): the same memory saving and no recomputed logits; its record then
-says `step_active: false` and why. On a GPU, a CUDA out-of-memory or a
-Triton error inside Liger is the run's result (`oom`, `error`, with the reason), never a silent
-fallback. On a CPU with Triton's interpreter on (TRITON_INTERPRET=1 in the environment) Liger's
-real kernel runs on CPU tensors through NumPy: the CPU tests (tests/test_liger.py) check its
-numerics and this step's loop (the kernel's arguments, ignore_index, the chunks, the fp32
-accumulation, no host sync, DDP and FSDP2) that way; the record then says `interpreted: true`
-and is no measurement. Only a GPU shows its speed and memory (shared-memory limits, warps).
+Only where Liger cannot run (no CUDA GPU, liger-kernel not installed, no triton) does the step warn
+once and run the same chunk loop with a cross-entropy in plain PyTorch in place of Liger's kernel
+(1024 rows a chunk): the same memory saving and no recomputed logits; its record then says
+`step_active: false` and why. On a GPU, a CUDA out-of-memory or a Triton error inside Liger is the
+run's result (`oom`, `error`, with the reason), never a silent fallback. On a CPU with Triton's
+interpreter on (TRITON_INTERPRET=1 in the environment) Liger's real kernel runs on CPU tensors
+through NumPy: the CPU tests (tests/test_liger.py) check its numerics and this step's loop (the
+kernel's arguments, ignore_index, the chunks, the fp32 accumulation, no host sync, DDP and FSDP2)
+that way; the record then says `interpreted: true` and is no measurement. Only a GPU shows its speed
+and memory (shared-memory limits, warps).
 
 Costs: a dependency (liger-kernel >= 0.8.5, with Triton: Linux and a CUDA GPU) whose kernel the
 step launches with that version's arguments, and the output layer's gradient is computed

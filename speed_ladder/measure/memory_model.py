@@ -33,9 +33,9 @@ fused loss (12+) keeps one chunk instead, the larger of its two ways (which runs
 the PyTorch fallback's 1024 rows (logits in the activations' dtype, softmax and gradient
 written over them, and an fp32 copy of bf16 logits), or Liger's chunk (LIGER_CHUNK_MEM_CONST,
 Liger's rule: 4096 rows at gpt2-124m's batch 32) of logits in the activations' dtype, the
-gradient written over them; both
-beside the fp32 weight gradient and the hidden states' gradient, which they hold from forward
-to backward (at gpt2-124m's batch 32 in bf16: a chunk of 0.31 against 0.41 GB);
+gradient written over them; both beside the fp32 weight gradient and the hidden states'
+gradient, which they hold from forward to backward (at gpt2-124m's batch 32 in bf16: a chunk of
+0.31 against 0.41 GB);
 checkpointing (13+) keeps each block's input only (the fp32 residual stream) plus one block's
 full activations while it is recomputed.
 
@@ -219,8 +219,7 @@ def predict(
     rung = ladder.rung(step)
     if batch is None:
         batch = rung.batch(cfg)
-    if rung.memory.dropout == "off":  # step 16: no masks whatever the preset says
-        cfg = {**cfg, "drop_rate": 0.0}
+    cfg = {**cfg, "drop_rate": rung.memory.drop_rate(cfg)}  # step 16 on: no masks
     # bf16 weights (where bf16 is on): no autocast copies, bf16 gradients in DDP's buckets
     bf16_weights = act_bytes == 2 and rung.memory.bf16_weights
     return Prediction(
@@ -327,8 +326,7 @@ def predict_run(shape: dict, step: str, world: int, batch: int, bf16: bool | Non
     09; the mode from the step unless the model says (`detect_mode`)."""
     act = act_bytes_of(step, bf16, device_type)
     m = ladder.rung(step).memory
-    drop = (shape.get("drop_rate") or 0) > 0 and m.dropout != "off"
-    flash = m.flash and (device_type == "cuda" or not drop)  # CPU + dropout: math SDPA
+    flash = m.flash and (device_type == "cuda" or not m.drop_rate(shape))  # CPU + dropout: math
     if vocab is None:
         vocab = VOCAB if m.padded_vocab else GPT2_VOCAB
     p = predict(shape, world, step, batch, act, flash, mode, vocab)
