@@ -89,6 +89,21 @@ def step12():
     return load_step("12_liger_fused_ce")
 
 
+def fused_loss_fallback(step12, rows: int | None = None):
+    """Step 12's fused loss where Liger cannot run (a CPU), its one warning silenced (a test of
+    its own counts it); `rows` rows a chunk, else the step's FALLBACK_ROWS."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = step12.FusedLinearCrossEntropy(torch.float32, torch.device("cpu"))
+    if rows is not None:
+        fused.FALLBACK_ROWS = rows
+    return fused
+
+
 @pytest.fixture(scope="session", autouse=True)
 def offline_env(tmp_path_factory):
     """tiktoken reads a copy of the mirror's BPE files (offline); the harness a private cache."""

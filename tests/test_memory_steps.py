@@ -6,18 +6,9 @@ import warnings
 
 import pytest
 import torch
-from conftest import ROOT, RSS_FOLLOWS_TENSORS, run_script
+from conftest import ROOT, RSS_FOLLOWS_TENSORS, fused_loss_fallback, run_script
 
 from speed_ladder.measure.run import Run
-
-
-def fallback(step12, rows):
-    """Step 12's fused loss where Liger cannot run (a CPU), `rows` rows a chunk."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # its one warning: test_fused_loss_falls_back_once...
-        fused = step12.FusedLinearCrossEntropy(torch.float32, torch.device("cpu"))
-    fused.FALLBACK_ROWS = rows
-    return fused
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -35,7 +26,7 @@ def test_chunked_fallback_matches_plain_cross_entropy(step12, dtype):
     g_w, g_h = weight.grad.clone(), hidden.grad.clone()
     weight.grad = hidden.grad = None
 
-    fused = fallback(step12, 64)
+    fused = fused_loss_fallback(step12, 64)
     fused.dtype = dtype
     loss = fused(weight, hidden, targets)  # 5 chunks: 4 of 64 rows, one of 44
     loss.backward()
@@ -67,7 +58,7 @@ def test_chunked_fallback_never_saves_the_full_logits_nor_recomputes_them(step12
     with torch.autograd.graph.saved_tensors_hooks(
         lambda t: saved.append(t.numel()) or t, lambda t: t
     ):
-        loss = fallback(step12, chunk)(weight, hidden, targets)
+        loss = fused_loss_fallback(step12, chunk)(weight, hidden, targets)
     with Matmuls() as backward:
         loss.backward()
     assert max(saved) < n * v / 2  # plain CE would save (n, v) logits and their softmax

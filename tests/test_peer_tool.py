@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 TOOL = ROOT / "tools" / "peer.py"
@@ -118,22 +119,18 @@ def test_the_peer_trains_its_steps_and_prints_their_median(tmp_path):
     assert peer.endswith("steps 11-15") and " tok/s " in peer  # 15 steps over 3 epochs of 7
 
 
-def test_the_cpu_peer_is_the_cpu_presets_model_in_fp32(tmp_path):
-    proc, out = make(tmp_path, "--steps", "11", "--preset", "cpu", "--fp32")
+@pytest.mark.parametrize(
+    "extra, dropout",
+    [([], "0.1"), (["--no-dropout"], "0.0")],  # the cpu preset's model; step 16's (no dropout)
+    ids=["preset", "no-dropout"],
+)
+def test_the_cpu_peer_is_the_cpu_presets_model_in_fp32(tmp_path, extra, dropout):
+    proc, out = make(tmp_path, "--steps", "11", "--preset", "cpu", "--fp32", *extra)
     assert proc.returncode == 0, proc.stderr
     (out.parent / "middlemarch.txt").write_text("text")
     run = run_peer(out)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "CONFIG 256 384 4 0.1" in run.stdout and "DTYPE torch.float32" in run.stdout
-
-
-def test_the_no_dropout_peer_is_step_16s_model(tmp_path):
-    proc, out = make(tmp_path, "--steps", "11", "--preset", "cpu", "--fp32", "--no-dropout")
-    assert proc.returncode == 0, proc.stderr
-    (out.parent / "middlemarch.txt").write_text("text")
-    run = run_peer(out)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "CONFIG 256 384 4 0.0" in run.stdout and "DTYPE torch.float32" in run.stdout
+    assert f"CONFIG 256 384 4 {dropout}" in run.stdout and "DTYPE torch.float32" in run.stdout
 
 
 def test_another_peer_or_bad_input_is_one_error_line(tmp_path):

@@ -10,13 +10,12 @@ milliseconds to random ops and would blur the shares compared here.
 
 import json
 import sys
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, VERDICT, load_script, py, records
+from conftest import ROOT, VERDICT, fused_loss_fallback, load_script, py, records
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
@@ -73,9 +72,7 @@ def test_step12s_fallback_counts_its_matmuls_as_matmul_and_its_cross_entropy_as_
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # its fallback warning
-        fused = step12.FusedLinearCrossEntropy(torch.float32, torch.device("cpu"))
+    fused = fused_loss_fallback(step12)
     weight = torch.randn(2000, 64, requires_grad=True)
     hidden = torch.randn(256, 64, requires_grad=True)
     targets = torch.randint(0, 2000, (256,))
