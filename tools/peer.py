@@ -88,6 +88,12 @@ def make(src: str, text: str, steps: int, preset: str | None, fp32: bool, no_dro
             raise ValueError(f"not the peer this tool knows: {old.strip()!r} found {s.count(old)}x")
         return s.replace(old, new)
 
+    def config(s: str, key: str, value) -> str:  # the model config's entry `key` set to value
+        s, n = re.subn(rf'("{key}": )[^,\n]+', rf"\g<1>{value}", s, count=1)
+        if n != 1:
+            raise ValueError(f"not the peer this tool knows: no {key!r} in its config")
+        return s
+
     out = once(src, TEXT, f"    file_path = {text!r}  # peer (tools/peer.py)\n")
     out = once(out, IMPORT, IMPORT + OFFLINE)
     if fp32:
@@ -102,14 +108,10 @@ def make(src: str, text: str, steps: int, preset: str | None, fp32: bool, no_dro
     if preset:
         p = PRESETS[preset]
         for key in ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate"):
-            out, n = re.subn(rf'("{key}": )[^,\n]+', rf"\g<1>{p[key]}", out, count=1)
-            if n != 1:
-                raise ValueError(f"not the peer this tool knows: no {key!r} in its config")
+            out = config(out, key, p[key])
         out = once(out, '"batch_size": 32,', f'"batch_size": {p["large_batch_size"]},')
     if no_dropout:  # step 16's model: the same config with dropout 0
-        out, n = re.subn(r'("drop_rate": )[^,\n]+', r"\g<1>0.0", out, count=1)
-        if n != 1:
-            raise ValueError("not the peer this tool knows: no 'drop_rate' in its config")
+        out = config(out, "drop_rate", 0.0)
     return out
 
 
