@@ -31,7 +31,8 @@ ADD_A_RUNG = "docs/developing.md, Add a rung"
 TERMS = {
     # tf32: fp32's bytes; bf16-weights: bf16 model, fp32 masters for AdamW (autocast still on)
     "precision": ("fp32", "tf32", "bf16-autocast", "bf16-weights"),
-    "attention": ("materialized", "flash"),  # flash: no (B, H, T, T) scores
+    # flash: no (B, H, T, T) scores; cudnn: cuDNN's fused kernel on CUDA, the same memory
+    "attention": ("materialized", "flash", "cudnn"),
     "vocab": ("gpt2", "padded"),  # 50257 or 50304 rows
     "batch": ("batch_size", "large_batch_size"),  # the preset's setting the rung trains with
     "loss": ("logits", "fused"),  # fused: chunked / Liger linear + cross-entropy
@@ -68,7 +69,8 @@ class Memory:
 
     @property
     def flash(self) -> bool:
-        return self.attention == "flash"
+        """A fused attention kernel: no (B, H, T, T) scores kept (step 07's or cuDNN's)."""
+        return self.attention in ("flash", "cudnn")
 
     @property
     def padded_vocab(self) -> bool:
@@ -269,6 +271,11 @@ def rung(num: str) -> Step:
         if s.num == num:
             return s
     raise UserError(f"no step {num} in {_rel(REGISTRY)} (steps {rungs()[0].num}-{rungs()[-1].num})")
+
+
+def next_num() -> str:
+    """The number a rung appended after this checkout's last would take ("18" after "17")."""
+    return f"{int(rungs()[-1].num) + 1:02d}"
 
 
 def step_of(path: Path | str) -> str:

@@ -1,13 +1,14 @@
 """A new rung is its step file plus one entry in speed_ladder/data/ladder.json (issue 31).
 
-In a copy of the repository, a dummy rung 17 (step 16 with one harmless line) and its entry, and
-no other edit: the tools and the harness must take it as they take the others. tools/ladder.py
-writes its golden diff and README's row and `check` passes; then the registry, the parity rule,
-the memory model, the lease plan, a summary and `python -m speed_ladder check` of a results
-tag that measured it, the charts, the README's results table and the scan for rung facts
-outside the registry all run with it. No step trains: the tag's records are the committed
-records of steps 00 and 01, the latter relabelled as 17 (as tests/test_check.py builds its
-tags)."""
+In a copy of the repository, a dummy rung after the last (the last step with one harmless line)
+and its entry, and no other edit: the tools and the harness must take it as they take the
+others. tools/ladder.py writes its golden diff and README's row and `check` passes; then the
+registry, the parity rule, the memory model, the lease plan, a summary and `python -m
+speed_ladder check` of a results tag that measured it, the charts, the README's results table and
+the scan for rung facts outside the registry all run with it. No step trains: the tag's records
+are the committed records of steps 00 and 01, the latter relabelled as the dummy (as
+tests/test_check.py builds its tags). The dummy's number follows the last rung, so a real new
+rung needs no edit here."""
 
 import json
 import os
@@ -17,16 +18,21 @@ import sys
 
 from conftest import ROOT
 
+from speed_ladder import ladder
+
 KEEP_RESULTS = ("results/reference/", "results/cpu-amd-epyc-2c-x1/")  # the record templates
 TEMPLATES = "results/cpu-amd-epyc-2c-x1/runs.jsonl"
+# The dummy follows whatever rung is last, so that adding a real rung needs no edit here.
+LAST = ladder.rungs()[-1]
+NEW = ladder.next_num()
 ENTRY = {
-    "num": "17",
-    "file": "steps/17_dummy.py",
-    "summary": "a dummy rung: step 16 and one harmless line",
+    "num": NEW,
+    "file": f"steps/{NEW}_dummy.py",
+    "summary": f"a dummy rung: step {LAST.num} and one harmless line",
     "changes": {},
     "parity": {
-        "cpu": {"rule": "exact", "why": "a copy of step 16: the same floats"},
-        "cuda": {"why": "a copy of step 16", "holds": {
+        "cpu": {"rule": "exact", "why": f"a copy of step {LAST.num}: the same floats"},
+        "cuda": {"why": f"a copy of step {LAST.num}", "holds": {
             "tiny": {"steps": 4, "atol": 1e-4, "source": "tests/test_add_rung.py, a dummy"}}},
     },
 }  # fmt: skip
@@ -42,25 +48,25 @@ from speed_ladder.files import ROOT
 from speed_ladder.measure import memory_model as mm
 from speed_ladder.presets import PRESETS
 
-r17, r16 = ladder.rung("17"), ladder.rung("16")
-assert (r17.memory, r17.distributed, r17.compiled) == (r16.memory, r16.distributed, r16.compiled)
-assert r17.title == "a dummy rung", r17.title
+new, last = ladder.rung("NEW"), ladder.rung("LAST")
+assert (new.memory, new.distributed, new.compiled) == (last.memory, last.distributed, last.compiled)
+assert new.title == "a dummy rung", new.title
 
-# parity: its own rule, against step 16
-assert parity.rule("17", "fp32", "fp32")["rule"] == "exact"
-assert parity.rule("17", None, None, "cuda", "tiny")["atol"] == 1e-4
-assert "no CUDA tolerance" in parity.uncovered("17", "cuda", "gpt2-124m", 4)
+# parity: its own rule, against the last step
+assert parity.rule("NEW", "fp32", "fp32")["rule"] == "exact"
+assert parity.rule("NEW", None, None, "cuda", "tiny")["atol"] == 1e-4
+assert "no CUDA tolerance" in parity.uncovered("NEW", "cuda", "gpt2-124m", 4)
 
-# memory model: 17 keeps 16's terms, and its tables have a row for it
+# memory model: the dummy keeps the last step's terms, and its tables have a row for it
 p = PRESETS["gpt2-124m"]
-assert mm.predict_run(p, "17", 4, 32, True, "cuda").total_bytes == \
-    mm.predict_run(p, "16", 4, 32, True, "cuda").total_bytes
-assert "| 17 |" in mm.fit_table() and "step 17 x4" in mm.breakdown_table(["16", "17"])
-assert mm.predict("gpt2-124m").line() == mm.predict("gpt2-124m", step="17").line()
+assert mm.predict_run(p, "NEW", 4, 32, True, "cuda").total_bytes == \
+    mm.predict_run(p, "LAST", 4, 32, True, "cuda").total_bytes
+assert "| NEW |" in mm.fit_table() and "step NEW x4" in mm.breakdown_table(["LAST", "NEW"])
+assert mm.predict("gpt2-124m").line() == mm.predict("gpt2-124m", step="NEW").line()
 
 # lease plan: an unmeasured rung is assumed, and planned
 from speed_ladder.sweep import lease_plan
-rc = lease_plan.main(["--steps", "16-17", "--tests", "0"])
+rc = lease_plan.main(["--steps", "LAST-NEW", "--tests", "0"])
 assert rc in (0, 1), rc
 
 # a results tag that measured it: summary and check
@@ -69,15 +75,15 @@ from speed_ladder.report.summary import rebuild, write_summary, read_summary
 head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                       check=True).stdout.strip()
 sha = {s: hashlib.sha256(Path(s).read_bytes()).hexdigest()
-       for s in ("00_orig.py", "steps/17_dummy.py")}
+       for s in ("00_orig.py", "steps/NEW_dummy.py")}
 recs = []
 for line in Path("TEMPLATES").read_text().splitlines():
     r = json.loads(line)
     if r["step"] not in ("00", "01"):
         continue
     if r["step"] == "01":
-        r["step"], r["script"] = "17", "steps/17_dummy.py"
-        r["sweep"]["prev_step"] = "16"
+        r["step"], r["script"] = "NEW", "steps/NEW_dummy.py"
+        r["sweep"]["prev_step"] = "LAST"
     r["git_sha"] = head
     r["script_sha256"] = r["sweep"]["script_sha256"] = sha[r["script"]]
     r["sweep"].pop("command")
@@ -86,7 +92,7 @@ tag = ROOT / "measured" / "cpu-amd-epyc-2c-x1"  # the records' machine's tag nam
 tag.mkdir(parents=True)
 (tag / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 write_summary(tag, rebuild(tag, ladder.expected_steps(ladder.discover(ROOT), tag.name))[0])
-row = {r["step"]: r for r in read_summary(tag).to_dict("records")}["17"]
+row = {r["step"]: r for r in read_summary(tag).to_dict("records")}["NEW"]
 assert row["title"] == "a dummy rung" and row["status"] == "ok", row
 lines = []
 assert check.check([str(tag)], say=lines.append) == 0, lines
@@ -95,12 +101,12 @@ assert check.check([str(tag)], say=lines.append) == 0, lines
 from speed_ladder.report import charts
 written = charts.plot_tag(tag)
 assert len(written) >= 3 and all(p.stat().st_size for p in written), written
-assert "| 17 | a dummy rung |" in readme.results_markdown([tag], ROOT)
+assert "| NEW | a dummy rung |" in readme.results_markdown([tag], ROOT)
 
 # no rung fact outside the registry, in the copy either
 from test_no_step_literals import scan
 assert scan(ROOT) == [], scan(ROOT)
-print("rung 17 ok")
+print("rung NEW ok")
 """
 
 
@@ -122,18 +128,20 @@ def _run(args, cwd, env):
 def test_a_new_rung_is_its_file_and_one_entry(tmp_path):
     repo = tmp_path / "repo"
     _copy(repo)
-    # the rung: step 16, its title and number, one harmless line
-    src = (repo / "steps" / "16_no_dropout.py").read_text()
+    # the rung: the last step, its title and number, one harmless line
+    src = (repo / LAST.rel).read_text()
     lines = src.splitlines(keepends=True)
-    lines[0] = '"""Step 17: a dummy rung.\n'
-    text = "".join(lines).replace('STEP = "16"', 'STEP = "17"', 1)
-    text = text.replace('STEP = "17"\n', 'STEP = "17"\nDUMMY = True  # step 17: a harmless line\n')
+    lines[0] = f'"""Step {NEW}: a dummy rung.\n'
+    text = "".join(lines).replace(f'STEP = "{LAST.num}"', f'STEP = "{NEW}"', 1)
+    text = text.replace(
+        f'STEP = "{NEW}"\n', f'STEP = "{NEW}"\nDUMMY = True  # step {NEW}: a harmless line\n'
+    )
     assert text.count("DUMMY = True") == 1
-    (repo / "steps" / "17_dummy.py").write_text(text)
+    (repo / ENTRY["file"]).write_text(text)
     env = dict(os.environ, PYTHONPATH=str(repo), MPLBACKEND="Agg", GIT_CONFIG_GLOBAL=os.devnull)
     tools = [sys.executable, "tools/ladder.py"]
     res = _run([*tools, "check"], repo, env)  # the file without its entry: one error line
-    assert res.returncode != 0 and res.stderr.startswith("error: steps/17_dummy.py has no entry")
+    assert res.returncode != 0 and res.stderr.startswith(f"error: {ENTRY['file']} has no entry")
     assert len(res.stderr.splitlines()) == 1, res.stderr
     # its one entry
     reg_path = repo / "speed_ladder" / "data" / "ladder.json"
@@ -145,23 +153,25 @@ def test_a_new_rung_is_its_file_and_one_entry(tmp_path):
     for args in (["git", "init", "-q"], ["git", "add", "-A"], [*git, "commit", "-qm", "copy"]):
         assert _run(args, repo, env).returncode == 0
     res = _run([*tools, "check"], repo, env)
-    assert res.returncode == 1 and "17_dummy.py (no golden diff)" in res.stdout  # none yet
+    assert res.returncode == 1 and f"{NEW}_dummy.py (no golden diff)" in res.stdout  # none yet
     res = _run([*tools, "goldens"], repo, env)
     assert res.returncode == 0, res.stdout + res.stderr
     res = _run([*tools, "check"], repo, env)
     assert res.returncode == 0, res.stdout + res.stderr
-    diff = (repo / "tests" / "golden" / "17.diff").read_text()
+    diff = (repo / "tests" / "golden" / f"{NEW}.diff").read_text()
     changed = [ln for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
     assert len(changed) == 5, diff  # the title, STEP, and the harmless line
-    for n in range(1, 17):
+    for n in range(1, int(NEW)):
         name = f"tests/golden/{n:02d}.diff"
         assert (repo / name).read_bytes() == (ROOT / name).read_bytes(), name
     readme = (repo / "README.md").read_text()
-    assert f"| `steps/17_dummy.py` | 17 | {ENTRY['summary']} |" in readme
+    assert f"| `{ENTRY['file']}` | {NEW} | {ENTRY['summary']} |" in readme
     # commit the goldens and the README row, as the author would
-    for args in (["git", "add", "-A"], [*git, "commit", "-qm", "rung 17"]):
+    for args in (["git", "add", "-A"], [*git, "commit", "-qm", f"rung {NEW}"]):
         assert _run(args, repo, env).returncode == 0
     script = tmp_path / "checks.py"
-    script.write_text(CHECKS.replace("TEMPLATES", TEMPLATES))
+    script.write_text(
+        CHECKS.replace("TEMPLATES", TEMPLATES).replace("NEW", NEW).replace("LAST", LAST.num)
+    )
     res = _run([sys.executable, str(script)], repo, env)
-    assert res.returncode == 0 and "rung 17 ok" in res.stdout, res.stdout[-3000:] + res.stderr
+    assert res.returncode == 0 and f"rung {NEW} ok" in res.stdout, res.stdout[-3000:] + res.stderr

@@ -206,6 +206,46 @@ def test_step12s_fused_loss_never_waits_for_the_gpu_and_runs_8_chunks_at_gpt2_12
     assert got["step"] == {} and got["liger"].get("Tensor.item", 0) >= 1, got
 
 
+@pytest.mark.limit(60)
+def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_flash():
+    """Step 17 switches flash and efficient SDPA off where its check says cuDNN takes the
+    training call. On Hopper with bf16 the check must say so (else the rung silently measures
+    nothing); then, at gpt2-124m's shapes (batch 4 of 12 heads x 1024 x 64, causal, as the model
+    lays q, k, v out), cuDNN's output and gradients are flash's within bf16 rounding, and SDPA
+    with flash and efficient off really runs cuDNN (its kernel names, from the profiler)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    cfg = PRESETS["gpt2-124m"] | {"drop_rate": 0.0}  # step 16's model
+    bf16 = dev.bf16_is_fast(GPU)[0]
+    why = inactive.cudnn_attention_unavailable(GPU, cfg, bf16)
+    if torch.cuda.get_device_capability(GPU) >= (9, 0) and bf16:
+        assert why is None, why
+    if why:
+        pytest.skip(why)
+    torch.manual_seed(0)
+    b, h, t, d = 4, cfg["n_heads"], cfg["context_length"], cfg["emb_dim"] // cfg["n_heads"]
+    q, k, v = (torch.randn(b, t, h, d, device=GPU, dtype=torch.bfloat16).requires_grad_()
+               for _ in range(3))  # fmt: skip
+    grad_out = torch.randn(b, h, t, d, device=GPU, dtype=torch.bfloat16)
+
+    def attend(backends):
+        with sdpa_kernel(backends):
+            out = sdpa(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True)
+        return out, torch.autograd.grad(out, (q, k, v), grad_out)
+
+    flash, flash_grads = attend([SDPBackend.FLASH_ATTENTION])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        cudnn, cudnn_grads = attend([SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])
+        torch.cuda.synchronize()
+    names = " ".join(e.name for e in prof.events()).lower()
+    assert "cudnn" in names or "sm90" in names or "fmha" in names, names[:2000]
+    assert "flash" not in names, names[:2000]
+    assert rel_err(cudnn, flash) < 1e-2
+    for got, want in zip(cudnn_grads, flash_grads, strict=True):
+        assert rel_err(got, want) < 2e-2
+
+
 @pytest.mark.limit(240)
 def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path):
     """gpt2-124m: step 10 holds the (B*1024, 50304) logits and every block's activations; step 12
@@ -299,6 +339,8 @@ def test_only_what_this_gpu_lacks_is_recorded_inactive(cuda_runs):
         expected |= {"05", "15"}  # 15's bf16 weights follow step 05's answer
     if inactive.sdpa_math_only(GPU, PRESETS["tiny"], bf16):
         expected.add("07")
+    if inactive.cudnn_attention_unavailable(GPU, PRESETS["tiny"], bf16):
+        expected.add("17")  # fp32 where bf16 is slow, or a cuDNN without the kernel
     recorded = {}
     for script in STEPS:
         rec = _ok(*cuda_runs[script])

@@ -295,6 +295,39 @@ def test_sdpa_on_a_cpu_with_dropout_runs_the_math_path():
     assert inactive.sdpa_math_only(cpu, PRESETS["tiny"], bf16=False) is None  # dropout 0: flash
 
 
+def test_cudnn_attention_is_asked_of_torch_for_the_training_call(fake_gpu, monkeypatch):
+    """Step 17's check: CUDA only; on a GPU, torch's own backend choice with only cuDNN on, for
+    the training call's shape, dtype and dropout (the probe's tensors land on the CPU here)."""
+    from torch.nn.attention import SDPBackend
+
+    from speed_ladder.presets import PRESETS
+
+    cfg = PRESETS["gpt2-124m"] | {"drop_rate": 0.0}
+    assert "CUDA's" in inactive.cudnn_attention_unavailable(torch.device("cpu"), cfg, True)
+    gpu = fake_gpu(props("NVIDIA H100 80GB HBM3", 9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: zeros(*a, **k))
+    asked = []
+
+    def answer(backend):
+        def choice(q, k, v, dropout_p, is_causal):
+            asked.append((tuple(q.shape), q.dtype, q.requires_grad, dropout_p, is_causal,
+                          torch.backends.cuda.flash_sdp_enabled()))  # fmt: skip
+            return int(backend)
+
+        monkeypatch.setattr(torch, "_fused_sdp_choice", choice)
+
+    answer(SDPBackend.CUDNN_ATTENTION)
+    assert inactive.cudnn_attention_unavailable(gpu, cfg, True) is None
+    assert asked == [((1, 12, 1024, 64), torch.bfloat16, True, 0.0, True, False)]
+    assert torch.backends.cuda.flash_sdp_enabled()  # only inside the probe
+    answer(SDPBackend.ERROR)
+    why = inactive.cudnn_attention_unavailable(gpu, cfg, False)
+    assert why.startswith("cuDNN attention refuses the training call here (compute capability")
+    assert "torch.float32" in why and "step 07's kernel stays" in why
+
+
 def test_compile_disabled_is_inactive(monkeypatch):
     import torch._dynamo
 

@@ -380,17 +380,17 @@ def test_gpu_session_plan_defaults_to_the_15_minute_lease():
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
-def test_the_ladder_with_15_and_16_needs_two_leases(capsys):
-    """Rungs 15 and 16 (~58 s each, modelled as 12's run) take the whole ladder past one lease
-    in the background: the plan says so, and splits it into two leases that each fit, the second
-    starting where the first's records end."""
+def test_the_ladder_with_15_to_17_needs_two_leases(capsys):
+    """Rungs 15, 16 and 17 (~58 s each, modelled as 12's run) take the whole ladder past one
+    lease in the background: the plan says so, and splits it into two leases that each fit, the
+    second starting where the first's records end."""
     rc = lp.main(["--steps", "all"])
     out = capsys.readouterr().out
-    assert "does not fit in the background (" in out and "16=58s~" in out
+    assert "does not fit in the background (" in out and "17=58s~" in out
     assert "2 leases (sessions of their own, 15 minutes each):" in out
     assert f"lease A: --steps {WHOLE[:41]}, then the GPU tests:" in out
-    assert "lease B: --steps 14,15,16 (once lease A's records are committed" in out
+    assert "lease B: --steps 14,15,16,17 (once lease A's records are committed" in out
     assert rc == 1  # not one lease: the exit says so
     leases = lp.split(runs("all"), lc.TESTS_S, H200, LEASE, CAP, resume=True)
     assert len(leases) == 2 and all(lease.fits() for lease in leases)  # with the profile
-    assert leases[1].calls[-1].steps().endswith("14,15,16")
+    assert leases[1].calls[-1].steps().endswith("14,15,16,17")

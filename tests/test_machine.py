@@ -133,9 +133,9 @@ def test_records_from_before_the_new_fingerprint_keep_the_old_rule(cpu_as):
     from speed_ladder.ladder import discover
 
     df, _ = rebuild(tag, discover(ROOT))
-    new = df["step"].isin(["15", "16"])  # steps that came after these records: "not run"
+    new = ~df["step"].isin({r["step"] for r in recs})  # rungs added after these records
     assert (df[~new]["status"] == "ok").all() and (df[~new]["runs"] == 3).all()
-    assert list(df[new]["status"]) == ["not run", "not run"]
+    assert new.sum() >= 3 and (df[new]["status"] == "not run").all()  # 15 on
     cpu_as(ZEN3)
     assert len(foreign(recs, machine.fingerprint("cpu"))) == len(recs)
 

@@ -5,8 +5,9 @@ idea (a single-GPU speed rung that must not carry 13's checkpointing or 14's sha
 everything that pairs a rung with the rung before uses 12 instead: the fold of the registry's
 state, the golden diff, `propagate`, the README's ladder table, LADDER.md, and a summary's effect
 and loss parity. The first tests load small registries in-process (milliseconds); the last adds a
-dummy rung 15 after 12 to a copy of the repository, as tests/test_add_rung.py adds one after 14,
-with a results tag of relabelled committed records (no step trains)."""
+dummy rung after 12 (numbered after the last rung) to a copy of the repository, as
+tests/test_add_rung.py adds one after the last, with a results tag of relabelled committed
+records (no step trains)."""
 
 import json
 import os
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 from conftest import ROOT
-from test_add_rung import TEMPLATES, _copy, _run
+from test_add_rung import LAST, NEW, TEMPLATES, _copy, _run
 
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
@@ -91,12 +92,12 @@ def test_this_checkouts_rungs_build_on_the_file_before_except_15_and_foreign_ste
     ]
     assert ladder.bases(["a", "b", nums[1]]) == [None, "a", nums[0]]
     assert [s.num for s in ladder.descendants("13")] == ["14"]
-    assert [s.num for s in ladder.descendants("12")] == ["13", "14", "15", "16"]
+    assert [s.num for s in ladder.descendants("12")] == ["13", "14", "15", "16", "17"]
 
 
-ENTRY = {
-    "num": "17",
-    "file": "steps/17_dummy.py",
+ENTRY = {  # a dummy rung after the last one (NEW), built on 12
+    "num": NEW,
+    "file": f"steps/{NEW}_dummy.py",
     "after": "12",
     "summary": "a dummy rung: step 12 and one harmless line",
     "changes": {},
@@ -107,7 +108,7 @@ ENTRY = {
     },
 }  # fmt: skip
 
-# Run in the copy: the registry, a summary of a tag that measured 17, LADDER.md.
+# Run in the copy: the registry, a summary of a tag that measured the dummy, LADDER.md.
 CHECKS = r"""
 import hashlib, json, subprocess
 from pathlib import Path
@@ -115,13 +116,13 @@ from pathlib import Path
 from speed_ladder import ladder
 from speed_ladder.files import ROOT
 
-r12, r13, r17 = ladder.rung("12"), ladder.rung("13"), ladder.rung("17")
-assert r17.after == "12" and r13.after == "12", (r17.after, r13.after)
-assert (r17.memory, r17.distributed, r17.compiled) == (r12.memory, r12.distributed, r12.compiled)
-assert not r17.memory.checkpointing and r13.memory.checkpointing
-assert ladder.bases(["11", "12", "13", "14", "17"]) == ["10", "11", "12", "13", "12"]
+r12, r13, rnew = ladder.rung("12"), ladder.rung("13"), ladder.rung("NEW")
+assert rnew.after == "12" and r13.after == "12", (rnew.after, r13.after)
+assert (rnew.memory, rnew.distributed, rnew.compiled) == (r12.memory, r12.distributed, r12.compiled)
+assert not rnew.memory.checkpointing and r13.memory.checkpointing
+assert ladder.bases(["11", "12", "13", "14", "NEW"]) == ["10", "11", "12", "13", "12"]
 
-# a results tag: the committed records, step 12's copied as 17's (the same numbers)
+# a results tag: the committed records, step 12's copied as NEW's (the same numbers)
 from speed_ladder.report import check
 from speed_ladder.report.summary import read_summary, rebuild, write_summary
 head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -138,7 +139,7 @@ def relabelled(recs, step, script):
     return out
 
 recs = [json.loads(line) for line in Path("TEMPLATES").read_text().splitlines()]
-recs += relabelled([r for r in recs if r["step"] == "12"], "17", "steps/17_dummy.py")
+recs += relabelled([r for r in recs if r["step"] == "12"], "NEW", "steps/NEW_dummy.py")
 for r in recs:
     r["git_sha"] = head
     r["script_sha256"] = r["sweep"]["script_sha256"] = sha(r["script"])
@@ -152,53 +153,54 @@ def summary(name, records):
     return tag, {r["step"]: r for r in read_summary(tag).to_dict("records")}
 
 tag, rows = summary("measured", recs)
-assert rows["17"]["status"] == "ok" and rows["17"]["prev_step"] == "12", rows["17"]
-assert rows["17"]["gain_vs_prev"] == 1.0 and rows["17"]["mem_vs_prev"] == 1.0, rows["17"]
-assert rows["17"]["parity"] == "ok", rows["17"]
-detail = rows["17"]["parity_detail"]
+assert rows["NEW"]["status"] == "ok" and rows["NEW"]["prev_step"] == "12", rows["NEW"]
+assert rows["NEW"]["gain_vs_prev"] == 1.0 and rows["NEW"]["mem_vs_prev"] == 1.0, rows["NEW"]
+assert rows["NEW"]["parity"] == "ok", rows["NEW"]
+detail = rows["NEW"]["parity_detail"]
 assert detail.startswith("max |loss difference| 0.00e+00 exact (a copy of step 12"), detail
-assert rows["14"]["gain_vs_prev"] < 0.95  # 17's 1.0 is over 12, not over 14
+assert rows["14"]["gain_vs_prev"] < 0.95  # NEW's 1.0 is over 12, not over 14
 assert (rows["13"]["prev_step"], rows["14"]["prev_step"]) == ("12", "13")
 lines = []
 assert check.check([str(tag)], say=lines.append) == 0, lines
-# the README's results table names 12 in 17's effect cell, and only there
+# the README's results table names 12 in NEW's effect cell, and only there
 from speed_ladder.report import readme
 table = readme.results_markdown([tag], ROOT)
-assert "| 17 | a dummy rung after 12 | 345 | vs 12: 1.00x [1.00-1.00] (inactive here) |" \
+assert "| NEW | a dummy rung after 12 | 345 | vs 12: 1.00x [1.00-1.00] (inactive here) |" \
     in table, table
 assert table.count("vs 12:") == 1, table
 
 # without step 12's runs: no effect, and parity names 12
 _, rows = summary("no12", [r for r in recs if r["step"] != "12"])
-assert rows["17"]["status"] == "ok" and rows["17"]["parity"] == "not comparable", rows["17"]
-assert rows["17"]["parity_detail"] == (
+assert rows["NEW"]["status"] == "ok" and rows["NEW"]["parity"] == "not comparable", rows["NEW"]
+assert rows["NEW"]["parity_detail"] == (
     "not comparable without step 12: it was not run in this tag, and a step is judged against "
-    "the step it builds on (its `after`)"), rows["17"]["parity_detail"]
-gain = rows["17"]["gain_vs_prev"]
-assert gain != gain and not isinstance(rows["17"]["prev_step"], str), rows["17"]  # none
+    "the step it builds on (its `after`)"), rows["NEW"]["parity_detail"]
+gain = rows["NEW"]["gain_vs_prev"]
+assert gain != gain and not isinstance(rows["NEW"]["prev_step"], str), rows["NEW"]  # none
 assert rows["13"]["parity_detail"].startswith("not comparable without step 12: it was not run "
                                               "in this tag, and a step is judged against the "
                                               "step before it")
 
-# LADDER.md: 17's section says after 12 and shows the line it adds to 12
+# LADDER.md: NEW's section says after 12 and shows the line it adds to 12
 from speed_ladder.report import ladder_page
 page = ladder_page.page_markdown([tag], ROOT)
-section = page[page.index("## 17 · "):]
+section = page[page.index("## NEW · "):]
 assert "*after step 12* (not the file before it)" in section.splitlines()[2], section[:600]
-assert "[diff against step 12](tests/golden/17.diff)" in section
-assert "+DUMMY = True  # step 17: a harmless line" in section
+assert "[diff against step 12](tests/golden/NEW.diff)" in section
+assert "+DUMMY = True  # step NEW: a harmless line" in section
 assert "| tag | tok/s | vs step 12 | peak memory vs step 12 |" in section
 assert "A step that says *after step NN*" in page
 section14 = page[page.index("## 14 · "):page.index("## 15 · ")]
 assert "after step" not in section14 and "[diff against the previous step]" in section14
-print("rung 17 after 12 ok")
+print("rung NEW after 12 ok")
 """
 
 MARK = '    """Windows of context_length tokens; the target is the input shifted by one token."""\n'
 EDIT = MARK + "    PROPAGATED = True  # a fix carried on by tools/ladder.py propagate\n"
-STEPS = {n: f"steps/{n}_{s}.py" for n, s in (("11", "ddp"), ("12", "liger_fused_ce"),
-         ("13", "gradient_checkpointing"), ("14", "fsdp2"), ("15", "bf16_weights"),
-         ("16", "no_dropout"), ("17", "dummy"))}  # fmt: skip
+# step 11 and every rung built on it, and the dummy
+STEPS = {r.num: r.rel for r in [ladder.rung("11"), *ladder.descendants("11")]} | {
+    NEW: ENTRY["file"]
+}
 
 
 def test_a_rung_after_12_is_paired_with_12_everywhere(tmp_path):
@@ -206,11 +208,13 @@ def test_a_rung_after_12_is_paired_with_12_everywhere(tmp_path):
     _copy(repo)
     src = (repo / STEPS["12"]).read_text()
     lines = src.splitlines(keepends=True)
-    lines[0] = '"""Step 17: a dummy rung after 12.\n'
-    text = "".join(lines).replace('STEP = "12"', 'STEP = "17"', 1)
-    text = text.replace('STEP = "17"\n', 'STEP = "17"\nDUMMY = True  # step 17: a harmless line\n')
+    lines[0] = f'"""Step {NEW}: a dummy rung after 12.\n'
+    text = "".join(lines).replace('STEP = "12"', f'STEP = "{NEW}"', 1)
+    text = text.replace(
+        f'STEP = "{NEW}"\n', f'STEP = "{NEW}"\nDUMMY = True  # step {NEW}: a harmless line\n'
+    )
     assert text.count("DUMMY = True") == 1 and text.count(MARK) == 1
-    (repo / STEPS["17"]).write_text(text)
+    (repo / STEPS[NEW]).write_text(text)
     reg_path = repo / "speed_ladder" / "data" / "ladder.json"
     reg = json.loads(reg_path.read_text())
     reg["rungs"].append(ENTRY)
@@ -230,27 +234,27 @@ def test_a_rung_after_12_is_paired_with_12_everywhere(tmp_path):
     res = _run([*tools, "check"], repo, env)
     assert res.returncode == 0, res.stdout + res.stderr
     # the golden diff is against 12: the title, STEP and the harmless line, nothing of 13 or 14
-    diff = (repo / "tests" / "golden" / "17.diff").read_text()
-    assert diff.startswith(f"--- {STEPS['12']}\n+++ {STEPS['17']}\n"), diff[:200]
+    diff = (repo / "tests" / "golden" / f"{NEW}.diff").read_text()
+    assert diff.startswith(f"--- {STEPS['12']}\n+++ {STEPS[NEW]}\n"), diff[:200]
     changed = [ln for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
     assert len(changed) == 5, diff
-    for n in range(1, 17):
+    for n in range(1, int(NEW)):
         name = f"tests/golden/{n:02d}.diff"
         assert (repo / name).read_bytes() == (ROOT / name).read_bytes(), name
     readme = (repo / "README.md").read_text()
-    assert f"| `{STEPS['17']}` | 17 | after 12: {ENTRY['summary']} |" in readme
+    assert f"| `{STEPS[NEW]}` | {NEW} | after 12: {ENTRY['summary']} |" in readme
     assert f"| `{STEPS['14']}` | 14 | FSDP2" in readme  # the others unmarked
-    commit("rung 17")
+    commit(f"rung {NEW}")
 
     # the registry, a summary, `check` and LADDER.md, in the copy
     script = tmp_path / "checks.py"
-    script.write_text(CHECKS.replace("TEMPLATES", TEMPLATES))
+    script.write_text(CHECKS.replace("TEMPLATES", TEMPLATES).replace("NEW", NEW))
     res = _run([sys.executable, str(script)], repo, env)
-    assert res.returncode == 0 and "rung 17 after 12 ok" in res.stdout, (
+    assert res.returncode == 0 and f"rung {NEW} after 12 ok" in res.stdout, (
         res.stdout[-3000:] + res.stderr
     )
 
-    # propagate: a change to 12 reaches 13, 14, 15, 16 and 17; one to 13 reaches 14 only
+    # propagate: a change to 12 reaches every rung built on it and the dummy; one to 13, 14 only
     def propagate(num):
         path = repo / STEPS[num]
         path.write_text(path.read_text().replace(MARK, EDIT))
@@ -260,16 +264,16 @@ def test_a_rung_after_12_is_paired_with_12_everywhere(tmp_path):
         assert _run(["git", "checkout", "--", "."], repo, env).returncode == 0
         return {n for n, has in got.items() if has}
 
-    assert propagate("12") == {"12", "13", "14", "15", "16", "17"}
+    assert propagate("12") == {"12", *(r.num for r in ladder.descendants("12")), NEW}
     assert propagate("13") == {"13", "14"}
 
     # an `after` that names no earlier rung: one error line, from the tools and the harness
-    for bad in ("17", "xx"):
+    for bad in (NEW, "xx"):
         reg["rungs"][-1]["after"] = bad
         reg_path.write_text(json.dumps(reg, indent=1) + "\n")
         for cmd in ([*tools, "check"], [sys.executable, "-m", "speed_ladder", "check"]):
             res = _run(cmd, repo, env)
             assert res.returncode != 0 and len(res.stderr.splitlines()) == 1, res.stderr
-            assert res.stderr.startswith("error: speed_ladder/data/ladder.json, rung 17: after "
+            assert res.stderr.startswith(f"error: speed_ladder/data/ladder.json, rung {NEW}: after "
                                          f"'{bad}' is not a rung before it in file order "
-                                         "(steps 00-16)"), res.stderr  # fmt: skip
+                                         f"(steps 00-{LAST.num})"), res.stderr  # fmt: skip

@@ -119,6 +119,37 @@ def dropout_already_off(drop_rate) -> str | None:
     return "the preset has no dropout to take out (drop_rate 0): the same model as step 15"
 
 
+def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> str | None:
+    """Step 17: why cuDNN's fused attention cannot take the training call here, or None where it
+    can. Asked of torch itself (torch._fused_sdp_choice with only cuDNN's backend on) for the
+    training call's shape, dtype and dropout, as step 07's check: it needs a CUDA GPU whose cuDNN
+    has the kernel, bf16 (step 05 on) and no dropout (step 16)."""
+    if device.type != "cuda":
+        return f"cuDNN attention is CUDA's: on {device.type} step 07's attention kernel stays"
+    import warnings
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    heads, T = cfg["n_heads"], cfg["context_length"]
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    drop = float(cfg.get("drop_rate") or 0.0)
+    try:
+        q = torch.zeros(1, heads, T, cfg["emb_dim"] // heads, device=device, dtype=dtype)
+        q.requires_grad_(True)
+        with warnings.catch_warnings(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            warnings.simplefilter("ignore")  # the refusal's reasons, printed as warnings
+            choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
+    except Exception as e:  # noqa: BLE001 - a torch without the probe, or one that raises
+        return f"torch cannot say whether cuDNN attention runs here ({type(e).__name__}): not used"
+    if choice == int(SDPBackend.CUDNN_ATTENTION):
+        return None
+    cc = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    return (
+        f"cuDNN attention refuses the training call here (compute capability {cc}, {dtype}, "
+        f"head size {cfg['emb_dim'] // heads}, dropout {drop:g}): step 07's kernel stays"
+    )
+
+
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run
 
 
