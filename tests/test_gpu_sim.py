@@ -318,10 +318,26 @@ def test_cudnn_attention_is_asked_of_torch_for_the_training_call(fake_gpu, monke
 
         monkeypatch.setattr(torch, "_fused_sdp_choice", choice)
 
+    called = []
+
+    def trial(q, k, v, dropout_p, is_causal, fail=False):  # the real call after the choice
+        called.append((tuple(q.shape), tuple(q.stride()), torch.backends.cuda.flash_sdp_enabled()))
+        if fail:
+            raise RuntimeError("cuDNN Frontend error: No execution plans support the graph.\nmore")
+        return q * 1
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", trial)
     answer(SDPBackend.CUDNN_ATTENTION)
     assert inactive.cudnn_attention_unavailable(gpu, cfg, True) is None
     assert asked == [((1, 12, 1024, 64), torch.bfloat16, True, 0.0, True, False)]
+    # (B, T, H, Q) transposed, as the model lays q, k, v out; with cuDNN alone
+    assert called == [((1, 12, 1024, 64), (786432, 64, 768, 1), False)]
     assert torch.backends.cuda.flash_sdp_enabled()  # only inside the probe
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: trial(*a, **k, fail=True))  # fmt: skip
+    why = inactive.cudnn_attention_unavailable(gpu, cfg, True)
+    assert why == ("cuDNN attention failed a trial call here (cuDNN Frontend error: No execution "
+                   "plans support the graph.): step 07's kernel stays")  # fmt: skip
     answer(SDPBackend.ERROR)
     why = inactive.cudnn_attention_unavailable(gpu, cfg, False)
     assert why.startswith("cuDNN attention refuses the training call here (compute capability")

@@ -122,8 +122,9 @@ def dropout_already_off(drop_rate) -> str | None:
 def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> str | None:
     """Step 17: why cuDNN's fused attention cannot take the training call here, or None where it
     can. Asked of torch itself (torch._fused_sdp_choice with only cuDNN's backend on) for the
-    training call's shape, dtype and dropout, as step 07's check: it needs a CUDA GPU whose cuDNN
-    has the kernel, bf16 (step 05 on) and no dropout (step 16)."""
+    training call's shape, dtype and dropout, as step 07's check, then one real call of that
+    shape, forward and backward: it needs a CUDA GPU whose cuDNN has the kernel, bf16 (step 05
+    on) and no dropout (step 16)."""
     if device.type != "cuda":
         return f"cuDNN attention is CUDA's: on {device.type} step 07's attention kernel stays"
     import warnings
@@ -141,13 +142,27 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> 
             choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
     except Exception as e:  # noqa: BLE001 - a torch without the probe, or one that raises
         return f"torch cannot say whether cuDNN attention runs here ({type(e).__name__}): not used"
-    if choice == int(SDPBackend.CUDNN_ATTENTION):
-        return None
-    cc = ".".join(map(str, torch.cuda.get_device_capability(device)))
-    return (
-        f"cuDNN attention refuses the training call here (compute capability {cc}, {dtype}, "
-        f"head size {cfg['emb_dim'] // heads}, dropout {drop:g}): step 07's kernel stays"
-    )
+    if choice != int(SDPBackend.CUDNN_ATTENTION):
+        cc = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        return (
+            f"cuDNN attention refuses the training call here (compute capability {cc}, {dtype}, "
+            f"head size {cfg['emb_dim'] // heads}, dropout {drop:g}): step 07's kernel stays"
+        )
+    # The choice checks constraints only; a cuDNN that accepts the call may still find no plan
+    # for it. One real call, forward and backward, with q, k and v laid out as the model does
+    # ((B, T, H, Q) transposed): its failure is a reason, never a failed run.
+    x = torch.zeros(1, T, heads, cfg["emb_dim"] // heads, device=device, dtype=dtype)
+    x.requires_grad_(True)
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            y = torch.nn.functional.scaled_dot_product_attention(
+                *[x.transpose(1, 2)] * 3, dropout_p=drop, is_causal=True
+            )
+        y.float().sum().backward()
+    except RuntimeError as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        return f"cuDNN attention failed a trial call here ({first}): step 07's kernel stays"
+    return None
 
 
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run
