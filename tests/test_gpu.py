@@ -206,7 +206,7 @@ def test_step12s_fused_loss_never_waits_for_the_gpu_and_runs_8_chunks_at_gpt2_12
     assert got["step"] == {} and got["liger"].get("Tensor.item", 0) >= 1, got
 
 
-@pytest.mark.limit(60)
+@pytest.mark.limit(40)  # a few attention calls; cuDNN builds its plans at the first
 def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_flash():
     """Step 17 switches flash and efficient SDPA off where its check says cuDNN takes the
     training call. On Hopper with bf16 the check must say so (else the rung silently measures
