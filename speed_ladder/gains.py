@@ -4,6 +4,11 @@ round, with an interval, a verdict, and the noise floor that verdict is judged a
 - **Pairs.** `python -m speed_ladder run --repeats K` runs K rounds (every step once per round), so
   a step and its predecessor are measured minutes apart in each round. A record's round is
   `sweep.round` (`sweep.repeat` in records from before rounds: then the i-th run of each step).
+  Two runs of the same round pair only if they started within `PAIR_WINDOW_S` (an hour) of each
+  other: a later sweep that runs a step again but not its predecessor numbers its rounds from 1
+  too, and its runs must not be paired with runs of another session (other load, other
+  thermals, hours apart). Such a step has no effect in the summary, not a made-up one; resumed
+  sweeps and a lease's calls run minutes apart and still pair.
   The previous step is the rung it builds on (its `after` in speed_ladder/data/ladder.json:
   normally the file before it, NN-1, but `"after": "12"` makes step 15's effect its gain over
   step 12), where the tag has it with ok runs; none where the tag lacks that step or it has
@@ -30,11 +35,15 @@ round, with an interval, a verdict, and the noise floor that verdict is judged a
 import math
 import statistics
 from dataclasses import dataclass
+from datetime import datetime
 
 from speed_ladder import ladder
 
 NO_CHANGE, ONE_ROUND, INACTIVE = "no change", "one round: no interval", "inactive"
 MIN_EFFECT = 0.01  # |ratio - 1| below this is "no change", however tight the interval
+# a round's two runs pair only if they started this close: neighbours in a round run minutes
+# apart (a cpu-preset round of the whole ladder takes ~30 min), sessions hours apart
+PAIR_WINDOW_S = 3600.0
 TPS, MEM = "tokens_per_sec", "peak_mem_reserved_bytes"
 
 
@@ -54,17 +63,43 @@ def round_of(rec: dict, position: int) -> int:
     return position + 1
 
 
-def per_round(runs: list[dict], key: str) -> dict[int, float]:
-    """{round: value} of the runs that have a positive number under `key` (later runs win); a
+def runs_by_round(runs: list[dict], key: str) -> dict[int, dict]:
+    """{round: run} of the runs that have a positive number under `key` (later runs win); a
     run through Triton's interpreter (`interpreted: true`) is left out: it measured nothing."""
     out = {}
     for i, r in enumerate(runs):
         if r.get("interpreted") is True:  # Triton's interpreter ran Liger: no measurement
             continue
-        v = _num(r.get(key))
-        if v is not None:
-            out[round_of(r, i)] = v
+        if _num(r.get(key)) is not None:
+            out[round_of(r, i)] = r
     return out
+
+
+def per_round(runs: list[dict], key: str) -> dict[int, float]:
+    """{round: value} of runs_by_round."""
+    return {k: _num(r.get(key)) for k, r in runs_by_round(runs, key).items()}
+
+
+def _started(rec: dict) -> float | None:
+    try:
+        return datetime.fromisoformat(rec["started_at"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def same_session(a: dict, b: dict) -> bool:
+    """Whether two runs started within PAIR_WINDOW_S of each other (a run without a start time,
+    from before records had one, pairs by its round alone, as it always did)."""
+    ta, tb = _started(a), _started(b)
+    return ta is None or tb is None or abs(ta - tb) <= PAIR_WINDOW_S
+
+
+def paired(before: list[dict], after: list[dict], key: str) -> tuple[dict, dict]:
+    """({round: value}, {round: value}) of the rounds where both sides have a run under `key`
+    and the two started in the same session (same_session)."""
+    a, b = runs_by_round(before, key), runs_by_round(after, key)
+    both = [k for k in a.keys() & b.keys() if same_session(a[k], b[k])]
+    return {k: _num(a[k].get(key)) for k in both}, {k: _num(b[k].get(key)) for k in both}
 
 
 @dataclass
@@ -98,8 +133,8 @@ class Floor:
 
 
 def _control_floor(first: list[dict], control: list[dict], key: str) -> tuple[float | None, int]:
-    a, b = per_round(first, key), per_round(control, key)
-    pairs = [abs(b[r] / a[r] - 1.0) for r in set(a) & set(b)]
+    a, b = paired(first, control, key)
+    pairs = [abs(b[r] / a[r] - 1.0) for r in a]
     return (max(pairs) if pairs else None), len(pairs)
 
 
@@ -169,9 +204,8 @@ def add_effects(rows: list[dict], used: dict[str, list[dict]], control: list[dic
         # none where the base has no ok run (a ratio over an earlier step would hold the
         # base's own effect too; parity.py alike)
         if measured(by_step.get(prev), used):
-            g = effect(per_round(used[prev], TPS), per_round(runs, TPS), floor.tps,
-                       "faster", "slower")  # fmt: skip
-            m = effect(per_round(used[prev], MEM), per_round(runs, MEM), floor.mem, "more", "less")
+            g = effect(*paired(used[prev], runs, TPS), floor.tps, "faster", "slower")
+            m = effect(*paired(used[prev], runs, MEM), floor.mem, "more", "less")
             row.update(prev_step=prev, gain_vs_prev=g.ratio, gain_vs_prev_lo=g.lo,
                        gain_vs_prev_hi=g.hi, verdict=g.verdict, mem_vs_prev=m.ratio,
                        mem_vs_prev_lo=m.lo, mem_vs_prev_hi=m.hi, mem_verdict=m.verdict)  # fmt: skip

@@ -151,3 +151,38 @@ def test_an_interpreted_run_is_no_measurement():
     assert rows["02"]["status"] == "ok" and rows["02"]["speedup_vs_00"] == pytest.approx(1.2)
     g = rows["02"]["gain_vs_prev"]
     assert g is None or g != g  # no effect over an unmeasured step
+
+
+def _at(minutes: int) -> dict:
+    """A record's start time, `minutes` after 09:00 UTC."""
+    from datetime import datetime, timedelta, timezone
+
+    t = datetime(2026, 11, 27, 9, tzinfo=timezone.utc) + timedelta(minutes=minutes)
+    return {"started_at": t.isoformat(timespec="seconds")}
+
+
+def _later(recs: list[dict], name: str) -> list[dict]:
+    for r in recs:
+        r["sweep"]["run_id"] += name
+    return recs
+
+
+def test_a_later_sweep_of_one_step_does_not_pair_with_its_predecessors_old_runs():
+    """Rounds are numbered from 1 in every sweep: step 01 run again hours after 00 and 01 were
+    swept together pairs with nothing (no effect, not 01's new run over 00's old one); runs
+    minutes apart still pair, and records without a start time pair by round as before."""
+    first = []
+    for rnd in (1, 2, 3):  # 00 then 01, 3 minutes apart, in each round
+        first += [_rec("00", rnd, 100, **_at(10 * rnd)), _rec("01", rnd, 110, **_at(10 * rnd + 3))]
+    assert _summary(first, ("00", "01"))["01"]["gain_vs_prev"] == pytest.approx(1.10)
+    later = _later([_rec("01", rnd, 150, **_at(180 + 10 * rnd)) for rnd in (1, 2, 3)], "-later")
+    row = _summary(first + later, ("00", "01"))["01"]
+    assert row["tokens_per_sec_median"] == 150  # the later runs are 01's runs
+    assert row["gain_vs_prev"] != row["gain_vs_prev"] and row["verdict"] != "faster", row  # NaN
+    assert gains.paired(first, later, gains.TPS) == ({}, {})
+    # a lease's second call, 40 minutes after the first: the same session, the rounds pair
+    soon = _later([_rec("01", rnd, 120, **_at(40 + 10 * rnd)) for rnd in (1, 2, 3)], "-soon")
+    assert _summary(first + soon, ("00", "01"))["01"]["gain_vs_prev"] == pytest.approx(1.20)
+    # no start times (records from before them): by round alone, as before
+    bare = [{k: v for k, v in r.items() if k != "started_at"} for r in first + later]
+    assert _summary(bare, ("00", "01"))["01"]["gain_vs_prev"] == pytest.approx(1.50)
