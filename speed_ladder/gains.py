@@ -26,8 +26,9 @@ round, with an interval, a verdict, and the noise floor that verdict is judged a
   records say `step_active: false` (it does nothing on this device) is `inactive`.
 - **Noise floor**: what two runs of the same script differ by. With the A/A control (the
   sweep's default from 2 rounds on: the first step run twice in each round, right after itself)
-  it is the largest |A/A ratio - 1| over the rounds; without one, the median over steps of a
-  step's max/min - 1 across its rounds (which includes drift between rounds, so it is larger).
+  it is the largest |A/A ratio - 1| over the rounds, of every sweep's control in the tag;
+  without one, the median over steps of a step's max/min - 1 across its rounds (which includes
+  drift between rounds, so it is larger).
 - **Scaling efficiency** (a `-xN` tag): N-process tok/s / (N x the same step's 1-process tok/s
   in the `-x1` tag), round by round, with its interval.
 """
@@ -147,15 +148,24 @@ def _spread_floor(used: dict[str, list[dict]], key: str) -> tuple[float | None, 
     return (statistics.median(spreads) if spreads else None), len(spreads)
 
 
-def noise_floor(used: dict[str, list[dict]], control: list[dict], first: str | None) -> Floor:
-    """The floor from the A/A control runs of step `first` when there are any, else from the
-    spread of each step's runs (see the module doc)."""
-    if control and first in used:
-        tps, n = _control_floor(used[first], control, TPS)
-        mem, _ = _control_floor(used[first], control, MEM)
-        if tps is not None:
-            return Floor(tps, mem, f"A/A control: step {first} run twice per round, largest "
-                         f"|ratio - 1| over {n} round(s)")  # fmt: skip
+def noise_floor(used: dict[str, list[dict]], control: dict[str, list[dict]]) -> Floor:
+    """The floor from the A/A control runs (`control`: by step, each sweep's first step run
+    twice per round) when there are any: the largest |ratio - 1| over every step's control
+    rounds, so that a tag swept more than once is judged by its noisiest sweep, not by its
+    first step's; else from the spread of each step's runs (see the module doc)."""
+    found = []
+    for step, runs in control.items():
+        if step in used:
+            tps, n = _control_floor(used[step], runs, TPS)
+            if tps is not None:
+                found.append((step, tps, n, _control_floor(used[step], runs, MEM)[0]))
+    if found:
+        mems = [m for *_, m in found if m is not None]
+        steps = [f[0] for f in found]
+        who = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(steps)}"
+        return Floor(max(f[1] for f in found), max(mems, default=None),
+                     f"A/A control: {who} run twice per round, largest |ratio - 1| over "
+                     f"{sum(f[2] for f in found)} round(s)")  # fmt: skip
     tps, n = _spread_floor(used, TPS)
     mem, _ = _spread_floor(used, MEM)
     if tps is None:
@@ -189,12 +199,12 @@ def measured(row: dict | None, used: dict[str, list[dict]]) -> bool:
     return row is not None and bool(used.get(row["step"])) and row.get("status") == "ok"
 
 
-def add_effects(rows: list[dict], used: dict[str, list[dict]], control: list[dict]) -> Floor:
+def add_effects(rows: list[dict], used: dict[str, list[dict]],
+                control: dict[str, list[dict]]) -> Floor:  # fmt: skip
     """Fill each summary row's effect columns from the runs it summarizes (`used`, by step): each
     step over the rung it builds on (ladder.bases: its `after`, normally the row before it),
-    where both have ok runs."""
-    first = next((r["step"] for r in rows if r["step"] in used), None)
-    floor = noise_floor(used, control, first)
+    where both have ok runs; `control`: the A/A control runs, by step."""
+    floor = noise_floor(used, control)
     by_step = {r["step"]: r for r in rows}
     for row, prev in zip(rows, ladder.bases([r["step"] for r in rows]), strict=True):
         runs = used.get(row["step"])

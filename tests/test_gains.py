@@ -186,3 +186,24 @@ def test_a_later_sweep_of_one_step_does_not_pair_with_its_predecessors_old_runs(
     # no start times (records from before them): by round alone, as before
     bare = [{k: v for k, v in r.items() if k != "started_at"} for r in first + later]
     assert _summary(bare, ("00", "01"))["01"]["gain_vs_prev"] == pytest.approx(1.50)
+
+
+def test_the_noise_floor_is_the_noisiest_sweeps_control():
+    """A tag swept twice has two A/A controls (each sweep's first step): the floor is the larger,
+    not the first step's, so a noisy later sweep is judged by its own noise."""
+    recs = []
+    for rnd in (1, 2, 3):  # sweep 1: 00 (control) and 01; sweep 2 reran 01 (control) and 02
+        recs += [_rec("00", rnd, 100, **_at(10 * rnd)),
+                 _rec("00", rnd, 101, control=True, **_at(10 * rnd + 1)),
+                 _rec("01", rnd, 120, **_at(10 * rnd + 2))]  # fmt: skip
+    later = []
+    for rnd in (1, 2, 3):
+        later += [_rec("01", rnd, 130, **_at(300 + 10 * rnd)),
+                  _rec("01", rnd, 130 if rnd != 2 else 169, control=True, **_at(301 + 10 * rnd)),
+                  _rec("02", rnd, 140, **_at(302 + 10 * rnd))]  # fmt: skip
+    rows = _summary(recs + _later(later, "-2"))
+    assert rows["02"]["noise_floor"] == pytest.approx(0.3)  # 01's A/A in round 2: 169 vs 130
+    assert rows["02"]["noise_source"].startswith("A/A control: steps 00, 01 run twice per round")
+    assert rows["02"]["verdict"] == "no change"  # 140/130 = 1.077, under the 30% floor
+    only_first = _summary(recs)
+    assert only_first["01"]["noise_floor"] == pytest.approx(0.01)

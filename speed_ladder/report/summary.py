@@ -232,18 +232,19 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
 
 def collect(steps, records, configs: dict, shas: dict, repeats: int, machine=None, tag=None):
     """Per step, its matching runs (this config, script and machine) and the runs a row uses;
-    plus the A/A control runs of the first step. An ok record that is impossible or foreign to
+    plus the A/A control runs, by step. An ok record that is impossible or foreign to
     `tag` (validity.py, against the ladder `steps`) counts as a failed run, status `invalid`:
     never an ok step."""
     records = marked(records, tag, steps)
     runs = {s.num: matching(records, s, configs[s.num], shas[s.num], machine) for s in steps}
     used = {s.num: used_runs(s, runs[s.num], repeats) for s in steps}
     used = {k: v for k, v in used.items() if v}
-    first = next((s for s in steps if s.num in used), None)
-    control = []
-    if first is not None:
-        ctl = matching(records, first, configs[first.num], shas[first.num], machine, True)
-        control = ok_since_failure(ctl)[-repeats:]
+    control = {}  # each sweep's first step runs twice a round: any step may have them
+    for s in steps:
+        if s.num in used:
+            ctl = matching(records, s, configs[s.num], shas[s.num], machine, True)
+            if ctl := ok_since_failure(ctl)[-repeats:]:
+                control[s.num] = ctl
     return runs, used, control
 
 
