@@ -5,11 +5,12 @@ backends in a fixed order and takes the first that accepts the call, and that or
 first and cuDNN's fused attention last (`torch._C._get_sdp_priority_order()` in torch 2.13 says
 flash, efficient, math, cudnn). cuDNN has its own flash-style kernels written for Hopper's tensor
 cores, which FlashAttention-2 predates; PyTorch 2.5's release notes say "On NVIDIA H100 GPUs this
-can provide up to 75% speed-up over FlashAttentionV2" and made it the default there, and a later
-release put it back behind flash. This step switches flash and memory-efficient attention off,
+can provide up to 75% speed-up over FlashAttentionV2" and made it the default there; torch 2.13's
+order, above, has it last again. This step switches flash and memory-efficient attention off,
 so that SDPA takes cuDNN's kernel (math stays as the path of last resort, never taken for the
-training call: the step first asks torch whether cuDNN accepts exactly that call). cuDNN's kernel
-draws no dropout masks, which is why this step comes after step 16.
+training call: the step first asks torch whether cuDNN accepts exactly that call, then makes one
+such call, forward and backward). cuDNN's kernel draws no dropout masks, which is why this step
+comes after step 16.
 
 Where cuDNN cannot take the call (a CPU, a GPU or cuDNN without the kernel, fp32 where bf16 is
 off), nothing changes: step 07's kernel stays, and the record says `step_active: false`.
@@ -17,7 +18,8 @@ off), nothing changes: step 07's kernel stays, and the record says `step_active:
 Why: on one H200 (gpt2-124m, batch 32) attention took 12.4 of step 10's 80 ms a step (its device
 time by category, results/nvidia-h200-x1), the largest share after the matmuls and the loss.
 Expected: a few ms a step back on Hopper (an estimate from the release note: no GPU has run this
-step yet). On a CPU it changes nothing (the tests' runs are step 16's floats).
+step yet). On a CPU it changes nothing: tiny's losses are step 16's floats, and the cpu preset's
+part from them by one ulp, as two runs of step 16 do.
 
 Costs: none in memory (cuDNN keeps the same per-row softmax statistics for backward as flash);
 other summation order, so other bf16 rounding. Attention dropout is out of reach while it runs.
@@ -489,7 +491,8 @@ def main():
     # step 07: inactive where SDPA runs its math path (no fused kernel)
     run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))
     # step 17: cuDNN's fused attention instead of FlashAttention-2, where cuDNN takes the training
-    # call (asked of torch for its shape, dtype and dropout); SDPA then tries cuDNN, then math
+    # call (asked of torch for its shape, dtype and dropout, then tried once); SDPA then tries
+    # cuDNN, then math
     no_cudnn = speed_ladder.cudnn_attention_unavailable(device, GPT_CONFIG, use_bf16)  # step 17
     if not no_cudnn:  # step 17
         torch.backends.cuda.enable_flash_sdp(False)  # step 17
