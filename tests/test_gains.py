@@ -207,3 +207,27 @@ def test_the_noise_floor_is_the_noisiest_sweeps_control():
     assert rows["02"]["verdict"] == "no change"  # 140/130 = 1.077, under the 30% floor
     only_first = _summary(recs)
     assert only_first["01"]["noise_floor"] == pytest.approx(0.01)
+
+
+def test_a_sweep_of_some_steps_summarizes_the_others_as_a_rebuild_does():
+    """`run --steps 01` after 00's file changed: the sweep's own shas say 00 has no run, but its
+    last records stand (as `rebuild`, `check` and `publish` take them), so the sweep's summary
+    and the rebuilt one agree."""
+    steps = [
+        Step(n, __import__("pathlib").Path(f"{n}.py"), f"step {n}", False) for n in ("00", "01")
+    ]
+    recs = []
+    for rnd in (1, 2, 3):
+        old, new = _rec("00", rnd, 100, **_at(10 * rnd)), _rec("01", rnd, 110, **_at(10 * rnd + 2))
+        old["sweep"]["script_sha256"], new["sweep"]["script_sha256"] = "old00", "new01"
+        recs += [old, new]
+    configs, shas = summary.settled(
+        recs, steps, {"00": {}, "01": {}}, {"00": "cur00", "01": "new01"}
+    )
+    assert shas == {"00": "old00", "01": "new01"} and configs == {"00": {}, "01": {}}
+    rows = {
+        r["step"]: r for r in summary.summarize(steps, recs, configs, shas, 3).to_dict("records")
+    }
+    assert rows["00"]["status"] == "ok" and rows["01"]["gain_vs_prev"] == pytest.approx(1.10)
+    strict = summary.summarize(steps, recs, {"00": {}, "01": {}}, {"00": "cur00", "01": "new01"}, 3)
+    assert list(strict["status"]) == ["not run", "ok"]  # what the sweep wrote before

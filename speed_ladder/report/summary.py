@@ -290,6 +290,21 @@ def _group(records: list[dict], step: Step):
     return config, sw.get("script_sha256"), sw.get("machine"), max(rounds, default=1)
 
 
+def settled(records: list[dict], steps: list[Step], configs: dict, shas: dict):
+    """(configs, shas) with, for each step that no record of `configs`/`shas` (a sweep's own:
+    this checkout's script, this run's settings) measured, its last record's instead, as
+    `rebuild` takes them: a sweep of some steps summarizes the others as `check` and
+    `publish` judge them (a step whose file changed since its runs keeps them, with a note)."""
+    configs, shas = dict(configs), dict(shas)
+    for s in steps:
+        mine = [r for r in records if r.get("step") == s.num]
+        if not any((r.get("sweep") or {}).get("script_sha256") == shas.get(s.num) for r in mine):
+            config, sha, _, _ = _group(records, s)
+            if sha:
+                configs[s.num], shas[s.num] = config, sha
+    return configs, shas
+
+
 def rebuild(tag_dir: Path, ladder: list[Step], single: dict | None = None, nproc: int = 1):
     """A tag's summary from its runs.jsonl alone (`plot_results.py --rebuild`, after the
     summary's columns changed): per step, the runs of its last record's configuration, script

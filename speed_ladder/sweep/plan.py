@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speed_ladder.ladder import Step
-from speed_ladder.report.summary import collect, write_summary
+from speed_ladder.report.summary import collect, settled, write_summary
 from speed_ladder.report.summary import summarize as summarize_tag
 from speed_ladder.spec import RunSpec
 from speed_ladder.store import load_runs
@@ -60,15 +60,16 @@ def summarize(plan: Plan) -> dict[str, object]:
     """Every pass's summary, written to its summary.csv (the -x1 pass first: the others'
     scaling efficiency is over its runs). Its folder's name is the tag its records are judged
     by, as a rebuilt summary's are (report/validity.py): an impossible or foreign ok record is
-    `invalid` here too, never `ok` until a rebuild."""
+    `invalid` here too, never `ok` until a rebuild. A step this sweep did not measure is
+    summarized from its last records, as a rebuild does (summary.settled)."""
     out, single = {}, None
     for ps in plan.passes:
         recs, tag = load_runs(ps.tag_dir), Path(ps.tag_dir).name
-        df = summarize_tag(ps.ladder, recs, ps.configs, ps.shas, plan.repeats, plan.machine,
+        configs, shas = settled(recs, ps.ladder, ps.configs, ps.shas)
+        df = summarize_tag(ps.ladder, recs, configs, shas, plan.repeats, plan.machine,
                            single=single, nproc=ps.nproc, tag=tag)  # fmt: skip
         if ps.nproc == 1:
-            single = collect(ps.ladder, recs, ps.configs, ps.shas, plan.repeats,
-                             plan.machine, tag)[1]  # fmt: skip
+            single = collect(ps.ladder, recs, configs, shas, plan.repeats, plan.machine, tag)[1]
         write_summary(ps.tag_dir, df)
         out[ps.tag] = df
     return out
