@@ -42,6 +42,17 @@ def pinned_memory_useless(device: torch.device) -> str | None:
     return f"pinned memory speeds host-to-GPU copies: no effect on {device.type}"
 
 
+def _attention_probe(device: torch.device, cfg: dict, bf16: bool):
+    """What a check asks torch about: the training call's q (= k = v) for one sequence, laid out
+    as the model lays it out ((B, T, H, Q) transposed to (B, H, T, Q)) and requiring grad; its
+    dtype, head size and dropout."""
+    heads, head = cfg["n_heads"], cfg["emb_dim"] // cfg["n_heads"]
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    x = torch.zeros(1, cfg["context_length"], heads, head, device=device, dtype=dtype)
+    x.requires_grad_(True)
+    return x.transpose(1, 2), dtype, head, float(cfg.get("drop_rate") or 0.0)
+
+
 def sdpa_math_only(device: torch.device, cfg: dict, bf16: bool) -> str | None:
     """Step 07: why scaled_dot_product_attention runs PyTorch's math path here (the same
     (B, H, T, T) work as hand-written attention), or None where a fused kernel runs. Asked of
@@ -53,18 +64,14 @@ def sdpa_math_only(device: torch.device, cfg: dict, bf16: bool) -> str | None:
     try:
         from torch.nn.attention import SDPBackend
 
-        heads, T = cfg["n_heads"], cfg["context_length"]
-        dtype = torch.bfloat16 if bf16 else torch.float32
-        q = torch.zeros(1, heads, T, cfg["emb_dim"] // heads, device=device, dtype=dtype)
-        q.requires_grad_(True)
-        drop = float(cfg.get("drop_rate") or 0.0)
+        q, dtype, head, drop = _attention_probe(device, cfg, bf16)
         choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
     except Exception:  # an older or newer torch without this probe: say nothing
         return None
     if choice != int(SDPBackend.MATH):
         return None
     why = f"dropout {drop:g} > 0 has no fused kernel on {device.type}" if drop > 0 else (
-        f"no fused kernel for {dtype} and head size {cfg['emb_dim'] // heads} here"
+        f"no fused kernel for {dtype} and head size {head} here"
     )  # fmt: skip
     return f"scaled_dot_product_attention runs the math path ({why}): no flash attention"
 
@@ -131,12 +138,8 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> 
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    heads, T = cfg["n_heads"], cfg["context_length"]
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    drop = float(cfg.get("drop_rate") or 0.0)
     try:
-        q = torch.zeros(1, heads, T, cfg["emb_dim"] // heads, device=device, dtype=dtype)
-        q.requires_grad_(True)
+        q, dtype, head, drop = _attention_probe(device, cfg, bf16)
         with warnings.catch_warnings(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             warnings.simplefilter("ignore")  # the refusal's reasons, printed as warnings
             choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
@@ -146,17 +149,15 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> 
         cc = ".".join(map(str, torch.cuda.get_device_capability(device)))
         return (
             f"cuDNN attention refuses the training call here (compute capability {cc}, {dtype}, "
-            f"head size {cfg['emb_dim'] // heads}, dropout {drop:g}): step 07's kernel stays"
+            f"head size {head}, dropout {drop:g}): step 07's kernel stays"
         )
     # The choice checks constraints only; a cuDNN that accepts the call may still find no plan
-    # for it. One real call, forward and backward, with q, k and v laid out as the model does
-    # ((B, T, H, Q) transposed): its failure is a reason, never a failed run.
-    x = torch.zeros(1, T, heads, cfg["emb_dim"] // heads, device=device, dtype=dtype)
-    x.requires_grad_(True)
+    # for it. One real call of the same q, k and v, forward and backward: its failure is a
+    # reason, never a failed run.
     try:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             y = torch.nn.functional.scaled_dot_product_attention(
-                *[x.transpose(1, 2)] * 3, dropout_p=drop, is_causal=True
+                q, q, q, dropout_p=drop, is_causal=True
             )
         y.float().sum().backward()
     except RuntimeError as e:
