@@ -1,7 +1,6 @@
 """plot_results.py (speed_ladder.report.redraw): headless charts from a summary.csv, the README
 table, completeness."""
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from speed_ladder.report.readme import update_readme
 from speed_ladder.report.redraw import TAG_CHARTS
 from speed_ladder.report.reference import read_reference
 from speed_ladder.report.summary import SUMMARY, find_tags, read_summary
+from speed_ladder.store import load_runs
 
 FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -276,7 +276,7 @@ PARTIAL = {"nvidia-h200-x1": ["11", "14"],
 def newer(tag) -> list[str]:
     """The rungs after the last one `tag` measured: not run there (added since its runs, or the
     end of the ladder its sweep did not reach)."""
-    measured = {json.loads(line)["step"] for line in (tag / "runs.jsonl").open()}
+    measured = {r["step"] for r in load_runs(tag)}
     nums = [r.num for r in rungs()]
     return nums[max(nums.index(n) for n in measured) + 1 :]
 
