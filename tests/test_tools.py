@@ -50,9 +50,13 @@ def test_gpu_session_runs_its_phases_into_one_folder_on_a_cpu(tmp_path):
     common = ["--device", "cpu", "--preset", "tiny", "--max-steps", 3, "--warmup-steps", 1,
               "--data", VERDICT, "--bpe", BPE, "--no-plots"]  # fmt: skip
     gpu_session = ["bash", ROOT / "tools" / "gpu_session.sh"]
+    default_text = ROOT / "data" / "middlemarch.txt"  # read by every later test that wants it
+    before = default_text.read_bytes() if default_text.is_file() else None
     proc = run_script([*gpu_session, out, *common, "--steps", "00", "--budget", 280,
                        "--pack", back / "one.tgz"], timeout=300, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    # the session's text (here The Verdict) stays in its own mirror, not the checkout's data/
+    assert (default_text.read_bytes() if default_text.is_file() else None) == before
     for name in ["session.log", "status.txt", "versions.txt", "pip-freeze.txt", "nvidia-smi.txt",
                  "pytest-gpu.log", "pytest-gpu.xml", "sweep.log"]:  # fmt: skip
         assert (out / name).is_file(), name
