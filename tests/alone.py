@@ -1,9 +1,10 @@
 """Tests that measure the machine run alone, when pytest-xdist runs the others two at a time.
 
-The fast suite runs as `python -m pytest -n 2 --dist loadfile -m "not slow"` (README): its
-cost is mostly interpreter start-ups (torch and dynamo imports, about 3.5 s of one core for each
-of ~100 step processes), which two workers overlap. A few tests measure the machine itself,
-and another worker's test beside them would be measured too:
+The fast suite runs as `python -m pytest -n 2 --dist loadfile -m "not slow"` (README): much
+of its cost is interpreter start-ups (torch and dynamo imports, 4-9 s of one core for each of
+~90 step processes; tests/preload.py spares most of the ladder's), which two workers overlap.
+A few tests measure the machine itself, and another worker's test beside them would be measured
+too:
 
 - `@pytest.mark.alone`: the test (set-up and tear-down included) runs while no other worker is
   inside a test. Every other test holds a shared lock; an `alone` test takes it exclusively. A

@@ -22,8 +22,12 @@ from budget import (  # noqa: E402, F401
     pytest_sessionfinish,
 )
 
-# under pytest-xdist, the tests that measure the machine run alone: tests/alone.py
-pytest_plugins = ["alone"]
+# a script's run forked off a process that has imported torch: tests/preload.py
+from preload import run_preloaded  # noqa: E402
+
+# under pytest-xdist, the tests that measure the machine run alone (tests/alone.py), and the
+# longest files are handed out first (tests/schedule.py)
+pytest_plugins = ["alone", "schedule"]
 
 from speed_ladder.errors import UserError  # noqa: E402
 from speed_ladder.files import ROOT, atomic_write_bytes, mirror  # noqa: E402
@@ -146,13 +150,19 @@ def sweep_here(capsys, *args) -> tuple[int, str, str]:
     return command_here(capsys, "run", *args)
 
 
-def run_script(args, timeout=600, env=None, cwd=ROOT):
+def run_script(args, timeout=600, env=None, cwd=ROOT, preload=False):
     """Run a command, return CompletedProcess with text output. The command gets a process group
     of its own; a timeout, a test's limit (tests/budget.py) or Ctrl-C kills the whole group, so
-    no worker (torchrun's) is left holding a GPU."""
+    no worker (torchrun's) is left holding a GPU. `preload`: `python SCRIPT ARGS` runs as a fork
+    of a process that has imported torch already (tests/preload.py: seconds less a run).
+    `env` is added to this process's environment; a variable set to None is left out."""
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    if preload:
+        assert args[0] == sys.executable and str(args[1]).endswith(".py"), args
+        return run_preloaded(args, timeout, env, cwd)
     proc = subprocess.Popen(
         [str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, **(env or {})}, start_new_session=True,
+        text=True, env=env, start_new_session=True,
     )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout)

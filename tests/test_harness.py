@@ -190,7 +190,8 @@ def test_bf16_step_runs_bf16_where_the_device_is_fast(tmp_path):
         res = tmp_path / f"{script[6:8]}.jsonl"
         proc = py(script, "--preset", "tiny", "--device", "cpu", "--max-steps", 2,
                   "--warmup-steps", 1, "--batch-size", 1, "--data", VERDICT, "--results", res,
-                  env={"SPEED_LADDER_CACHE": str(cache), device.BF16_ENV: "auto"})  # fmt: skip
+                  env={"SPEED_LADDER_CACHE": str(cache), device.BF16_ENV: "auto"},
+                  preload=True)  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]
         out[script[6:8]] = records(res)[0]
     assert not any("bf16 autocast off" in n for n in out["05"]["notes"])

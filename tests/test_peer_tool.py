@@ -2,12 +2,11 @@
 01_opt_single_gpu.py, which stays outside the repository. Here a stand-in with the same anchors
 (the places the tool changes) and a tiny model, so the changed script really runs on a CPU."""
 
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 TOOL = ROOT / "tools" / "peer.py"
 BPE = ROOT.parent / "shared" / "data" / "gpt2_bpe"
@@ -97,9 +96,8 @@ def make(tmp_path, *args, src=STAND_IN):
 
 def run_peer(out):
     """The changed peer, from its folder, as the speed-check call runs it: no tiktoken cache set."""
-    env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
-    cmd = [sys.executable, out / "01_opt_single_gpu.py"]
-    return subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, out / "01_opt_single_gpu.py"]  # forked off a preloaded process
+    return run_script(cmd, cwd=out, env={"TIKTOKEN_CACHE_DIR": None}, timeout=120, preload=True)
 
 
 def test_the_peer_trains_its_steps_and_prints_their_median(tmp_path):

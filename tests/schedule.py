@@ -1,0 +1,36 @@
+"""The order in which pytest-xdist hands the test files to its two workers: the longest first.
+
+`--dist loadfile` keeps a file's tests in one worker and, by default, hands out the files with
+the most tests first. Those are the quick ones (test_ladder's 70 checks of one shared fixture,
+test_registry's); the files of few long tests (test_tools, test_sweep) came last, and one worker
+ran them alone at the end while the other had nothing left. Here a worker's collection lists
+the files by the seconds they took, longest first, and the controller hands them out in that
+order: each worker takes the next file when it is free, as in longest-processing-time-first
+scheduling. A file not listed comes after, in pytest's order.
+
+The seconds: the mean of two fast-suite runs (`--durations=0`, set-up, call and tear-down summed
+per file) on 2026-11-27's 2-core EPYC, with tests/preload.py. Only the order matters; a file
+that grows or shrinks by a factor of two changes little.
+
+Without pytest-xdist (`-p no:xdist`, tools/gpu_session.sh) the order is pytest's own.
+"""
+
+SECONDS = {
+    "test_tools.py": 111, "test_ladder.py": 105, "test_sweep.py": 96, "test_faults.py": 60,
+    "test_ddp.py": 55, "test_plot.py": 52, "test_liger.py": 41, "test_fsdp2.py": 38,
+    "test_profile.py": 29, "test_lease.py": 26, "test_budget.py": 25, "test_add_rung.py": 24,
+    "test_harness.py": 16, "test_alone.py": 16, "test_portable.py": 15, "test_peer_tool.py": 15,
+}  # fmt: skip
+
+
+def pytest_configure(config):
+    """The controller keeps the collection's order (pytest-xdist's --no-loadscope-reorder)."""
+    if getattr(config.option, "numprocesses", None) and hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """In a worker (the controller takes its collection from them): the long files first, each
+    file's tests in their own order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda i: -SECONDS.get(i.path.name, 0))  # stable: a file stays in order
