@@ -157,7 +157,7 @@ def run_script(args, timeout=600, env=None, cwd=ROOT, preload=False):
     of a process that has imported torch already (tests/preload.py: seconds less a run).
     `env` is added to this process's environment; a variable set to None is left out."""
     env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
-    if preload:
+    if preload and hasattr(os, "fork"):  # else (Windows) a process of its own, as below
         assert args[0] == sys.executable and str(args[1]).endswith(".py"), args
         return run_preloaded(args, timeout, env, cwd)
     proc = subprocess.Popen(

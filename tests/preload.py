@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 # what a step imports, at the server's start (its own imports of speed_ladder come with these)
@@ -113,16 +114,23 @@ def _kill(pid: int):
             pass
 
 
-_SERVERS: dict[tuple, Server] = {}
+_SERVERS: dict[tuple, Server] = {}  # the least recently used first
+_LOCK = threading.Lock()
+MAX_SERVERS = 2  # ~420 MB each (VmRSS after the imports); a third closes the oldest
 
 
 def run_preloaded(args, timeout: float, env: dict, cwd) -> subprocess.CompletedProcess:
     """`python SCRIPT ARGS` (args[0] is sys.executable) as a fork of the server for `env`,
     started the first time that environment asks."""
     key = _key(env)
-    if key not in _SERVERS:
-        _SERVERS[key] = Server(env)
-    return _SERVERS[key].run(args, cwd, timeout, env)
+    with _LOCK:  # the ladder runs two at a time, from two threads
+        server = _SERVERS.pop(key, None)
+        if server is None:
+            while len(_SERVERS) >= MAX_SERVERS:
+                _SERVERS.pop(next(iter(_SERVERS))).close()
+            server = Server(env)
+        _SERVERS[key] = server
+    return server.run(args, cwd, timeout, env)
 
 
 @atexit.register
@@ -146,7 +154,6 @@ def _exit_code(e: SystemExit) -> int:
 def _run(req: dict):
     """In the forked run: become `python ARGV` and never return."""
     import runpy
-    import threading
     import traceback
 
     os.setsid()
@@ -207,7 +214,6 @@ def _handle(conn: socket.socket):
 
 def serve(path: str):
     import importlib
-    import threading
 
     root = str(Path(__file__).resolve().parent.parent)  # speed_ladder, as a step finds it
     sys.path.insert(0, root)
