@@ -188,28 +188,33 @@ def _run(req: dict):
 
 
 def _handle(conn: socket.socket):
-    """In a forked handler: fork the run, say its pid, wait, say its exit status."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    data = b""
-    while not data.endswith(b"\n") and (chunk := conn.recv(1 << 16)):
-        data += chunk
-    req = json.loads(data)
-    pid = os.fork()
-    if pid == 0:
-        conn.close()
-        _run(req)
-    conn.sendall(f"{pid}\n".encode())
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        readable, _, _ = select.select([conn], [], [], 0.05)
-        if readable and not conn.recv(1):  # the client is gone (killed too): so is its run
-            _kill(pid)
-            os.waitpid(pid, 0)
-            os._exit(0)
-    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-    os._exit(0)
+    """In a forked handler: fork the run, say its pid, wait, say its exit status. It ends here
+    whatever happens (a client gone mid-answer is a BrokenPipeError): never back in `serve`."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        data = b""
+        while not data.endswith(b"\n") and (chunk := conn.recv(1 << 16)):
+            data += chunk
+        req = json.loads(data)
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            _run(req)
+        conn.sendall(f"{pid}\n".encode())
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            readable, _, _ = select.select([conn], [], [], 0.05)
+            if readable and not conn.recv(1):  # the client is gone (killed too): so is its run
+                _kill(pid)
+                os.waitpid(pid, 0)
+                return
+        conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+    except BaseException:
+        pass
+    finally:
+        os._exit(0)
 
 
 def serve(path: str):

@@ -64,22 +64,54 @@ def test_exit_codes_are_the_shells(probe):
     assert run(probe, "signal").returncode == -15
 
 
+def gone(pid) -> bool:
+    """No process `pid`, or a zombie until it is reaped."""
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid, what):
+    for _ in range(100):
+        if gone(pid):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{what} {pid} is still running")
+
+
 def test_a_timeout_ends_the_run_and_what_it_started(probe, tmp_path):
     pid_file = tmp_path / "child.pid"
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         run(probe, "hang", pid_file, timeout=3)
     assert time.monotonic() - t0 < 10
-    pid = int(pid_file.read_text())
-    for _ in range(100):  # SIGKILLed with its session: gone, or a zombie until it is reaped
-        try:
-            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
+    wait_gone(int(pid_file.read_text()), "the run's child, after the timeout,")
+
+
+def test_a_client_gone_mid_run_takes_the_run_with_it(probe, tmp_path):
+    """A pytest worker killed while its run goes on: the handler sees the socket close."""
+    import json
+    import socket
+
+    import preload
+
+    run(probe, "ok")  # this environment's server, started
+    server = preload._SERVERS[preload._key(dict(os.environ))]
+    pid_file = tmp_path / "child.pid"
+    req = {"argv": [str(probe), "hang", str(pid_file)], "cwd": str(tmp_path),
+           "env": dict(os.environ), "out": str(tmp_path / "o"),
+           "err": str(tmp_path / "e")}  # fmt: skip
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(server.sock)
+        conn.sendall(json.dumps(req).encode() + b"\n")
+        pid = int(conn.makefile().readline())
+        for _ in range(200):
+            if pid_file.is_file() and pid_file.read_text():
                 break
-        except FileNotFoundError:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail(f"the run's child {pid} outlived the timeout")
+            time.sleep(0.05)
+    wait_gone(pid, "the run")
+    wait_gone(int(pid_file.read_text()), "the run's child")
 
 
 def test_a_step_trains_as_in_a_process_of_its_own(tmp_path):
