@@ -58,8 +58,8 @@ def missing_inputs() -> str | None:
     try:
         if not VERDICT.is_file():
             staged = mirror() / "middlemarch.txt"
-            staged = staged.read_text(encoding="utf-8-sig") if staged.is_file() else None
-            text = staged or read_text(None)[0]
+            text = staged.read_text(encoding="utf-8-sig") if staged.is_file() else ""
+            text = text or read_text(None)[0]
             atomic_write_bytes(VERDICT, text[:20_000].encode())
         if not BPE.is_dir():
             gpt2_tokenizer()  # tiktoken's own download and cache
@@ -178,6 +178,18 @@ def run_script(args, timeout=600, env=None, cwd=ROOT, preload=False):
 
 def py(script, *args, **kw):
     return run_script([sys.executable, str(ROOT / script), *map(str, args)], **kw)
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: a zombie (killed, its parent not yet reaping it) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no /proc (macOS): os.kill said it exists
+        return True
 
 
 def records(path):

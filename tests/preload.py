@@ -53,7 +53,6 @@ class Server:
     """One preloaded server for one environment; `run` forks a run of a script off it."""
 
     def __init__(self, env: dict):
-        self.env = env
         self.dir = tempfile.mkdtemp(prefix="preload-")
         self.sock = os.path.join(self.dir, "s")
         # stdin: a pipe only we hold; at its EOF (this process gone, killed too) the server ends

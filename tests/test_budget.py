@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import alive
+
 TESTS = Path(__file__).resolve().parent
 
 CONFTEST = f"""
@@ -83,15 +85,6 @@ def folder_with(tmp_path: Path, cases: str) -> Path:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_cases.py").write_text(cases)
     return tmp_path
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
 def interrupt_during_b(folder: Path, state: Path, **how) -> tuple[int, str]:

@@ -66,6 +66,9 @@ def run_ladder(out, scripts, eager=(), env=None):
     """{script: (CompletedProcess, [records])} for one tiny run of each script."""
     text = epoch_text(out)
 
+    def forked(script):  # eager: forked off the preloaded process; a compile: its own process
+        return script not in COMPILED or script in eager
+
     def one(script):
         res = out / (Path(script).stem + ".jsonl")
         proc = run_script(
@@ -74,15 +77,15 @@ def run_ladder(out, scripts, eager=(), env=None):
              "--results", res],
             timeout=900,
             env={**(env or {}), **({"TORCH_COMPILE_DISABLE": "1"} if script in eager else {})},
-            preload=script not in COMPILED or script in eager,  # a compile: a process of its own
+            preload=forked(script),
         )  # fmt: skip
         return script, (proc, records(res) if res.exists() else [])
 
     # the compiled step is the slow one: start it first so the two workers stay busy; but first
     # one eager run alone, which measures and caches the CPU's matmul peak (the MFU denominator)
     # with nothing beside it where no pytest-xdist controller has (tests/alone.py)
-    order = sorted(scripts, key=lambda s: s not in COMPILED or s in eager)
-    quick = [s for s in order if s not in COMPILED or s in eager][:1]
+    order = sorted(scripts, key=forked)
+    quick = [s for s in order if forked(s)][:1]
     runs = dict(one(s) for s in quick)
     with ThreadPoolExecutor(max_workers=2) as pool:
         return runs | dict(pool.map(one, [s for s in order if s not in quick]))

@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
-from conftest import sweep_here
-from test_sweep import FIXTURES, TAG, _alive, runs_of, summary_of
+from conftest import alive, sweep_here
+from test_sweep import FIXTURES, TAG, runs_of, summary_of
 
 from speed_ladder import machine
 from speed_ladder.errors import UserError
@@ -153,9 +153,9 @@ def test_a_cut_ends_every_process_of_the_run(tmp_path, capsys, monkeypatch, cut)
     started = {p.name: int(p.name.split("-")[1]) for p in pids.iterdir()}
     assert {n.split("-")[0] for n in started} == {"01", "01child1", "01child2"}, started
     deadline = time.monotonic() + 5  # an orphan may wait a moment to be reaped
-    while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
+    while any(alive(p) for p in started.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [n for n, p in started.items() if _alive(p)]
+    assert not [n for n, p in started.items() if alive(p)]
 
 
 def test_a_step_over_its_own_timeout_inside_the_budget_is_still_a_timeout(

@@ -5,10 +5,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, VERDICT, records, run_script
+from conftest import ROOT, VERDICT, alive, records, run_script
 
 # what a run sees of itself, and how it ends (argv[1])
 PROBE = textwrap.dedent("""
@@ -64,17 +63,9 @@ def test_exit_codes_are_the_shells(probe):
     assert run(probe, "signal").returncode == -15
 
 
-def gone(pid) -> bool:
-    """No process `pid`, or a zombie until it is reaped."""
-    try:
-        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return True
-
-
 def wait_gone(pid, what):
     for _ in range(100):
-        if gone(pid):
+        if not alive(pid):
             return
         time.sleep(0.05)
     pytest.fail(f"{what} {pid} is still running")

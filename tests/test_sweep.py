@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BPE, ROOT, VERDICT, sweep_here
+from conftest import BPE, ROOT, VERDICT, alive, sweep_here
 
 from speed_ladder import flags as cli
 from speed_ladder import machine
@@ -229,17 +229,6 @@ def test_distributed_steps_run_on_one_and_on_n_processes_in_their_own_tags(tmp_p
     assert x2["02"]["scaling_efficiency"] == 1.0 and x2["02"]["world_size"] == 2
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def test_killed_sweep_keeps_finished_records_and_resumes(tmp_path, capsys, monkeypatch):
     results, pids = tmp_path / "results", tmp_path / "pids"
     sweep_args = ["--ladder-dir", FIXTURES / "ladder_ok", "--steps", "00,01,03"]
@@ -269,9 +258,9 @@ def test_killed_sweep_keeps_finished_records_and_resumes(tmp_path, capsys, monke
     if sys.platform.startswith("linux"):
         deadline = time.monotonic() + 10
         started = [int(p.name.split("-")[1]) for p in pids.iterdir()]
-        while any(_alive(p) for p in started) and time.monotonic() < deadline:
+        while any(alive(p) for p in started) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(p) for p in started)
+        assert not any(alive(p) for p in started)
 
     monkeypatch.delenv("SWEEP_FIXTURE_SLEEP", raising=False)
     code, out, err = sweep_here(capsys, *sweep_args)
@@ -348,7 +337,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypat
     assert (results / TAG / recs["03"]["log"]).is_file() and "log" not in recs["00"]
     # the hung step and the child it started were killed with its process group
     hung = [int(p.name.split("-")[1]) for p in pids.iterdir() if p.name.startswith("02")]
-    assert len(hung) == 2 and not any(_alive(p) for p in hung)
+    assert len(hung) == 2 and not any(alive(p) for p in hung)
 
     summary = summary_of(results)
     for n in ("01", "02", "03"):
