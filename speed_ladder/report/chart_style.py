@@ -94,31 +94,32 @@ def _scaled(ax, x: float) -> float:
 def fit_right(ax, texts, pad: float = 0.01) -> None:
     """Widen `ax`'s x range to the right until every text of `texts` (left-aligned, placed in
     data coordinates or `label_after` them) ends inside the axes. The figure must be laid out
-    (tight_layout) first."""
+    (tight_layout) first. Neither a text's width in pixels nor the axes' changes with the
+    range, so one pass settles it (the loop of three that drew the figure between passes never
+    widened twice: the same charts, byte for byte)."""
     renderer = ax.figure.canvas.get_renderer()
-    for _ in range(3):  # the tick labels move with the range: settle it
-        x0, x1 = ax.get_xlim()
-        width = ax.get_window_extent(renderer).width
-        lo, hi = _scaled(ax, x0), _scaled(ax, x1)
-        need = hi
-        for t in texts:
-            gap = LABEL_GAP_PT * ax.figure.dpi / 72 if hasattr(t, "xy") else 0.0
-            room = width * (1 - pad) - t.get_window_extent(renderer).width - gap
-            x = _scaled(ax, t.xy[0] if hasattr(t, "xy") else t.get_position()[0])
-            if room > 0 and x > lo:  # x at fraction (x - lo) / (need - lo) of the width
-                need = max(need, lo + (x - lo) * width / room)
-        if need <= hi * (1 + 1e-9) + 1e-12:
-            return
+    x0, x1 = ax.get_xlim()
+    width = ax.get_window_extent(renderer).width
+    lo, hi = _scaled(ax, x0), _scaled(ax, x1)
+    need = hi
+    for t in texts:
+        gap = LABEL_GAP_PT * ax.figure.dpi / 72 if hasattr(t, "xy") else 0.0
+        room = width * (1 - pad) - t.get_window_extent(renderer).width - gap
+        x = _scaled(ax, t.xy[0] if hasattr(t, "xy") else t.get_position()[0])
+        if room > 0 and x > lo:  # x at fraction (x - lo) / (need - lo) of the width
+            need = max(need, lo + (x - lo) * width / room)
+    if need > hi * (1 + 1e-9) + 1e-12:
         ax.set_xlim(x0, math.exp(need) if ax.get_xscale() == "log" else need)
-        ax.figure.canvas.draw()
 
 
 def layout(fig, fits=()) -> None:
     """Lay the figure out so that no label leaves it: tight_layout, then each (axes, texts) of
-    `fits` widened to hold its texts (`fit_right`), then tight_layout again for the new ticks."""
+    `fits` widened to hold its texts (`fit_right`), then tight_layout again for the new ticks.
+    Only savefig draws pixels: the layout's draw rasterized every glyph, a third of
+    `plot_results.py`'s time."""
     fig.tight_layout()
     if fits:
-        fig.canvas.draw()
+        fig.draw_without_rendering()  # the tick labels as they will be drawn
         for ax, texts in fits:
             fit_right(ax, texts)
         fig.tight_layout()
