@@ -9,6 +9,9 @@ too:
 - `@pytest.mark.alone`: the test (set-up and tear-down included) runs while no other worker is
   inside a test. Every other test holds a shared lock; an `alone` test takes it exclusively. A
   turnstile keeps a waiting `alone` test from being starved by the other worker's next tests.
+  An `alone` test followed by another keeps the lock for it, and tests/schedule.py puts the
+  files with `alone` tests first, those tests at their head: an `alone` test waits for the other
+  worker's test in flight, and at the start that is another short `alone` one.
 - The CPU matmul peak (the MFU denominator, speed_ladder/measure/matmul_peak.py) is measured
   once per run by the controller, before it starts the workers, into a cache folder they all
   share. Measured beside a worker's test it would read as "busy" and never be cached, so every
@@ -46,22 +49,40 @@ def cache() -> Path | None:
     return SHARED / "cache" if SHARED else None
 
 
-@contextmanager
-def lock(exclusive: bool):
-    """Held around one test: shared by default, exclusive for an `alone` test."""
-    if SHARED is None or fcntl is None:
-        yield
-        return
-    with open(SHARED / "turnstile", "a") as gate, open(SHARED / "tests", "a") as tests:
+KEPT = None  # the exclusive hold an `alone` test leaves to the next test, `alone` too
+
+
+def _acquire(exclusive: bool):
+    tests = open(SHARED / "tests", "a")  # closed by lock(), maybe a test later
+    with open(SHARED / "turnstile", "a") as gate:
         fcntl.flock(gate, fcntl.LOCK_EX)  # behind a waiting exclusive test, not past it
         try:
             fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(tests, fcntl.LOCK_UN)
+    return tests
+
+
+@contextmanager
+def lock(exclusive: bool, keep: bool = False):
+    """Held around one test: shared by default, exclusive for an `alone` test. `keep` (the next
+    test is `alone` too): an exclusive hold is not let go, so that a run of `alone` tests waits
+    for the other worker's test in flight once, not once a test."""
+    global KEPT
+    if SHARED is None or fcntl is None:
+        yield
+        return
+    held, KEPT = KEPT, None
+    if held is None:
+        held = _acquire(exclusive)
+    try:
+        yield
+    finally:
+        if exclusive and keep:
+            KEPT = held
+        else:
+            fcntl.flock(held, fcntl.LOCK_UN)
+            held.close()
 
 
 def pytest_configure(config):
@@ -109,5 +130,9 @@ def pytest_unconfigure(config):
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    with lock(exclusive=item.get_closest_marker("alone") is not None):
+    with lock(exclusive=is_alone(item), keep=nextitem is not None and is_alone(nextitem)):
         yield
+
+
+def is_alone(item) -> bool:
+    return item.get_closest_marker("alone") is not None

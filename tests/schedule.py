@@ -12,8 +12,15 @@ The seconds: the mean of two fast-suite runs (`--durations=0`, set-up, call and 
 per file) on 2026-11-27's 2-core EPYC, with tests/preload.py. Only the order matters; a file
 that grows or shrinks by a factor of two changes little.
 
+The files that hold `alone` tests (tests/alone.py) come before all others, their `alone` tests
+first: such a test waits until the other worker's test in flight has ended, and at the start that
+test is another short `alone` one. Later it could be any: the 2026-11-27 run had a 2-s `alone`
+test wait 25 s for a 45-s FSDP2 test, while its own worker did nothing.
+
 Without pytest-xdist (`-p no:xdist`, tools/gpu_session.sh) the order is pytest's own.
 """
+
+from alone import is_alone
 
 SECONDS = {
     "test_tools.py": 111, "test_ladder.py": 105, "test_sweep.py": 96, "test_faults.py": 60,
@@ -30,7 +37,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """In a worker (the controller takes its collection from them): the long files first, each
-    file's tests in their own order."""
+    """In a worker (the controller takes its collection from them): the files with `alone` tests
+    first, those tests at their head; then the long files first, each file's tests in their own
+    order."""
     if hasattr(config, "workerinput"):
-        items.sort(key=lambda i: -SECONDS.get(i.path.name, 0))  # stable: a file stays in order
+        waits = {i.path for i in items if is_alone(i)}
+        items.sort(key=lambda i: (i.path not in waits, -SECONDS.get(i.path.name, 0), str(i.path),
+                                  not is_alone(i)))  # fmt: skip
+        # stable: a file's tests otherwise keep their order

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import alone
 import pytest
 
 TESTS = Path(__file__).resolve().parent
@@ -45,7 +46,8 @@ def test_alone(i):
 """
 
 
-@pytest.mark.alone  # its own controller measures the CPU peak: on a quiet machine
+# Not `alone` itself: its controller measures the CPU peak beside the other worker's test, which
+# may read as busy; the controller then caches what it measured all the same (tests/alone.py)
 def test_an_alone_test_overlaps_no_other_and_the_rest_run_two_at_a_time(tmp_path):
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_cases.py").write_text(CASES)
@@ -70,5 +72,32 @@ def test_an_alone_test_overlaps_no_other_and_the_rest_run_two_at_a_time(tmp_path
     caches = {r[3] for r in rows}
     assert len(caches) == 1, caches  # one folder for both workers
     assert not Path(caches.pop()).exists()  # removed when the run ended
-    # measured once by the controller before the workers started, on a quiet machine: cached
+    # measured once by the controller before the workers started, and cached (busy or not)
     assert all(any(k.startswith("cpu|") for k in r[4]) for r in rows), rows
+
+
+@pytest.mark.skipif(alone.fcntl is None, reason="no flock (Windows): the workers never lock")
+def test_a_run_of_alone_tests_holds_the_lock_from_the_first_to_the_last(tmp_path, monkeypatch):
+    """An `alone` test followed by another keeps its exclusive hold; the last lets it go."""
+    fcntl = alone.fcntl
+    monkeypatch.setattr(alone, "SHARED", tmp_path)
+    monkeypatch.setattr(alone, "KEPT", None)  # put back as it was, whatever this test leaves
+
+    def another_test_could_start():  # the other worker's shared lock, not waited for
+        with open(tmp_path / "tests", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+
+    with alone.lock(exclusive=True, keep=True):
+        assert not another_test_could_start()
+    assert not another_test_could_start()  # between two `alone` tests
+    with alone.lock(exclusive=True, keep=False):
+        assert not another_test_could_start()
+    assert another_test_could_start() and alone.KEPT is None
+    with alone.lock(exclusive=False, keep=True):  # only an exclusive hold is kept
+        assert another_test_could_start()
+    assert alone.KEPT is None
