@@ -14,10 +14,11 @@ too:
   worker's test in flight, and at the start that is another short `alone` one.
 - The CPU matmul peak (the MFU denominator, speed_ladder/measure/matmul_peak.py) is measured
   once per run by the controller, before it starts the workers, into a cache folder they all
-  share. Measured beside a worker's test it would read as "busy" and never be cached, so every
-  step process would measure it again, on both cores. Where another job keeps the machine busy
-  even then, the controller caches what it measured in the run's own cache all the same: the
-  tests need a plausible MFU denominator, not this machine's best.
+  share: with this machine's threads, and with one thread, as each torchrun rank has it.
+  Measured beside a worker's test it would read as "busy" and never be cached, so every step
+  process would measure it again, on both cores. Where another job keeps the machine busy even
+  then, the controller caches what it measured in the run's own cache all the same: the tests
+  need a plausible MFU denominator, not this machine's best.
 
 Without xdist (`python -m pytest`, `-p no:xdist`, tools/gpu_session.sh) nothing changes: no lock,
 and the cache folder is the session's own. Only a real worker locks: a pytest that a test starts
@@ -106,17 +107,23 @@ def pytest_sessionstart(session):
 
     before = os.environ.get("SPEED_LADDER_CACHE")
     os.environ["SPEED_LADDER_CACHE"] = str(OWNED / "cache")
+    threads = torch.get_num_threads()
     try:
         cpu = torch.device("cpu")
-        rates = matmul_peak.measured_matmul_rates(cpu)
-        # Measured while other jobs kept a core busy, the harness returns the rates but never
-        # caches them: then every step process of the run (about a hundred) would measure them
-        # again, ~7 s each under the other worker's load. The tests need a plausible MFU
-        # denominator, not this machine's best: their private cache keeps what was measured.
         path = OWNED / "cache" / "matmul_peak.json"
-        if not path.exists() and matmul_peak.rates_problem(cpu, rates) is None:
-            path.write_text(json.dumps({matmul_peak.rates_key(cpu): rates}))
+        for n in sorted({threads, 1}, reverse=True):  # 1: each torchrun rank's (OMP_NUM_THREADS=1)
+            torch.set_num_threads(n)
+            rates = matmul_peak.measured_matmul_rates(cpu)
+            # Measured while other jobs kept a core busy, the harness returns the rates but never
+            # caches them: then every step process of the run (about a hundred) would measure
+            # them again, ~7 s each under the other worker's load. The tests need a plausible MFU
+            # denominator, not this machine's best: their private cache keeps what was measured.
+            table = json.loads(path.read_text()) if path.exists() else {}
+            key = matmul_peak.rates_key(cpu)
+            if key not in table and matmul_peak.rates_problem(cpu, rates) is None:
+                path.write_text(json.dumps({**table, key: rates}))
     finally:
+        torch.set_num_threads(threads)
         if before is None:
             del os.environ["SPEED_LADDER_CACHE"]
         else:

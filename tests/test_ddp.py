@@ -5,6 +5,7 @@ The runs use TORCH_COMPILE_DISABLE=1 to stay within the suite's time budget (a c
 about a minute per process on 2 cores); the slow ladder tests cover DDP with compile.
 """
 
+import json
 import socket
 import subprocess
 import sys
@@ -121,6 +122,41 @@ def test_a_failing_rank_ends_the_job_promptly(tmp_path):
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stderr + proc.stdout
     assert elapsed < 120, f"took {elapsed:.0f} s"
+
+
+def test_rank_0_measures_the_matmul_peak_for_every_rank(tmp_path):
+    """Two gloo ranks ask for the CPU matmul rates (step 05's bf16 rule, the MFU peak): rank 0
+    alone measures, and both take its rates, whatever the other would have measured; the second
+    ask is no collective. The matmuls are stand-ins that give each rank its own rate."""
+    script = tmp_path / "rates.py"
+    script.write_text(
+        "import json, os, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import torch, torch.distributed as dist\n"
+        "from speed_ladder.measure import cpu_load, matmul_peak\n"
+        "rank = int(os.environ['RANK'])\n"
+        "def rate(device, dtype):\n"
+        f"    with open({str(tmp_path / 'measured')!r}, 'a') as f:\n"
+        "        f.write(f'{rank}\\n')\n"
+        "    return (7e10 if dtype == torch.float32 else 2e9) * (1 + rank)\n"
+        "matmul_peak._matmul_rate = rate\n"
+        "cpu_load.is_busy = lambda others: False  # another test's load: still cached here\n"
+        "dist.init_process_group('gloo')\n"
+        "cpu = torch.device('cpu')\n"
+        "got = [matmul_peak.measured_matmul_rates(cpu) for _ in range(2)]\n"
+        f"open({str(tmp_path)!r} + f'/rank{{rank}}.json', 'w').write(json.dumps(got))\n"
+        "dist.destroy_process_group()\n"
+    )
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    proc = run_script([*TORCHRUN, "--standalone", "--nproc_per_node=2", script],
+                      env={"SPEED_LADDER_CACHE": str(cache)}, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "measured").read_text().split() == ["0", "0"]  # fp32 and bf16, rank 0
+    rank0 = {"fp32": 7e10, "bf16": 2e9}
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == [rank0, rank0]
+    assert list(json.loads((cache / "matmul_peak.json").read_text()).values()) == [rank0]
 
 
 def test_a_world_of_one_is_not_wrapped_in_ddp(monkeypatch, tmp_path):

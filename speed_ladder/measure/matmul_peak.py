@@ -2,7 +2,8 @@
 FLOP/s of a 1024^3 matmul in fp32 and bf16, measured once per device name, thread count and
 torch version and cached (`matmul_peak.json` in the cache folder); never cached when it is
 implausible or was measured while other processes kept the CPU busy. device.py's peak_flops (the
-MFU denominator) and bf16_is_fast (step 05's rule) read it."""
+MFU denominator) and bf16_is_fast (step 05's rule) read it. Under torchrun, rank 0 measures for
+the job's ranks (measured_matmul_rates)."""
 
 import json
 import math
@@ -14,6 +15,7 @@ import torch
 from speed_ladder.errors import warn
 from speed_ladder.files import atomic_write_bytes, cache_dir
 from speed_ladder.measure import cpu_load
+from speed_ladder.measure.across_ranks import process_group
 from speed_ladder.measure.device import name, synchronize
 
 
@@ -105,6 +107,10 @@ def _read_table(path: Path) -> dict:
     return table
 
 
+# What rank 0 gave this process's job (several ranks under torchrun), once: see below
+_JOB_RATES: dict | None = None
+
+
 def measured_matmul_rates(device: torch.device) -> dict:
     """{"fp32": FLOP/s, "bf16": FLOP/s} of a 1024^3 matmul, measured once and cached per
     device name, thread count and torch version (CPU/MPS have no datasheet table here).
@@ -112,7 +118,27 @@ def measured_matmul_rates(device: torch.device) -> dict:
     A cached entry outside the device's plausible range (see PLAUSIBLE_PEAK), or of the wrong
     type, is measured again; a measurement outside it, or one taken while other processes kept
     a CPU busy (cpu_load.py's threshold), is returned but not cached.
+
+    In a process group of several ranks (torchrun: step 11 on), rank 0 measures (or reads its
+    cache) while the others wait, and every rank takes its rates. Each rank measuring for
+    itself, all at once, slowed one another, so on a busy machine the peak was never cached and
+    every run measured it again, several seconds a rank; and ranks could disagree on step 05's
+    bf16 rule or the MFU peak. The first call is a collective: every rank makes it (bf16_is_fast
+    or Run.set_model, which every rank calls at the same point of a step).
     """
+    global _JOB_RATES
+    group = process_group()
+    if group is None or group.get_world_size() == 1:
+        return _measured_here(device)
+    if _JOB_RATES is None:
+        box = [_measured_here(device) if group.get_rank() == 0 else None]
+        group.broadcast_object_list(box, src=0)
+        _JOB_RATES = box[0]
+    return _JOB_RATES
+
+
+def _measured_here(device: torch.device) -> dict:
+    """This process's measurement, or its cache's (measured_matmul_rates)."""
     key = rates_key(device)
     path = cache_dir() / "matmul_peak.json"
     table = _read_table(path)
