@@ -56,7 +56,7 @@ def test_an_alone_test_overlaps_no_other_and_the_rest_run_two_at_a_time(tmp_path
         [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
          "-o", "markers=alone: runs alone", "--rootdir", tmp_path, tmp_path / "test_cases.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "SPANS": str(spans)},
+        env={**os.environ, "SPANS": str(spans), "OMP_NUM_THREADS": "1"},  # one peak to measure
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in spans.read_text().splitlines()]

@@ -114,15 +114,18 @@ def fit_right(ax, texts, pad: float = 0.01) -> None:
 
 def layout(fig, fits=()) -> None:
     """Lay the figure out so that no label leaves it: tight_layout, then each (axes, texts) of
-    `fits` widened to hold its texts (`fit_right`), then tight_layout again for the new ticks.
-    Only savefig draws pixels: the layout's draw rasterized every glyph, a third of
-    `plot_results.py`'s time."""
+    `fits` widened to hold its texts (`fit_right`), then tight_layout again for the new ticks,
+    which can narrow an axes by a few pixels, so each is fitted once more (a wider range moves
+    no label's pixels). Only savefig draws pixels: the layout's draw rasterized every glyph, a
+    third of `plot_results.py`'s time."""
     fig.tight_layout()
     if fits:
         fig.draw_without_rendering()  # the tick labels as they will be drawn
         for ax, texts in fits:
             fit_right(ax, texts)
         fig.tight_layout()
+        for ax, texts in fits:
+            fit_right(ax, texts)
 
 
 def save(plt, fig, path: Path) -> Path:
