@@ -10,6 +10,13 @@ from pathlib import Path
 
 import pytest
 
+# OpenMP threads that wait sleep instead of spinning (libgomp reads this when torch loads it, so
+# before any import of torch; every process the tests start inherits it). The fast suite runs two
+# workers and their step processes on two cores: spinning threads burned the CPU another process
+# was waiting for (a 2-thread backward loop beside one busy core: 7.0-7.9 CPU-s spinning, 3.4
+# passive, and 1.6x the wall time). Measurements under test are unaffected: a CPU peak measured
+# passive is a plausible MFU denominator; nothing the tests assert depends on the waiting.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # per-test time limits (@pytest.mark.limit) and --state (a resumable run): tests/budget.py
 from budget import (  # noqa: E402, F401
