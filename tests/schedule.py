@@ -8,9 +8,9 @@ the files by the seconds they took, longest first, and the controller hands them
 order: each worker takes the next file when it is free, as in longest-processing-time-first
 scheduling. A file not listed comes after, in pytest's order.
 
-The seconds: the mean of two fast-suite runs (`--durations=0`, set-up, call and tear-down summed
-per file) on 2026-11-27's 2-core EPYC, with tests/preload.py. Only the order matters; a file
-that grows or shrinks by a factor of two changes little.
+The seconds: each file's tests summed (set-up, call and tear-down) in a fresh-clone fast-suite
+run on 2026-11-27's 2-core EPYC, test_gpu_session.py still inside test_tools.py then (its tests
+apart). Only the order matters; a file that grows or shrinks by a factor of two changes little.
 
 The files that hold `alone` tests (tests/alone.py) come before all others, their `alone` tests
 first: such a test waits until the other worker's test in flight has ended, and at the start that
@@ -23,10 +23,10 @@ Without pytest-xdist (`-p no:xdist`, tools/gpu_session.sh) the order is pytest's
 from alone import is_alone
 
 SECONDS = {
-    "test_tools.py": 111, "test_ladder.py": 105, "test_sweep.py": 96, "test_faults.py": 60,
-    "test_ddp.py": 55, "test_plot.py": 52, "test_liger.py": 41, "test_fsdp2.py": 38,
-    "test_profile.py": 29, "test_lease.py": 26, "test_budget.py": 25, "test_add_rung.py": 24,
-    "test_harness.py": 16, "test_alone.py": 16, "test_portable.py": 15, "test_peer_tool.py": 15,
+    "test_ladder.py": 96, "test_sweep.py": 94, "test_gpu_session.py": 85, "test_tools.py": 55,
+    "test_ddp.py": 53, "test_liger.py": 49, "test_faults.py": 39, "test_plot.py": 38,
+    "test_fsdp2.py": 30, "test_lease.py": 27, "test_profile.py": 25, "test_budget.py": 21,
+    "test_preload.py": 18, "test_alone.py": 18, "test_harness.py": 15, "test_portable.py": 14,
 }  # fmt: skip
 
 

@@ -23,7 +23,7 @@ def test_a_workers_collection_puts_the_long_files_first_each_in_its_own_order():
     worker = SimpleNamespace(workerinput={})
     schedule.pytest_collection_modifyitems(worker, items)
     assert [i.nodeid for i in items] == [
-        "tests/test_tools.py::a", "tests/test_ladder.py::a", "tests/test_ladder.py::b",
+        "tests/test_ladder.py::a", "tests/test_ladder.py::b", "tests/test_tools.py::a",
         "tests/test_docs.py::a", "tests/test_docs.py::b",
     ]  # fmt: skip
     alone = list(reversed(items))  # no worker: pytest's order stays

@@ -48,7 +48,7 @@
 #   (0: it fits with room for a rerun, 1: it does not, the shortfall and what to drop;
 #   speed_ladder/sweep/lease_plan.py)
 #
-# Smoke test on a CPU (tests/test_tools.py): tools/gpu_session.sh OUT --device cpu --preset tiny
+# Smoke test on a CPU (tests/test_gpu_session.py): tools/gpu_session.sh OUT --device cpu --preset tiny
 #   --steps 00 --max-steps 3 --warmup-steps 1 --data TEXT
 # OUT/status.txt says each phase: `ok`, `partial (what is left)`, `not started (why)` or
 # `failed (why)`. Exit status: 0 when every phase is ok, 3 when --budget left work for the next
