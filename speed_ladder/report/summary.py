@@ -253,6 +253,13 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=N
     """The tidy table: one row per ladder step, numbers only for steps whose last run was ok.
     `machine`: only this fingerprint's records (None: any); `single`: the `-x1` tag's used runs,
     for the scaling efficiency of a tag of `nproc` > 1 processes."""
+    return table_and_runs(steps, records, configs, shas, repeats, machine, single, nproc, tag)[0]
+
+
+def table_and_runs(steps, records, configs: dict, shas: dict, repeats: int, machine=None,
+                   single: dict | None = None, nproc: int = 1, tag: str | None = None):  # fmt: skip
+    """(summarize's table, the runs each row used: what a tag of more processes is scaled by),
+    from one pass over the records."""
     import pandas as pd
 
     runs, used, control = collect(steps, records, configs, shas, repeats, machine, tag)
@@ -274,7 +281,7 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=N
     df["busy_runs"] = df["busy_runs"].fillna(0).astype(int)
     df["world_size"] = df["world_size"].astype("Int64")
     df["step_active"] = df["step_active"].astype("boolean")
-    return df
+    return df, used
 
 
 def _group(records: list[dict], step: Step):
@@ -319,8 +326,7 @@ def rebuild(tag_dir: Path, ladder: list[Step], single: dict | None = None, nproc
     machines = {str(g[2]) for g in groups.values() if g[1]}
     machine = groups[next(n for n, g in groups.items() if g[1])][2] if len(machines) == 1 else None
     tag = Path(tag_dir).name
-    df = summarize(ladder, records, configs, shas, repeats, machine, single, nproc, tag)
-    return df, collect(ladder, records, configs, shas, repeats, machine, tag)[1]
+    return table_and_runs(ladder, records, configs, shas, repeats, machine, single, nproc, tag)
 
 
 def write_summary(tag_dir: Path, df) -> Path:

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speed_ladder.ladder import Step
-from speed_ladder.report.summary import collect, settled, write_summary
-from speed_ladder.report.summary import summarize as summarize_tag
+from speed_ladder.report.summary import settled, table_and_runs, write_summary
 from speed_ladder.spec import RunSpec
 from speed_ladder.store import load_runs
 
@@ -66,10 +65,10 @@ def summarize(plan: Plan) -> dict[str, object]:
     for ps in plan.passes:
         recs, tag = load_runs(ps.tag_dir), Path(ps.tag_dir).name
         configs, shas = settled(recs, ps.ladder, ps.configs, ps.shas)
-        df = summarize_tag(ps.ladder, recs, configs, shas, plan.repeats, plan.machine,
-                           single=single, nproc=ps.nproc, tag=tag)  # fmt: skip
+        df, used = table_and_runs(ps.ladder, recs, configs, shas, plan.repeats, plan.machine,
+                                  single=single, nproc=ps.nproc, tag=tag)  # fmt: skip
         if ps.nproc == 1:
-            single = collect(ps.ladder, recs, configs, shas, plan.repeats, plan.machine, tag)[1]
+            single = used
         write_summary(ps.tag_dir, df)
         out[ps.tag] = df
     return out
