@@ -65,7 +65,7 @@ def missing_inputs() -> str | None:
     try:
         if not VERDICT.is_file():
             staged = mirror() / "middlemarch.txt"
-            text = staged.read_text(encoding="utf-8-sig") if staged.is_file() else ""
+            text = read_text(str(staged))[0] if staged.is_file() else ""
             text = text or read_text(None)[0]
             atomic_write_bytes(VERDICT, text[:20_000].encode())
         if not BPE.is_dir():
