@@ -7,8 +7,8 @@ round, with an interval, a verdict, and the noise floor that verdict is judged a
   Two runs of the same round pair only if they started within `PAIR_WINDOW_S` (an hour) of each
   other: a later sweep that runs a step again but not its predecessor numbers its rounds from 1
   too, and its runs must not be paired with runs of another session (other load, other
-  thermals, hours apart). Such a step has no effect in the summary, not a made-up one; resumed
-  sweeps and a lease's calls run minutes apart and still pair.
+  thermals, hours apart). Such a step has no effect in the summary, not a made-up one; a sweep
+  resumed after its --budget ran out runs minutes later and still pairs.
   The previous step is the rung it builds on (its `after` in speed_ladder/data/ladder.json:
   normally the file before it, NN-1, but `"after": "12"` makes step 15's effect its gain over
   step 12), where the tag has it with ok runs; none where the tag lacks that step or it has

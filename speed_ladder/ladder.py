@@ -3,15 +3,14 @@ them, and which of them a results tag of N processes holds.
 
 What a rung is lives in one place, speed_ladder/data/ladder.json, one entry per step file: what it
 changes (memory terms, precision, compiled, distributed), its README line, its loss-parity rule,
-what makes it inactive on a device, how the lease plan times it unmeasured, and the summary file
-that copies it. An entry states only what its rung changes over the rung it builds on (`after`:
-the file before it unless the entry names an earlier rung); the loader folds each entry onto
-that rung's state, so each `Step` carries the whole state. The memory model, the spec, parity,
-the lease plan, the inactive checks, the README table, the charts and the tests read it here,
-and no code elsewhere compares step numbers or greps a step's source
-(tests/test_no_step_literals.py). A new rung is its file plus one entry (docs/developing.md, Add
-a rung); whatever pairs a rung with the rung before it takes `after` from here (`bases`,
-`descendants`, `skips`)."""
+what makes it inactive on a device, and the summary file that copies it. An entry states only
+what its rung changes over the rung it builds on (`after`: the file before it unless the entry
+names an earlier rung); the loader folds each entry onto that rung's state, so each `Step`
+carries the whole state. The memory model, the spec, parity, the inactive checks, the README
+table, the charts and the tests read it here, and no code elsewhere compares step numbers or
+greps a step's source (tests/test_no_step_literals.py). A new rung is its file plus one entry
+(docs/developing.md, Add a rung); whatever pairs a rung with the rung before it takes `after`
+from here (`bases`, `descendants`, `skips`)."""
 
 import difflib
 import json
@@ -112,9 +111,6 @@ class Step:
     summary: str = ""  # the README table's "what it changes"
     parity: dict = field(default_factory=dict, compare=False)  # {"cpu": ..., "cuda": ...}
     inactive: Inactive | None = None
-    # {"like": num, "factor": f, "why": ...}: timed as rung `like`; out of the hash (a dict),
-    # which the sweep takes of its jobs' steps
-    lease: dict | None = field(default=None, compare=False)
     summary_file: str | None = None  # a file at the root that copies this rung
     after: str | None = None  # the rung this one is "that rung + one idea" of; None: the first
 
@@ -180,7 +176,7 @@ def _step(f: Path, e: dict, state: dict, where: str, after: str | None) -> Step:
     except TypeError as err:
         raise UserError(f"{where}: inactive {inactive}: {err}") from None
     return Step(f.name[:2], f, step_title(f), state["distributed"], state["compiled"], memory,
-                e.get("summary", ""), e.get("parity") or {}, inactive, e.get("lease"),
+                e.get("summary", ""), e.get("parity") or {}, inactive,
                 e.get("summary_file"), after)  # fmt: skip
 
 

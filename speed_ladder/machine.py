@@ -19,8 +19,8 @@ Records written before the fingerprint had `cpu`/`gpus` (four keys: name, count,
 still match each other by those four, so their tags summarize as before; they never match a
 machine fingerprinted now, which measures itself instead of trusting them.
 
-**A pool of interchangeable machines** (one cloud instance type where every job gets a fresh
-instance, a lease of one GPU kind whose every call starts a new machine): set
+**A pool of interchangeable machines** (a batch cluster or a cloud instance type where every job
+starts on a fresh machine of the same kind): set
 `SPEED_LADDER_HOST_ID=NAME` (letters, digits, '.', '_', '-') on each, and the fingerprint's host
 id is `pool:NAME` instead of the machine's own, and the GPUs' UUIDs are left out, so a sweep
 resumes across them in one tag (GPU name, count, capability, memory and SMs must still match).

@@ -1,12 +1,12 @@
-"""What a GPU session's own sweep measured, for the GPU tests that would otherwise run it again.
+"""What tools/gpu_session.sh's own sweep measured, for the GPU tests that would otherwise run it
+again.
 
 tools/gpu_session.sh runs the bounded sweep on gpt2-124m first, then `pytest -m "gpu and not
 slow" tests/test_gpu.py`, and exports the sweep's results folder as SPEED_LADDER_SESSION_RESULTS.
 Two fast GPU tests check what that sweep has just run on this GPU: steps 10, 12 and 13 at
 gpt2-124m (their peak memory, and that Liger's kernel ran in 12) and step 11 under torchrun with
-nccl as a world of one. Reading the sweep's records saves the session three gpt2-124m processes
-and a torchrun (about 55 s of a 15-minute lease, speed_ladder/sweep/lease_costs.py); run alone, or
-where the sweep has no such record, the tests run their own processes as before.
+nccl as a world of one. Reading the sweep's records saves three gpt2-124m processes and a
+torchrun; run alone, or where the sweep has no such record, the tests run their own processes.
 
 A record counts only when it is an ok run of the step's file as it is now (its sha256, as the
 summary matches records), of `preset`, on this GPU (its name): a resumed, committed record of

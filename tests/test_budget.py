@@ -187,8 +187,7 @@ def limits(path: Path) -> dict[str, tuple[float | None, bool]]:
 
 def test_every_gpu_test_has_a_limit_and_the_fast_part_fits_about_four_minutes():
     """Each GPU test's limit is its worst case: the fast part's limits together (parametrized
-    cases each count) stay within 1000 s. The lease plan expects ~70 s of them after the sweep
-    (lease_costs.TESTS_S); a test past it is cut by the session's --budget, never the lease."""
+    cases each count) stay within 1000 s; a test past tools/gpu_session.sh's --budget is cut."""
     tests = limits(TESTS / "test_gpu.py")
     assert tests and all(limit for limit, _ in tests.values()), tests
     cases = {
@@ -197,7 +196,7 @@ def test_every_gpu_test_has_a_limit_and_the_fast_part_fits_about_four_minutes():
         "test_ddp_with_nccl_as_a_world_of_one": 2,
     }
     fast = sum(limit * cases.get(name, 1) for name, (limit, slow) in tests.items() if not slow)
-    assert fast <= 1000, fast  # worst cases; the expected run is ~70 s (lease_costs.py)
+    assert fast <= 1000, fast  # worst cases; the expected run is ~70 s
     # the order: the quick, most telling checks first (the MFU table, then Liger)
     names = [n for n, (_, slow) in tests.items() if not slow]
     assert names[0] == "test_the_peak_table_resolves_this_gpu", names

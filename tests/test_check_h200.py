@@ -1,5 +1,5 @@
-"""`check` on copies of the committed H200 tag (issue 29): the real tag is clean; one record edited
-so that it cannot be right, or does not belong to its tag, is one line naming it, and the
+"""`check` on copies of the committed H200 tag: the real tag is clean; one record edited so that
+it cannot be right, or does not belong to its tag, is one line naming it, and the
 summary rebuilt from the records (as `plot_results.py --rebuild`) never shows its step as ok."""
 
 import json

@@ -1,5 +1,5 @@
-"""The step clock and the GPU idle share (issue 30: the harness timed every step after draining
-the GPU). speed_ladder.measure.clock and gpu_idle, on this CPU:
+"""The step clock and the GPU idle share: the clock never drains the GPU inside the timed
+window. speed_ladder.measure.clock and gpu_idle, on this CPU:
 
 - a real tiny run of step 10 (in-process, torch.compile off): between the timed window's start
   and end no synchronize and no `.item()`, and the losses read in batches, at most once per

@@ -161,7 +161,7 @@ def test_rank_0_measures_the_matmul_peak_for_every_rank(tmp_path):
 
 def test_a_world_of_one_is_not_wrapped_in_ddp(monkeypatch, tmp_path):
     """Under plain python (one process) step 11 does not wrap the model: no replica to average
-    with, and DDP's hooks cost about 2 ms a step on an H200 (the 2026-11-27 sweep's step 12).
+    with, and DDP's hooks cost about 2 ms a step on an H200 (step 12's sweep record).
     The record says why the step is inactive; two processes wrap it (the test above: their
     losses match one process only because gradients are all-reduced)."""
     import torch._dynamo

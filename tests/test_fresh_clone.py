@@ -1,5 +1,5 @@
-"""A fresh clone leaves tracked files alone (issue 29): README's main command, shortened to one
-real step on `tiny`, writes this machine's results where git does not track them
+"""A fresh clone leaves tracked files alone: README's main command, shortened to one real step
+on `tiny`, writes this machine's results where git does not track them
 (results/local/<tag>/), compares them with the committed tags all the same, and leaves
 `git status` clean; a run pointed at a committed tag folder is refused in one line."""
 

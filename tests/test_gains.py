@@ -180,7 +180,7 @@ def test_a_later_sweep_of_one_step_does_not_pair_with_its_predecessors_old_runs(
     assert row["tokens_per_sec_median"] == 150  # the later runs are 01's runs
     assert row["gain_vs_prev"] != row["gain_vs_prev"] and row["verdict"] != "faster", row  # NaN
     assert gains.paired(first, later, gains.TPS) == ({}, {})
-    # a lease's second call, 40 minutes after the first: the same session, the rounds pair
+    # a resumed sweep, 40 minutes after the first: the same session, the rounds pair
     soon = _later([_rec("01", rnd, 120, **_at(40 + 10 * rnd)) for rnd in (1, 2, 3)], "-soon")
     assert _summary(first + soon, ("00", "01"))["01"]["gain_vs_prev"] == pytest.approx(1.20)
     # no start times (records from before them): by round alone, as before

@@ -1,6 +1,6 @@
-"""A record's git_sha is the project's commit or nothing (issue 29): the H200 records took the HEAD
-of another repository, because the project had been exported with `git archive` into a folder
-inside it. Real layouts in tmp: that export, and a plain folder outside any repository."""
+"""A record's git_sha is the project's commit or nothing, never the HEAD of another repository
+that holds the project's files (an export with `git archive` into a folder inside it). Real
+layouts in tmp: that export, and a plain folder outside any repository."""
 
 import json
 import shutil

@@ -1,7 +1,7 @@
 """The GPU suite: `pytest -m gpu` on a machine with a CUDA GPU (skipped, not failed, without).
 
-tools/gpu_session.sh runs the fast part, `pytest -m "gpu and not slow"` (about 70 s estimated
-after the sweep, never yet run on CUDA), after the sweep: a GPU sweep already runs every step on
+tools/gpu_session.sh runs the fast part, `pytest -m "gpu and not slow"` (about 70 s estimated),
+after the sweep: a GPU sweep already runs every step on
 CUDA and judges each step's loss against the previous step's (summary.csv `parity`, each rung's
 CUDA rule in ladder.json), so the fast part checks only what a sweep cannot, most informative
 first, and reads the sweep's records where it has just run what a test needs
@@ -20,7 +20,7 @@ recorded inactive.
 
 Every test has a time limit (@pytest.mark.limit, tests/budget.py): one that hangs fails with
 "over its N s limit" and its processes are killed. tools/gpu_session.sh passes `--state FILE`, so
-a call stopped by its budget records the test in flight as cut and the next call runs only the
+a run stopped by its --budget records the test in flight as cut and the next run runs only the
 tests that did not finish.
 """
 
@@ -171,11 +171,12 @@ def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
 
 @pytest.mark.limit(60)  # one process, in-process: Triton's compile and 8 chunks
 def test_step12s_fused_loss_never_waits_for_the_gpu_and_runs_8_chunks_at_gpt2_124m():
-    """Issue 30: Liger's own Function synced the host twice a step and ran 64 chunks of 512 rows.
-    The step's loss, forward and backward, at gpt2-124m's batch 32 (32768 x 768, V 50304, bf16),
-    under torch.cuda.set_sync_debug_mode("error") (an op that makes the host wait raises): 8
-    launches of Liger's kernel on 4096 rows each; and the host-sync count of tests/liger_cases.py
-    (the CPU suite's, through the interpreter), with its control, Liger's Function."""
+    """Liger's own Function syncs the host twice a step and runs 64 chunks of 512 rows; step 12's
+    loss does neither. The step's loss, forward and backward, at gpt2-124m's batch 32 (32768 x
+    768, V 50304, bf16), under torch.cuda.set_sync_debug_mode("error") (an op that makes the
+    host wait raises): 8 launches of Liger's kernel on 4096 rows each; and the host-sync count
+    of tests/liger_cases.py (the CPU suite's, through the interpreter), with its control,
+    Liger's Function."""
     pytest.importorskip("liger_kernel", reason=LIGER)
     import liger_cases
     from conftest import load_step
@@ -250,9 +251,9 @@ def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_f
 def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path):
     """gpt2-124m: step 10 holds the (B*1024, 50304) logits and every block's activations; step 12
     drops the logits, step 13 the blocks' insides too. Where liger-kernel is installed, step 12
-    ran its kernel, not the chunked fallback. In a GPU session the sweep has just run the three
-    at batch 32, compiled, on this GPU: their records are read (tests/session_records.py);
-    otherwise three eager runs at batch 16 (4 below 40 GB)."""
+    ran its kernel, not the chunked fallback. Under tools/gpu_session.sh the sweep has just run
+    the three at batch 32, compiled, on this GPU: their records are read
+    (tests/session_records.py); otherwise three eager runs at batch 16 (4 below 40 GB)."""
     name = torch.cuda.get_device_name(GPU)
     recs = {s: session_record(s, name) for s in ("10", "12", "13")}
     if any(r is None for r in recs.values()):
@@ -276,8 +277,8 @@ def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path)
 @pytest.mark.parametrize("launcher", ["python", "torchrun"])
 def test_ddp_with_nccl_as_a_world_of_one(launcher, tmp_path):
     """Step 11 as a world of one under plain python and under torchrun (nccl, CUDA's default
-    backend). In a GPU session the sweep has just launched step 11 through torchrun on this GPU:
-    its record stands for the torchrun case (tests/session_records.py)."""
+    backend). Under tools/gpu_session.sh the sweep has just launched step 11 through torchrun on
+    this GPU: its record stands for the torchrun case (tests/session_records.py)."""
     rec = session_record("11", torch.cuda.get_device_name(GPU))
     if launcher == "torchrun" and rec is not None and rec.get("world_size") == 1:
         assert rec["step_active"] is False, rec  # nothing to share with

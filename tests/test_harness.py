@@ -220,8 +220,8 @@ def test_no_committed_data_or_tokenizer_files():
 
 def test_a_measuring_run_evaluates_only_after_its_last_step():
     """gpt2-124m evaluates every 50 steps: in a tutorial run, yes; in a measuring run (the
-    sweep's --max-steps/--results) no, since its step 50 was inside the timed window (the H200
-    sweep, 2026-11-27) and its pause empties the allocator. The final evaluation stays."""
+    sweep's --max-steps/--results) no, since its step 50 is inside the timed window and its pause
+    empties the allocator. The final evaluation stays."""
     from types import SimpleNamespace as NS
 
     from speed_ladder.measure.run import Run

@@ -1,8 +1,8 @@
 """The suite's own inputs (tests/conftest.py, missing_inputs): a short text and GPT-2's BPE files
-come from the offline mirror (SPEED_LADDER_SHARED, else ../shared) or are downloaded once. A clone
-with neither (offline, no mirror) gets one line and exit 4 before any test, not the same error in
-every one of ~550 tests. pytest runs in a copy of the checkout that has no data/ folder, the
-network cut by a proxy that refuses every connection."""
+come from the offline folder (SPEED_LADDER_SHARED, speed_ladder/files.py mirror()) or are
+downloaded once. A clone with neither (offline, no mirror) gets one line and exit 4 before any
+test, not the same error in every one of ~550 tests. pytest runs in a copy of the checkout that
+has no data/ folder, the network cut by a proxy that refuses every connection."""
 
 import os
 import shutil

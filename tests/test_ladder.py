@@ -44,7 +44,7 @@ MAX_STEPS, WARMUP = 4, 1
 # tokens, so an epoch is 2 steps at batch 4 and 1 at step 10's 8, and every run crosses an epoch
 # boundary within its 4 steps. A pair of neighbours that must see the same batches shows it in
 # every epoch, not only the first (steps 00-10 drew a new order from one generator each epoch,
-# 11-14 DistributedSampler's randperm(seed + epoch): the same first epoch only, 2026-11-27).
+# 11-14 DistributedSampler's randperm(seed + epoch): the same first epoch only).
 EPOCH_TOKENS = 330
 
 

@@ -1,4 +1,4 @@
-"""The package's layout (issue 20): folders by concern, and the imports between them.
+"""The package's layout: folders by concern, and the imports between them.
 
 - speed_ladder/ holds the core (errors, files, records, the runs store, ladder discovery, step
   flags, presets, machine fingerprint, the RunSpec, parity and gains); measure/, sweep/ and

@@ -108,7 +108,7 @@ def test_two_gpus_that_differ_only_in_uuid_are_two_machines(monkeypatch):
     c = machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1, [props("GPU-1111", sms=66)])
     assert c != a
     # a pool claims its machines interchangeable: the UUIDs leave the fingerprint, the rest stays
-    monkeypatch.setenv(machine.HOST_ENV, "h100-lease")
+    monkeypatch.setenv(machine.HOST_ENV, "h100-pool")
     pa = machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1, [props("GPU-1111")])
     pb = machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1, [props("GPU-2222")])
     assert pa == pb and "uuid" not in pa["gpus"][0]
@@ -146,8 +146,8 @@ def test_a_fresh_clone_on_the_committed_zen4_writes_its_own_folder_and_no_tracke
     """A fresh clone on a simulated Zen 4 (the CPU of the committed `...-m17-bf16-2c-x1` records,
     and this host's /etc/machine-id): the sweep writes results/local/<tag>-x1/, which git
     ignores, and nothing else: `git status` stays clean and the committed folder of its kind
-    keeps every byte (issue 29: it used to append there, on a machine that matched it). Its
-    closing table sets its tok/s beside that committed tag's, named as the same hardware."""
+    keeps every byte, also where the committed tag is this machine's. Its closing table sets its
+    tok/s beside that committed tag's, named as the same hardware."""
     clone = fresh_clone(tmp_path / "clone")
     info = tmp_path / "cpuinfo"
     info.write_text(ZEN4)

@@ -1,5 +1,5 @@
 """No code outside the registry (speed_ladder/ladder.py, speed_ladder/data/ladder.json) knows
-what a rung is by its number or by grepping its source (issue 31).
+what a rung is by its number or by grepping its source.
 
 An AST scan of the package, tools/, plot_results.py and the tests. In production code it flags:
 a two-digit string constant that is not a docstring (`step >= "10"`, `{"11": ...}`, a default

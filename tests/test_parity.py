@@ -91,9 +91,9 @@ def test_no_losses_no_parity():
 
 
 def test_a_pair_across_a_step_missing_from_the_tag_is_not_comparable():
-    """The H200 tag of 2026-11-27 had no step 11 (run by hand, outside the sweep): step 12 was
-    judged against step 10 and read `off` (0.233), though 12 keeps 11's losses and 11 differs
-    from 10 by DDP's data order. A rule compares a step with the step before it in the ladder;
+    """The committed H200 tag has no step 11 (run by hand, outside the sweep): judged against
+    step 10, step 12 would read `off` (0.233), though 12 keeps 11's losses and 11 differs from 10
+    by DDP's data order. A rule compares a step with the step before it in the ladder;
     without that step's runs the pair is `not comparable`, saying which step is missing."""
     used = {"10": [rec("10", 0)], "12": [rec("12", 0.233)], "13": [rec("13", 0.233)]}
     rows = [{"step": "10", "status": "ok"}, {"step": "11", "status": "not run"},

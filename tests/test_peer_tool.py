@@ -1,4 +1,4 @@
-"""tools/peer.py: the peer of the speed check (issue 30), made from a fetched copy of Raschka's
+"""tools/peer.py: the peer of the speed check, made from a fetched copy of Raschka's
 01_opt_single_gpu.py, which stays outside the repository. Here a stand-in with the same anchors
 (the places the tool changes) and a tiny model, so the changed script really runs on a CPU."""
 
@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_script
+from conftest import BPE, ROOT, run_script
 
 TOOL = ROOT / "tools" / "peer.py"
-BPE = ROOT.parent / "shared" / "data" / "gpt2_bpe"
 
 # the anchors as rasbt/LLMs-from-scratch ch05/10 has them (28c65cd), around a model that trains
 STAND_IN = """import os
@@ -89,13 +88,13 @@ if __name__ == "__main__":
 
 def make(tmp_path, *args, src=STAND_IN):
     (tmp_path / "src.py").write_text(src)
-    out = tmp_path / "carry" / "peer"
+    out = tmp_path / "data" / "peer"
     cmd = [sys.executable, TOOL, tmp_path / "src.py", "--out", out, "--bpe", BPE, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60), out
 
 
 def run_peer(out):
-    """The changed peer, from its folder, as the speed-check call runs it: no tiktoken cache set."""
+    """The changed peer, run from its folder: no tiktoken cache set."""
     cmd = [sys.executable, out / "01_opt_single_gpu.py"]  # forked off a preloaded process
     return run_script(cmd, cwd=out, env={"TIKTOKEN_CACHE_DIR": None}, timeout=120, preload=True)
 

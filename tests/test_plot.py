@@ -267,8 +267,8 @@ def test_reference_csv_is_the_published_table():
 
 
 # committed tags measured in part, and the steps they lack before their last measured rung: the
-# H200's 15-minute lease ran neither 11 nor 14 in its sweep (their runs by hand are in by-hand/,
-# never rows; issue 29); the f23 CPU swept 15 and 16, then 10, 12, 15 and 16 (3 rounds each)
+# H200's sweep ran neither 11 nor 14 (their runs by hand are in by-hand/, never rows); the f23
+# CPU swept 15 and 16, then 10, 12, 15 and 16 (3 rounds each)
 PARTIAL = {"nvidia-h200-x1": ["11", "14"],
            "cpu-amd-epyc-f23-m1-2c-x1": [f"{n:02d}" for n in (*range(10), 11, 13, 14)]}  # fmt: skip
 

@@ -42,7 +42,7 @@ FROZEN = {
 # memory_model.predict_run(gpt2-124m, step, world, its batch, bf16, device).total_bytes as the
 # step-number comparisons computed it: world 1 then 4, each bf16 then fp32, each cuda then cpu;
 # steps 11-13 in a world of one without DDP's buckets since step 11 wraps only 2 processes or more;
-# 12-14 in fp32 with Liger's 4096-row chunk since step 12 runs Liger's chunk loop itself (issue 30);
+# 12-14 in fp32 with Liger's 4096-row chunk since step 12 runs Liger's chunk loop itself;
 # 12 on hold the hidden states' gradient beside either chunk, the fallback's chunk has its fp32
 # copy where the logits are bf16 since the fallback runs that loop too
 # fmt: off
@@ -177,10 +177,10 @@ def test_a_step_file_without_an_entry_or_a_bad_entry_is_one_error(tmp_path):
 
 
 def test_every_rung_is_hashable_as_the_sweep_keys_its_jobs():
-    """The sweep keys its jobs by step (sweep/rounds.py): a rung with a `lease` entry (11, 14 on)
-    raised TypeError there, a traceback for `python -m speed_ladder run --steps 15,16`."""
+    """The sweep keys its jobs by step (sweep/rounds.py): a rung's dict fields (its parity rule)
+    stay out of the hash, or `python -m speed_ladder run` would raise TypeError there."""
     from speed_ladder.sweep.plan import Job
 
     steps = ladder.rungs()
-    assert any(s.lease for s in steps)
+    assert any(s.parity for s in steps)
     assert len({Job(0, s): s.num for s in steps}) == len(steps)

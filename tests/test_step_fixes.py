@@ -105,8 +105,8 @@ def test_liger_runs_on_cuda_chunk_by_chunk_with_fp32_accumulation(step12, monkey
 
 def test_step12_cuts_gpt2_124m_into_8_chunks_of_4096_rows_not_liger_defaults_64(step12):
     """batch 32 x 1024 rows of 768, the padded vocabulary: Liger's default chunk_mem_const 1 gave
-    64 chunks of 512 (the H200 profile of issue 30); the step's 8 gives 8 chunks of 4096, whose
-    bf16 logits are 0.4 GB."""
+    64 chunks of 512 (an H200 profile of step 12 showed them); the step's 8 gives 8 chunks of
+    4096, whose bf16 logits are 0.4 GB."""
     rows, dim, vocab = 32 * 1024, 768, 50304
     const = step12.FusedLinearCrossEntropy.CHUNK_MEM_CONST
     assert step12.FusedLinearCrossEntropy(torch.float32, CUDA).chunk_mem_const == const == 8

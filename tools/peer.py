@@ -1,17 +1,17 @@
 """Make the peer: Raschka's `01_opt_single_gpu.py` (rasbt/LLMs-from-scratch, ch05/10), changed
-only as the 2026-11-27 H200 run changed it (../shared/gpu-runs/2026-11-27-h200/README.md), so
-that its tok/s compare with the ladder's on the same machine (issue 30). The peer stays outside
-the repository: this reads a fetched copy and writes the changed one into a git-ignored folder.
+only so that its tok/s compare with the ladder's on the same machine. The peer stays outside the
+repository: this reads a fetched copy and writes the changed one into a git-ignored folder.
 
-    python tools/peer.py SRC [--out .carry/peer] [--text ../middlemarch.txt] [--bpe DIR]
+    python tools/peer.py SRC [--out data/peer] [--text ../middlemarch.txt] [--bpe DIR]
                              [--steps 40] [--preset cpu] [--fp32] [--no-dropout]
 
 The changes, each at an exact anchor of SRC (an upstream edit that moves one is one error line,
 never another peer):
-- the text: `file_path = "middlemarch.txt"` becomes --text (relative to the peer's folder; the
-  speed-check call carries it as .carry/middlemarch.txt);
+- the text: `file_path = "middlemarch.txt"` becomes --text (relative to the peer's folder; by
+  default the ladder's data/middlemarch.txt);
 - the tokenizer offline: TIKTOKEN_CACHE_DIR is the folder `tiktoken/` beside the peer, where
-  --bpe's encoder.json and vocab.bpe are staged under tiktoken's names (no network on a lent GPU);
+  --bpe's encoder.json and vocab.bpe are staged under tiktoken's names (default: the offline
+  folder's, speed_ladder/files.py mirror());
 - training: its train_model_simple_with_timing call becomes --steps optimizer steps over the
   train loader (epochs repeated), a synchronize (CUDA) and a clock after every optimizer step,
   no evaluation and no sample; it prints `PEER median step <ms> ms tok/s <n> ...` over the steps
@@ -19,8 +19,8 @@ never another peer):
 - the loss plot at the end is not drawn.
 --preset cpu: the ladder's cpu preset model (speed_ladder/presets.py) at its large batch, as
 step 10 trains it; --fp32: the model is not cast to bf16 (the peer's best on a CPU without
-native bf16); --no-dropout: drop_rate 0.0, the model step 16 trains. None of them is the
-2026-11-27 GPU peer: that is the default.
+native bf16); --no-dropout: drop_rate 0.0, the model step 16 trains. Without them the peer
+trains the published script's model and batch in bf16.
 """
 
 import argparse
@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from speed_ladder.files import mirror  # noqa: E402
 from speed_ladder.measure.data import stage_bpe  # noqa: E402
 from speed_ladder.presets import PRESETS  # noqa: E402
 
@@ -118,9 +119,9 @@ def make(src: str, text: str, steps: int, preset: str | None, fp32: bool, no_dro
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("src", type=Path, help=f"a fetched {NAME}")
-    ap.add_argument("--out", type=Path, default=ROOT / ".carry" / "peer")
+    ap.add_argument("--out", type=Path, default=ROOT / "data" / "peer")
     ap.add_argument("--text", default="../middlemarch.txt", help="the text, from the peer's folder")
-    ap.add_argument("--bpe", type=Path, default=ROOT.parent / "shared" / "data" / "gpt2_bpe")
+    ap.add_argument("--bpe", type=Path, default=mirror() / "gpt2_bpe")
     ap.add_argument("--steps", type=int, default=40, help="optimizer steps (> 10)")
     ap.add_argument("--preset", choices=["cpu"], help="the ladder's preset model and large batch")
     ap.add_argument("--fp32", action="store_true", help="no bf16 cast of the model")

@@ -220,7 +220,7 @@ class PeakWindow:
         """After it: drop what it cached and start the counters again from here. On CUDA only
         where it grew the pool: an evaluation that fit in training's cached blocks leaves them
         warm (empty_cache would hand back ~30 GB that the next step at batch 32 on gpt2-124m
-        allocates again: the 2026-11-27 H200 run, issue 30), and the counters restart from
+        allocates again, on an H200), and the counters restart from
         training's own pool."""
         if self.open:
             grew = self.device.type != "cuda" or torch.cuda.memory_reserved(self.device) > self.held

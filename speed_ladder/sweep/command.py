@@ -89,7 +89,7 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
         "--budget",
         type=_positive_float,
         metavar="SECONDS",
-        help="wall-clock limit for the whole sweep (a machine lent by the hour, a batch job's "
+        help="wall-clock limit for the whole sweep (a GPU rented by the hour, a batch job's "
         "limit): a run starts only when its expected duration fits in what is left, one still "
         "going at the end is stopped and not recorded, and the sweep exits 3 naming the runs "
         "left; the same command resumes with them (default: no limit)",

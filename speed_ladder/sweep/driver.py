@@ -29,7 +29,7 @@ tag folder at a time.
 - **Another machine's folder.** A tag folder holding records of another machine (committed
   results, or records from before fingerprints) is never written: the sweep uses
   `<hardware>-<6 hex digits of this machine's fingerprint>-xN` instead and says so.
-- **A budget** (`--budget SECONDS`, for a machine lent by the hour or a batch job's limit): a
+- **A budget** (`--budget SECONDS`, for a GPU rented by the hour or a batch job's limit): a
   run starts only when its expected duration (preflight.py) fits in what is left (one that does
   not is passed over; a later one that fits still runs), a run still going when it ends is
   stopped and not recorded (`cuts.jsonl` keeps how long it lasted, so the next sweep does not

@@ -1,7 +1,7 @@
-"""A sweep on a machine lent for a while (a cloud GPU by the hour, a batch job's time limit, a
-lease of short calls that each start a fresh machine): `--budget` ends it in time without losing
-or inventing a result, and SPEED_LADDER_HOST_ID pools interchangeable machines into one tag,
-in sight (each record's real host, the summary's `hosts`, a README line).
+"""A sweep with a time limit (a GPU rented by the hour, a batch job's wall-clock limit, where
+each job may start on a fresh machine): `--budget` ends it in time without losing or inventing a
+result, and SPEED_LADDER_HOST_ID pools interchangeable machines into one tag, in sight (each
+record's real host, the summary's `hosts`, a README line).
 
 Fixture ladders (tests/fixtures/ladder_ok) train nothing and take milliseconds.
 """
@@ -185,12 +185,12 @@ def test_without_a_pool_the_host_id_is_the_machines_own(monkeypatch):
 
 
 def test_a_pool_name_replaces_the_host_in_the_fingerprint_only(monkeypatch):
-    monkeypatch.setenv(machine.HOST_ENV, "h200-lease")
+    monkeypatch.setenv(machine.HOST_ENV, "h200-pool")
     monkeypatch.setattr(machine, "real_host_id", lambda: "aaaaaaaaaaaa")
     one = machine.fingerprint("cuda", "NVIDIA H200", 1)
     monkeypatch.setattr(machine, "real_host_id", lambda: "bbbbbbbbbbbb")
     assert machine.fingerprint("cuda", "NVIDIA H200", 1) == one
-    assert one["host_id"] == "pool:h200-lease"
+    assert one["host_id"] == "pool:h200-pool"
     # the pool never makes another GPU, count or torch "the same machine"
     assert machine.fingerprint("cuda", "NVIDIA H100 80GB HBM3", 1) != one
     assert machine.fingerprint("cuda", "NVIDIA H200", 8) != one
@@ -214,10 +214,10 @@ def test_a_pooled_sweep_resumes_on_a_fresh_machine_and_says_it_pooled(
 ):
     results = tmp_path / "results"
     args = [*BASE, "--results-dir", results]
-    monkeypatch.setenv(machine.HOST_ENV, "lease")
+    monkeypatch.setenv(machine.HOST_ENV, "batch")
     monkeypatch.setattr(machine, "real_host_id", lambda: "aaaaaaaaaaaa")
     assert sweep_here(capsys, *args, "--steps", "00")[0] == 0
-    # the next call starts on another machine of the same kind: 00 is kept, 01 and 03 run
+    # the next job starts on another machine of the same kind: 00 is kept, 01 and 03 run
     monkeypatch.setattr(machine, "real_host_id", lambda: "bbbbbbbbbbbb")
     code, out, err = sweep_here(capsys, *args, "--steps", "00,01,03")
     assert code == 0, out[-2000:] + err[-2000:]
@@ -225,7 +225,7 @@ def test_a_pooled_sweep_resumes_on_a_fresh_machine_and_says_it_pooled(
     recs = runs_of(results)  # one tag folder, each record with its real host
     assert [(r["step"], r["sweep"]["host"]) for r in recs] == [
         ("00", "aaaaaaaaaaaa"), ("01", "bbbbbbbbbbbb"), ("03", "bbbbbbbbbbbb")]  # fmt: skip
-    assert {r["sweep"]["machine"]["host_id"] for r in recs} == {"pool:lease"}
+    assert {r["sweep"]["machine"]["host_id"] for r in recs} == {"pool:batch"}
     rows = summary_of(results)
     assert rows["00"]["hosts"] == "aaaaaaaaaaaa" and rows["03"]["hosts"] == "bbbbbbbbbbbb"
     assert "Pooled: these runs come from 2 machines of this kind" in out
