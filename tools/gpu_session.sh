@@ -24,12 +24,12 @@
 #   --budget S    the whole call ends within S seconds (a machine lent by the hour, a call with a
 #                 time limit): the sweep runs with --budget (runs that do not fit are left for the
 #                 next call), the tests get what is left, only once the sweep has nothing left
-#                 (a test still going at the end is recorded cut), then --pack; 45 s kept for
-#                 it (30 s without --pack or with --no-cache-pack)
+#                 (cut at the end: partial), then --pack; 45 s kept for it (30 s without --pack
+#                 or with --no-cache-pack)
 #   --resume PATH an earlier call's --pack archive, its OUT folder, or its OUT/results: its
-#                 results (the sweep resumes them), its test state (only the tests that did not
-#                 finish run) and its compile caches are copied in first. Where every call is a
-#                 fresh machine of one kind, set SPEED_LADDER_HOST_ID=NAME (speed_ladder/machine.py)
+#                 results (the sweep resumes them) and its compile caches are copied in first.
+#                 Where every call is a fresh machine of one kind, set SPEED_LADDER_HOST_ID=NAME
+#                 (speed_ladder/machine.py)
 #   --pack FILE   everything in OUT (less the staged inputs) in one .tar.gz at the end, also
 #                 when the budget ran out or a signal stopped the call; for a machine that
 #                 hands back only a few files. The compile caches (OUT/cache: inductor's and
@@ -243,8 +243,7 @@ EOF
 [ $FAILED = 0 ] && { echo "$BOOT"; cat "$OUT/status.txt"; } > "$OUT/.setup"
 }
 
-# ---- an earlier call, to resume: its results, its test state and its compile caches
-STATE="$OUT/pytest-gpu-state.json"
+# ---- an earlier call, to resume: its results and its compile caches
 if [ -n "$RESUME" ]; then
     SRC=$RESUME
     if [ -f "$RESUME" ]; then  # an archive of --pack
@@ -253,7 +252,6 @@ if [ -n "$RESUME" ]; then
         SRC="$OUT/.resume"
     fi
     if [ -d "$SRC/results" ] || [ -f "$SRC/status.txt" ]; then  # an OUT folder
-        [ -f "$SRC/pytest-gpu-state.json" ] && cp "$SRC/pytest-gpu-state.json" "$STATE"
         [ -d "$SRC/cache" ] && mkdir -p "$OUT/cache" && cp -R "$SRC/cache"/. "$OUT/cache"/
         SRC="$SRC/results"
     fi
@@ -261,8 +259,7 @@ if [ -n "$RESUME" ]; then
         mkdir -p "$OUT/results" && cp -R "$SRC"/. "$OUT/results"/ \
             || { echo "error: cannot copy --resume $SRC into $OUT/results" >&2; exit 2; }
     fi
-    echo "resuming from $RESUME: results $(ls "$OUT/results" 2>/dev/null | tr '\n' ' ')" \
-         "tests $( [ -f "$STATE" ] && echo "($("$PY" tests/budget.py "$STATE"))" || echo none)," \
+    echo "resuming from $RESUME: results $(ls "$OUT/results" 2>/dev/null | tr '\n' ' ')," \
          "cache $(du -sh "$OUT/cache" 2>/dev/null | cut -f1 || echo none)"
     rm -rf "$OUT/.resume"
 fi
@@ -295,8 +292,19 @@ elif [ $RUN_SWEEP = 1 ]; then
 fi
 
 # ---- the GPU tests the sweep does not cover (skipped, not failed, without CUDA), once the sweep
-# has nothing left; with --state, so a call stopped by its budget records the test in flight as
-# cut and the next call runs only what did not finish (tests/budget.py)
+# has nothing left; each has its own time limit (pytest-timeout)
+tests_line() {  # pytest's JUnit XML as one line: "P passed, F failed, S skipped"
+    "$PY" - "$OUT/pytest-gpu.xml" <<'EOF' 2>/dev/null || echo "no report"
+import sys
+import xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suite = root if root.tag == "testsuite" else root.find("testsuite")
+n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+bad = n["failures"] + n["errors"]
+print(f"{n['tests'] - bad - n['skipped']} passed, " + (f"{bad} failed, " if bad else "")
+      + f"{n['skipped']} skipped")
+EOF
+}
 if [ $TESTS = 1 ] && [ $SWEEP_LEFT = 1 ]; then
     partial tests "not started (the sweep has runs left; the next call runs them first)"
 elif [ $TESTS = 1 ] && [ -n "$BUDGET" ] && [ "$(left)" -lt 50 ]; then
@@ -304,27 +312,18 @@ elif [ $TESTS = 1 ] && [ -n "$BUDGET" ] && [ "$(left)" -lt 50 ]; then
 elif [ $TESTS = 1 ]; then
     LIMIT=()
     # --foreground: pytest stays in this group, so a signal to the group reaches it at once;
-    # INT (pytest records the test in flight as cut, writes its state), KILL 20 s later
+    # INT (pytest ends the test in flight and writes its report), KILL 20 s later
     [ -n "$BUDGET" ] && LIMIT=(timeout --foreground --signal=INT --kill-after=20 $(( $(left) - 20 )))
     # the sweep's records of this GPU stand in for runs it already made (tests/session_records.py)
     ${LIMIT[@]+"${LIMIT[@]}"} env SPEED_LADDER_SESSION_RESULTS="$OUT/results" \
         "$PY" -m pytest -m "$MARK" tests/test_gpu.py -v -rs \
-        --state "$STATE" --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
+        --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
     rc=${PIPESTATUS[0]}
-    case $rc in  # passed, failed, nothing left to run, stopped by the budget: the state holds;
-        0|1|5|124|137) trusted=1 ;;  # else interrupted or broken (a collection error)
-        *) trusted=0 ;;
+    case $rc in  # passed, nothing selected, stopped by the budget; else failed or broken
+        0|5) status tests "ok ($(tests_line))" ;;
+        124|137) partial tests "partial (cut by --budget: $(tests_line); see pytest-gpu.log)" ;;
+        *) status tests "failed (pytest exit $rc: $(tests_line); see pytest-gpu.log)" ;;
     esac
-    if [ $trusted = 0 ] || [ ! -f "$STATE" ]; then
-        status tests "failed (pytest exit $rc, see pytest-gpu.log)"
-    else
-        line=$("$PY" tests/budget.py "$STATE"); brc=$?
-        case $brc in
-            0) status tests "ok ($line)" ;;
-            3) partial tests "partial ($line; the same command with --resume goes on)" ;;
-            *) status tests "failed ($line; see pytest-gpu.log)" ;;
-        esac
-    fi
 fi
 
 echo "== done: $OUT ($(( $(date +%s) - T0 )) s)"; cat "$OUT/status.txt"
