@@ -1,4 +1,5 @@
-"""Shared test set-up: offline tokenizer cache, a private cache dir, helpers to run scripts."""
+"""Shared test set-up: offline tokenizer cache, a private cache dir, a fixed CPU matmul peak,
+helpers to run scripts."""
 
 import importlib.util
 import json
@@ -10,31 +11,12 @@ from pathlib import Path
 
 import pytest
 
-# OpenMP threads that wait sleep instead of spinning (libgomp reads this when torch loads it, so
-# before any import of torch; every process the tests start inherits it). The fast suite runs two
-# workers and their step processes on two cores: spinning threads burned the CPU another process
-# was waiting for (a 2-thread backward loop beside one busy core: 7.0-7.9 CPU-s spinning, 3.4
-# passive, and 1.6x the wall time). Measurements under test are unaffected: a CPU peak measured
-# passive is a plausible MFU denominator; nothing the tests assert depends on the waiting.
+# idle OpenMP threads sleep, not spin: spinning starves the other worker's processes on 2 cores
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# a fixed CPU matmul peak (MFU's denominator; bf16 = fp32, so step 05's rule says fp32), above
+# what any CPU trains `tiny` at: no process measures the machine; the measurement's tests unset it
+os.environ.setdefault("SPEED_LADDER_PEAK_FLOPS", "1e12")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-# per-test time limits (@pytest.mark.limit) and --state (a resumable run): tests/budget.py
-from budget import (  # noqa: E402, F401
-    pytest_addoption,
-    pytest_collection_finish,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_runtest_logreport,
-    pytest_runtest_protocol,
-    pytest_sessionfinish,
-)
-
-# a script's run forked off a process that has imported torch: tests/preload.py
-from preload import run_preloaded  # noqa: E402
-
-# under pytest-xdist, the tests that measure the machine run alone (tests/alone.py), and the
-# longest files are handed out first (tests/schedule.py)
-pytest_plugins = ["alone", "schedule"]
 
 from speed_ladder.errors import UserError  # noqa: E402
 from speed_ladder.files import ROOT, atomic_write_bytes, mirror  # noqa: E402
@@ -127,10 +109,7 @@ def offline_env(tmp_path_factory):
     if BPE.is_dir():
         tk = stage_bpe(BPE, tmp_path_factory.mktemp("tiktoken"))
         os.environ["TIKTOKEN_CACHE_DIR"] = str(tk)
-    # private to this run; under xdist shared by its workers, the CPU peak cached (tests/alone.py)
-    from alone import cache
-
-    os.environ["SPEED_LADDER_CACHE"] = str(cache() or tmp_path_factory.mktemp("cache"))
+    os.environ["SPEED_LADDER_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     # the sweep's 1-s load check before each run: off, except in the tests that check it
     # (tests/test_load.py); the fixture ladders' runs take milliseconds
     os.environ.setdefault("SPEED_LADDER_CHECK_S", "0")
@@ -157,16 +136,12 @@ def sweep_here(capsys, *args) -> tuple[int, str, str]:
     return command_here(capsys, "run", *args)
 
 
-def run_script(args, timeout=600, env=None, cwd=ROOT, preload=False):
+def run_script(args, timeout=600, env=None, cwd=ROOT):
     """Run a command, return CompletedProcess with text output. The command gets a process group
-    of its own; a timeout, a test's limit (tests/budget.py) or Ctrl-C kills the whole group, so
-    no worker (torchrun's) is left holding a GPU. `preload`: `python SCRIPT ARGS` runs as a fork
-    of a process that has imported torch already (tests/preload.py: seconds less a run).
-    `env` is added to this process's environment; a variable set to None is left out."""
+    of its own; a timeout, the test's (pytest-timeout) or Ctrl-C kills the whole group, so no
+    worker (torchrun's) is left holding a GPU. `env` is added to this process's environment; a
+    variable set to None is left out."""
     env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
-    if preload and hasattr(os, "fork"):  # else (Windows) a process of its own, as below
-        assert args[0] == sys.executable and str(args[1]).endswith(".py"), args
-        return run_preloaded(args, timeout, env, cwd)
     proc = subprocess.Popen(
         [str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=env, start_new_session=True,

@@ -178,6 +178,7 @@ BAD_PEAKS = {
 
 @pytest.mark.parametrize("how", [*BAD_PEAKS, "not JSON", "not an object", "a folder"])
 def test_an_implausible_cpu_peak_is_measured_again(how, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(matmul_peak.PEAK_ENV, raising=False)  # measured here, not fixed
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     cpu = torch.device("cpu")
     key = matmul_peak.rates_key(cpu)
@@ -217,6 +218,7 @@ def test_an_implausible_cpu_peak_is_measured_again(how, tmp_path, monkeypatch, c
 
 
 def test_an_implausible_measurement_is_not_cached_and_gives_no_mfu(tmp_path, monkeypatch):
+    monkeypatch.delenv(matmul_peak.PEAK_ENV, raising=False)  # measured here, not fixed
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     monkeypatch.setenv(device.BF16_ENV, "auto")  # the measured rule, whatever the suite forces
     monkeypatch.setattr(matmul_peak, "_matmul_rate", lambda *a, **k: 1e3)  # a machine frozen solid
@@ -233,6 +235,7 @@ def test_a_peak_measured_on_a_busy_machine_is_used_once_and_not_cached(
     the peak (and overstate MFU) on every later run of this machine."""
     from speed_ladder.measure import cpu_load
 
+    monkeypatch.delenv(matmul_peak.PEAK_ENV, raising=False)  # measured here, not fixed
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     monkeypatch.setattr(matmul_peak, "_matmul_rate", lambda d, dtype, n=1024: 3e10)
     monkeypatch.setattr(cpu_load.Meter, "stop", lambda self: {"other_load": 1.4})
@@ -244,6 +247,25 @@ def test_a_peak_measured_on_a_busy_machine_is_used_once_and_not_cached(
     monkeypatch.setattr(cpu_load.Meter, "stop", lambda self: {"other_load": 0.01})  # quiet now
     device.peak_flops(torch.device("cpu"))
     assert json.loads((tmp_path / "matmul_peak.json").read_text())
+
+
+def test_a_fixed_peak_is_taken_as_set_and_nothing_is_measured(tmp_path, monkeypatch):
+    """$SPEED_LADDER_PEAK_FLOPS (the tests set it): both rates, the MFU peak and step 05's rule
+    (bf16 = fp32: off), no matmul timed and nothing cached; a bad value is one error line."""
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
+    monkeypatch.setenv(matmul_peak.PEAK_ENV, "2e11")
+    monkeypatch.setenv(device.BF16_ENV, "auto")
+    monkeypatch.setattr(matmul_peak, "_matmul_rate", lambda *a, **k: pytest.fail("measured"))
+    peak, source = device.peak_flops(cpu)
+    assert peak == 2e11 and source.startswith("cpu matmul peak set by SPEED_LADDER_PEAK_FLOPS 200")
+    ok, why = device.bf16_is_fast(cpu)
+    assert not ok and why.startswith("matmul set by SPEED_LADDER_PEAK_FLOPS: bf16 200 vs fp32 200")
+    assert not (tmp_path / "matmul_peak.json").exists()
+    for bad in ("fast", "0", "-1e11", "nan", "inf"):
+        monkeypatch.setenv(matmul_peak.PEAK_ENV, bad)
+        with pytest.raises(UserError, match=f"SPEED_LADDER_PEAK_FLOPS='{bad}': a number of FLOP/s"):
+            device.peak_flops(cpu)
 
 
 def test_a_slow_dtype_is_measured_on_smaller_matrices(monkeypatch):
@@ -830,12 +852,7 @@ def test_step_08_without_a_cpp_compiler_is_one_line_and_recorded(tmp_path):
     """The real failure: inductor finds no C++ compiler (CXX names none), in a fresh inductor
     cache so that nothing compiled earlier is reused."""
     res = tmp_path / "r.jsonl"
-    cache = tmp_path / "cache"  # a known CPU peak: no time spent measuring it
-    cache.mkdir()
-    key = matmul_peak.rates_key(torch.device("cpu"))
-    (cache / "matmul_peak.json").write_text(json.dumps({key: {"fp32": 1e11, "bf16": 1e10}}))
-    env = {"CXX": str(tmp_path / "no-such-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind"),
-           "SPEED_LADDER_CACHE": str(cache)}  # fmt: skip
+    env = {"CXX": str(tmp_path / "no-such-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
     proc = py("steps/08_torch_compile.py", "--preset", "tiny", "--device", "cpu", "--max-steps",
               3, "--warmup-steps", 1, "--data", VERDICT, "--results", res, env=env,
               timeout=300)  # fmt: skip

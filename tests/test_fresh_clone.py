@@ -19,9 +19,11 @@ TAG = sweep.tag_base("cpu") + processes_suffix(1)  # this machine's 1-process ta
 
 def run(clone, *args, timeout=300):
     """`python -m speed_ladder run ARGS` in the clone, as a user's: its caches where a user's go
-    (data/cache in the checkout), the text from the offline mirror."""
+    (data/cache in the checkout, the matmul peak measured and cached there), the text from the
+    offline mirror."""
     env = {**os.environ, "SPEED_LADDER_CHECK_S": "0", "SPEED_LADDER_SHARED": str(mirror().parent)}
-    env.pop("SPEED_LADDER_CACHE", None)
+    for own in ("SPEED_LADDER_CACHE", "SPEED_LADDER_PEAK_FLOPS"):  # the tests', not a user's
+        env.pop(own, None)
     return subprocess.run(
         [sys.executable, "-m", "speed_ladder", "run", *map(str, args)],
         cwd=clone, env=env, capture_output=True, text=True, timeout=timeout,

@@ -18,10 +18,8 @@ The slow part (`-m gpu`) runs every script on `tiny` on CUDA (08-14 compiled): a
 loss parity under speed_ladder/data/ladder.json's "cuda" tolerances, and only what this GPU lacks
 recorded inactive.
 
-Every test has a time limit (@pytest.mark.limit, tests/budget.py): one that hangs fails with
-"over its N s limit" and its processes are killed. tools/gpu_session.sh passes `--state FILE`, so
-a run stopped by its --budget records the test in flight as cut and the next run runs only the
-tests that did not finish.
+Every test has a time limit (@pytest.mark.timeout, pytest-timeout): one that hangs fails and
+the processes it started are killed (run_script).
 """
 
 import sys
@@ -97,7 +95,7 @@ def liger_installed() -> bool:
     return True
 
 
-@pytest.mark.limit(30)
+@pytest.mark.timeout(30)
 def test_the_peak_table_resolves_this_gpu():
     props = torch.cuda.get_device_properties(GPU)
     flops, desc = dev.peak_flops(GPU)
@@ -107,7 +105,7 @@ def test_the_peak_table_resolves_this_gpu():
     assert fast == (props.major >= 8) or torch.version.hip, why
 
 
-@pytest.mark.limit(30)
+@pytest.mark.timeout(30)
 def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
     from speed_ladder.spec import fit_batch
 
@@ -119,7 +117,7 @@ def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
         assert rule["batch"] < 8 and rule["large_batch"] == 4 * rule["batch"], rule
 
 
-@pytest.mark.limit(60)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", ["fp32", "bf16", "bf16-16-chunks", "accum", "accum-bf16-control"])
 def test_liger_cases_shared_with_the_cpu_interpreter_tests(case):
     """tests/liger_cases.py, the cases tests/test_liger.py runs through Triton's interpreter,
@@ -135,7 +133,7 @@ def test_liger_cases_shared_with_the_cpu_interpreter_tests(case):
         assert not bad, (bad, res)
 
 
-@pytest.mark.limit(60)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
     pytest.importorskip("liger_kernel", reason=LIGER)
@@ -169,7 +167,7 @@ def test_liger_loss_and_gradients_match_plain_cross_entropy(dtype):
     assert fused.fallback_reason is None  # the step's loop then notes that Liger's kernel ran
 
 
-@pytest.mark.limit(60)  # one process, in-process: Triton's compile and 8 chunks
+@pytest.mark.timeout(60)  # one process, in-process: Triton's compile and 8 chunks
 def test_step12s_fused_loss_never_waits_for_the_gpu_and_runs_8_chunks_at_gpt2_124m():
     """Liger's own Function syncs the host twice a step and runs 64 chunks of 512 rows; step 12's
     loss does neither. The step's loss, forward and backward, at gpt2-124m's batch 32 (32768 x
@@ -207,7 +205,7 @@ def test_step12s_fused_loss_never_waits_for_the_gpu_and_runs_8_chunks_at_gpt2_12
     assert got["step"] == {} and got["liger"].get("Tensor.item", 0) >= 1, got
 
 
-@pytest.mark.limit(40)  # a few attention calls; cuDNN builds its plans at the first
+@pytest.mark.timeout(40)  # a few attention calls; cuDNN builds its plans at the first
 def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_flash():
     """Step 17 switches flash and efficient SDPA off where its check says cuDNN takes the
     training call. On Hopper with bf16 the check must say so (else the rung silently measures
@@ -247,7 +245,7 @@ def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_f
         assert rel_err(got, want) < 2e-2
 
 
-@pytest.mark.limit(240)
+@pytest.mark.timeout(240)
 def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path):
     """gpt2-124m: step 10 holds the (B*1024, 50304) logits and every block's activations; step 12
     drops the logits, step 13 the blocks' insides too. Where liger-kernel is installed, step 12
@@ -273,7 +271,7 @@ def test_steps_12_and_13_peak_below_step_10_where_activations_dominate(tmp_path)
     assert peaks["13"] < peaks["12"], peaks
 
 
-@pytest.mark.limit(120)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("launcher", ["python", "torchrun"])
 def test_ddp_with_nccl_as_a_world_of_one(launcher, tmp_path):
     """Step 11 as a world of one under plain python and under torchrun (nccl, CUDA's default
@@ -307,7 +305,7 @@ def cuda_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.limit(1500)  # the first bears cuda_runs: 17 runs
+@pytest.mark.timeout(1500)  # the first bears cuda_runs: 17 runs
 @pytest.mark.parametrize("script", STEPS + SUMMARIES)
 def test_every_script_writes_an_ok_record_on_cuda(cuda_runs, script):
     rec = _ok(*cuda_runs[script])
@@ -319,7 +317,7 @@ def test_every_script_writes_an_ok_record_on_cuda(cuda_runs, script):
 
 
 @pytest.mark.slow
-@pytest.mark.limit(1500)  # the first bears cuda_runs: 17 runs
+@pytest.mark.timeout(1500)  # the first bears cuda_runs: 17 runs
 @pytest.mark.parametrize("script", STEPS[1:])
 def test_loss_matches_previous_step_on_cuda(cuda_runs, script):
     base = rung(ladder.step_of(ROOT / script)).after  # the rung it builds on (15: 12)
@@ -330,7 +328,7 @@ def test_loss_matches_previous_step_on_cuda(cuda_runs, script):
 
 
 @pytest.mark.slow
-@pytest.mark.limit(1500)  # the first bears cuda_runs: 17 runs
+@pytest.mark.timeout(1500)  # the first bears cuda_runs: 17 runs
 def test_only_what_this_gpu_lacks_is_recorded_inactive(cuda_runs):
     bf16 = dev.bf16_is_fast(GPU)[0]
     expected = {"11", "14", "16"}  # a world of one under plain python; tiny has no dropout

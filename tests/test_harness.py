@@ -127,10 +127,10 @@ def test_mfu_flops_per_token_gpt2_124m():
 
 def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     """Measured into an empty cache, then read from it. The 1024^3 matmuls are stand-ins (real
-    ones take ~6 s here, bf16 emulated, and measured beside another worker's test they would be
-    busy and never cached): what is tested is the once-and-cached logic; the real measurement
-    runs in every step process and in the test controller (tests/alone.py)."""
+    ones take seconds, and measured beside another test they would be busy and never cached):
+    what is tested is the once-and-cached logic."""
     cpu = torch.device("cpu")
+    monkeypatch.delenv(matmul_peak.PEAK_ENV, raising=False)
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     monkeypatch.setattr(matmul_peak.cpu_load, "is_busy", lambda others: False)
     timed = []
@@ -203,8 +203,8 @@ def test_bf16_step_runs_bf16_where_the_device_is_fast(tmp_path):
         res = tmp_path / f"{script[6:8]}.jsonl"
         proc = py(script, "--preset", "tiny", "--device", "cpu", "--max-steps", 2,
                   "--warmup-steps", 1, "--batch-size", 1, "--data", VERDICT, "--results", res,
-                  env={"SPEED_LADDER_CACHE": str(cache), device.BF16_ENV: "auto"},
-                  preload=True)  # fmt: skip
+                  env={"SPEED_LADDER_CACHE": str(cache), device.BF16_ENV: "auto",
+                       matmul_peak.PEAK_ENV: None})  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]
         out[script[6:8]] = records(res)[0]
     assert not any("bf16 autocast off" in n for n in out["05"]["notes"])

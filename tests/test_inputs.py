@@ -22,8 +22,7 @@ def clone(tmp_path):
     shutil.copytree(ROOT / "speed_ladder", repo / "speed_ladder",
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     (repo / "tests").mkdir()
-    for name in ("conftest.py", "budget.py", "alone.py", "preload.py", "schedule.py"):
-        shutil.copy(ROOT / "tests" / name, repo / "tests" / name)
+    shutil.copy(ROOT / "tests" / "conftest.py", repo / "tests" / "conftest.py")
     shutil.copy(ROOT / "pyproject.toml", repo)
     (repo / "tests" / "test_case.py").write_text(CASE)
     return repo

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, VERDICT, records, run_script
+from conftest import ROOT, VERDICT, load_script, records, run_script
 
 sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
@@ -66,9 +66,6 @@ def run_ladder(out, scripts, eager=(), env=None):
     """{script: (CompletedProcess, [records])} for one tiny run of each script."""
     text = epoch_text(out)
 
-    def forked(script):  # eager: forked off the preloaded process; a compile: its own process
-        return script not in COMPILED or script in eager
-
     def one(script):
         res = out / (Path(script).stem + ".jsonl")
         proc = run_script(
@@ -77,18 +74,13 @@ def run_ladder(out, scripts, eager=(), env=None):
              "--results", res],
             timeout=900,
             env={**(env or {}), **({"TORCH_COMPILE_DISABLE": "1"} if script in eager else {})},
-            preload=forked(script),
         )  # fmt: skip
         return script, (proc, records(res) if res.exists() else [])
 
-    # the compiled step is the slow one: start it first so the two workers stay busy; but first
-    # one eager run alone, which measures and caches the CPU's matmul peak (the MFU denominator)
-    # with nothing beside it where no pytest-xdist controller has (tests/alone.py)
-    order = sorted(scripts, key=forked)
-    quick = [s for s in order if forked(s)][:1]
-    runs = dict(one(s) for s in quick)
+    # the compiled steps are the slow ones: first, so that both threads stay busy to the end
+    order = sorted(scripts, key=lambda s: s not in COMPILED or s in eager)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return runs | dict(pool.map(one, [s for s in order if s not in quick]))
+        return dict(pool.map(one, order))
 
 
 def runs_over(base, tmp_path_factory, name, scripts, regime, eager=()):
@@ -140,6 +132,7 @@ def test_script_writes_ok_record(ladder_runs, script):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first bears its fixture's cold compiles
 @pytest.mark.parametrize("script", COMPILED[1:])
 def test_compiled_script_writes_ok_record(compiled_runs, script):
     check_record(*compiled_runs[script], script)
@@ -173,12 +166,14 @@ def test_bf16_loss_matches_previous_step(bf16_runs, script):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first bears its fixture's cold compiles
 @pytest.mark.parametrize("script", COMPILED[1:])
 def test_compiled_loss_matches_previous_step(compiled_runs, script):
     check_parity(compiled_runs, script)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first bears its fixture's cold compiles
 @pytest.mark.parametrize("script", COMPILED)
 def test_compiled_bf16_loss_matches_previous_step(compiled_bf16_runs, script):
     check_parity(compiled_bf16_runs, script)
@@ -204,6 +199,7 @@ def test_a_compiled_run_compiles_once(ladder_runs):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first bears its fixture's cold compiles
 @pytest.mark.parametrize("script", COMPILED)
 def test_compiled_steps_compile_once(compiled_runs, compiled_bf16_runs, script):
     check_one_compile(compiled_runs[script][1][0])
@@ -288,17 +284,19 @@ def test_step_lines_are_tagged():
 
 
 @pytest.mark.parametrize("script", ["00_orig.py", "steps/07_flash_attention_sdpa.py", SUMMARIES[1]])
-def test_help(script):
-    """--help works from the root and from steps/ (forked off the eager ladder's preloaded
-    process: its torch imports take 3-6 s)."""
-    env = {**REGIME["fp32"], "TORCH_COMPILE_DISABLE": "1"}  # run_ladder's eager runs' server
-    proc = run_script([sys.executable, str(ROOT / script), "--help"], timeout=120, env=env,
-                      preload=True)  # fmt: skip
-    assert proc.returncode == 0
+def test_help(script, capsys, monkeypatch):
+    """--help works for a script at the root and in steps/, and shows the path it was started by
+    (in this process: every script's run as its own process is the ladder's above)."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / script), "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        load_script(script).main()
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
     for flag in ["--device", "--preset", "--max-steps", "--epochs", "--warmup-steps", "--data",
                  "--results", "--seed"]:  # fmt: skip
-        assert flag in proc.stdout
-    assert f"python {script}" in proc.stdout or "torchrun" in proc.stdout  # the run commands
+        assert flag in out
+    assert f"python {script}" in out or "torchrun" in out  # the run commands
 
 
 def usage(script):

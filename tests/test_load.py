@@ -1,6 +1,7 @@
 """speed_ladder.measure.cpu_load: other processes' CPU use during a run (other_load), the sweep's
-busy check and --wait-quiet. Real CPU burners (`yes`) for a few seconds; the rest with fake samples
-and clocks."""
+busy check and --wait-quiet. Real CPU burners (`yes`) for a few seconds (they read as at least one
+core whatever else runs beside them: another test only adds to the load); the rest with fake
+samples and clocks."""
 
 import os
 import signal
@@ -68,7 +69,6 @@ def sleeper():
 
 
 @linux
-@pytest.mark.alone  # its burners are the load it measures, no other test's
 def test_two_burners_read_as_at_least_one_core(burners, sleeper):
     meter = cpu_load.Meter(root=sleeper)
     meter.start()
@@ -79,7 +79,6 @@ def test_two_burners_read_as_at_least_one_core(burners, sleeper):
 
 
 @linux
-@pytest.mark.alone  # its burners are the load it measures, no other test's
 def test_a_run_under_burners_records_its_other_load_and_says_unreliable(
     burners, sleeper, tmp_path, monkeypatch
 ):
@@ -130,7 +129,6 @@ def detached_burners():
 
 
 @linux
-@pytest.mark.alone  # its burners are the load it measures, no other test's
 def test_the_sweep_says_when_the_machine_is_busy(detached_burners, tmp_path, capsys, monkeypatch):
     from conftest import sweep_here
 

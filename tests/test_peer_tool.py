@@ -95,8 +95,8 @@ def make(tmp_path, *args, src=STAND_IN):
 
 def run_peer(out):
     """The changed peer, run from its folder: no tiktoken cache set."""
-    cmd = [sys.executable, out / "01_opt_single_gpu.py"]  # forked off a preloaded process
-    return run_script(cmd, cwd=out, env={"TIKTOKEN_CACHE_DIR": None}, timeout=120, preload=True)
+    cmd = [sys.executable, out / "01_opt_single_gpu.py"]
+    return run_script(cmd, cwd=out, env={"TIKTOKEN_CACHE_DIR": None}, timeout=120)
 
 
 def test_the_peer_trains_its_steps_and_prints_their_median(tmp_path):

@@ -37,16 +37,11 @@ TAG = sweep.tag_base("cpu") + processes_suffix(1)  # this machine's 1-process ta
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    """Offline tokenizer (the mirror's BPE files, staged) and a private token cache, with the
-    CPU matmul peak the run measured before its workers started (tests/alone.py): measured in
-    each step instead, under the other worker's load, it would cost ~7 s a step, never cached."""
+    """Offline tokenizer (the mirror's BPE files, staged) and a private token cache."""
     if not BPE.is_dir() or not VERDICT.is_file():
         pytest.skip(f"needs {BPE} and {VERDICT}")
     tk = stage_bpe(BPE, tmp_path_factory.mktemp("tiktoken"))
     cache = tmp_path_factory.mktemp("ladder-cache")
-    peak = Path(os.environ.get("SPEED_LADDER_CACHE", cache)) / "matmul_peak.json"
-    if peak.is_file():
-        shutil.copy(peak, cache / peak.name)
     return {**os.environ, "TIKTOKEN_CACHE_DIR": str(tk), "SPEED_LADDER_CACHE": str(cache)}
 
 

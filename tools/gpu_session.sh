@@ -15,9 +15,9 @@
 #   --budget S     end within S seconds: the sweep runs with --budget (what is left less 45 s,
 #                  kept for the archive), the tests only once the sweep has nothing left, and a
 #                  test still going at the end is recorded cut; a rerun goes on
-#   --resume PATH  go on from an earlier run, its --pack archive or its OUT folder: its results,
-#                  test state and compile caches are copied in first (a rerun into the same OUT
-#                  goes on without it). The sweep skips what is done, pytest what finished.
+#   --resume PATH  go on from an earlier run, its --pack archive or its OUT folder: its results and
+#                  compile caches are copied in first (a rerun into the same OUT goes on
+#                  without it). The sweep skips what is done; the GPU tests run again.
 #                  Where each run starts on a fresh machine of one kind (a batch cluster), set
 #                  SPEED_LADDER_HOST_ID=NAME on each, so the sweep counts their runs as one
 #                  machine's (speed_ladder/machine.py)
@@ -73,8 +73,7 @@ done
 ARGS+=(${DEVICE[@]+"${DEVICE[@]}"} ${PROFILE[@]+"${PROFILE[@]}"})
 left() { echo $((T0 + BUDGET - $(date +%s) - MARGIN)); } # seconds left for a phase
 
-# ---- an earlier run to go on from: its results, test state and compile caches
-STATE=$OUT/pytest-gpu-state.json
+# ---- an earlier run to go on from: its results and compile caches
 if [ -n "$RESUME" ]; then
     SRC=$RESUME
     if [ -f "$RESUME" ]; then # an archive, unpacked into OUT/.resume (never packed)
@@ -83,7 +82,7 @@ if [ -n "$RESUME" ]; then
             || die "--resume $RESUME: not a .tar.gz of --pack"
     fi
     [ -f "$SRC/status.txt" ] || die "--resume $RESUME: not an OUT folder or a --pack archive"
-    for part in results cache pytest-gpu-state.json; do
+    for part in results cache; do
         [ ! -e "$SRC/$part" ] || [ "$SRC" -ef "$OUT" ] || cp -R "$SRC/$part" "$OUT/" \
             || die "cannot copy $SRC/$part into $OUT"
     done
@@ -185,31 +184,39 @@ elif [ $SWEEP = 1 ]; then
     esac
 fi
 
-# ---- the GPU tests the sweep does not cover (skipped without CUDA); --state: a rerun runs only
-# the tests that did not finish (tests/budget.py). They read the sweep's records of the steps
-# it ran here instead of running them again (tests/session_records.py)
+# ---- the GPU tests the sweep does not cover (skipped, not failed, without CUDA), once the sweep
+# has nothing left; each has its own time limit (pytest-timeout)
+tests_line() {  # pytest's JUnit XML as one line: "P passed, F failed, S skipped"
+    "$PY" - "$OUT/pytest-gpu.xml" <<'EOF' 2>/dev/null || echo "no report"
+import sys
+import xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suite = root if root.tag == "testsuite" else root.find("testsuite")
+n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+bad = n["failures"] + n["errors"]
+print(f"{n['tests'] - bad - n['skipped']} passed, " + (f"{bad} failed, " if bad else "")
+      + f"{n['skipped']} skipped")
+EOF
+}
 if [ $TESTS = 1 ] && [ $SWEEP_LEFT = 1 ]; then
     status tests "not started (the sweep has runs left)"
 elif [ $TESTS = 1 ] && [ -n "$BUDGET" ] && [ "$(left)" -lt 50 ]; then
     status tests "not started (under 50 s of --budget left)"
 elif [ $TESTS = 1 ]; then
-    LIMIT=() # at the end SIGINT: pytest records the test in flight as cut; KILL 20 s later
-    [ -z "$BUDGET" ] || LIMIT=(timeout --foreground --signal=INT --kill-after=20 $(($(left) - 20)))
+    LIMIT=()
+    # --foreground: pytest stays in this group, so a signal to the group reaches it at once;
+    # INT (pytest ends the test in flight and writes its report), KILL 20 s later
+    [ -n "$BUDGET" ] && LIMIT=(timeout --foreground --signal=INT --kill-after=20 $(( $(left) - 20 )))
+    # the sweep's records of this GPU stand in for runs it already made (tests/session_records.py)
     ${LIMIT[@]+"${LIMIT[@]}"} env SPEED_LADDER_SESSION_RESULTS="$OUT/results" \
-        "$PY" -m pytest -m "$MARK" tests/test_gpu.py -v -rs --state "$STATE" \
+        "$PY" -m pytest -m "$MARK" tests/test_gpu.py -v -rs \
         --junitxml="$OUT/pytest-gpu.xml" 2>&1 | tee "$OUT/pytest-gpu.log"
     rc=${PIPESTATUS[0]}
-    # passed, failed, nothing left to run, cut by the budget: the state holds; else it broke
-    if [[ " 0 1 5 124 137 " != *" $rc "* ]] || [ ! -f "$STATE" ]; then
-        status tests "failed (pytest exit $rc, see pytest-gpu.log)"
-    else
-        line=$("$PY" tests/budget.py "$STATE")
-        case $? in
-            0) status tests "ok ($line)" ;;
-            3) status tests "partial ($line)" ;;
-            *) status tests "failed ($line; see pytest-gpu.log)" ;;
-        esac
-    fi
+    case $rc in  # passed, nothing selected, stopped by the budget; else failed or broken
+        0|5) status tests "ok ($(tests_line))" ;;
+        124|137) status tests "partial (cut by --budget: $(tests_line); see pytest-gpu.log)" ;;
+        *) status tests "failed (pytest exit $rc: $(tests_line); see pytest-gpu.log)" ;;
+    esac
 fi
 
 echo "== done: $OUT ($(($(date +%s) - T0)) s)"

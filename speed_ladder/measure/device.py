@@ -247,19 +247,27 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
     CUDA/ROCm: the vendor's dense bf16 peak (fp16 on V100/T4) from gpus.py's table, by the
     device's name, SM count (a MIG slice gets its share) and AMD arch; an unknown GPU gets None
     and a note saying how to add it. CPU/MPS: the best matmul rate measured here
-    (matmul_peak.py).
+    (matmul_peak.py), or $SPEED_LADDER_PEAK_FLOPS where set.
     """
     if device.type == "cuda":
         return gpus.peak_for(torch.cuda.get_device_properties(device))
-    from speed_ladder.measure.matmul_peak import measured_matmul_rates, rates_problem
+    from speed_ladder.measure.matmul_peak import (
+        PEAK_ENV,
+        fixed_rates,
+        measured_matmul_rates,
+        rates_problem,
+    )
 
     rates = measured_matmul_rates(device)
+    what = f"measured {device.type} matmul peak"
+    if fixed_rates() is not None:
+        what = f"{device.type} matmul peak set by {PEAK_ENV}"
     why = rates_problem(device, rates)
     if why is not None:
-        return None, f"measured {device.type} matmul peak implausible ({why}): MFU left empty"
+        return None, f"{what} implausible ({why}): MFU left empty"
     best = max(rates, key=rates.get)
     return rates[best], (
-        f"measured {device.type} matmul peak {rates[best] / 1e9:.0f} GFLOP/s ({best}; "
+        f"{what} {rates[best] / 1e9:.0f} GFLOP/s ({best}; "
         f"fp32 {rates['fp32'] / 1e9:.0f}, bf16 {rates['bf16'] / 1e9:.0f})"
     )
 
@@ -294,15 +302,17 @@ def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
     """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step), unless
     $SPEED_LADDER_BF16 forces the answer: the CPU tests run both numeric regimes on any CPU
     (emulated bf16 is slow, but `tiny` is small). Decided once per device type in a process,
-    again only if what it depends on changed ($SPEED_LADDER_BF16, the device's name): the step,
-    the memory model (act_bytes_of) and the record (bf16_decided) see one answer.
+    again only if what it depends on changed ($SPEED_LADDER_BF16, the device's name,
+    $SPEED_LADDER_PEAK_FLOPS): the step, the memory model (act_bytes_of) and the record
+    (bf16_decided) see one answer.
 
     CUDA: compute capability >= 8.0 (Ampere on), where bf16 runs on tensor cores; not
     torch.cuda.is_bf16_supported(), which says True on a V100 or T4 too, where bf16 is emulated
     (slower than fp32). ROCm: by the AMD arch (speed_ladder.measure.gpus.has_native_bf16).
     """
     forced = bf16_forced()
-    depends = (forced, name(device) if forced is None else None)
+    fixed = os.environ.get("SPEED_LADDER_PEAK_FLOPS")  # matmul_peak.PEAK_ENV (it imports us)
+    depends = (forced, None, None) if forced is not None else (None, name(device), fixed)
     memo = _BF16.get(device.type)
     if memo is None or memo[0] != depends:
         memo = _BF16[device.type] = depends, _bf16_rule(device, forced)
@@ -323,14 +333,19 @@ def _bf16_rule(device: torch.device, forced: bool | None) -> tuple[bool, str]:
         ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
         why = f"{name(device)}: {why}"
     else:
-        from speed_ladder.measure.matmul_peak import measured_matmul_rates, rates_problem
+        from speed_ladder.measure.matmul_peak import (
+            PEAK_ENV,
+            fixed_rates,
+            measured_matmul_rates,
+            rates_problem,
+        )
 
         r = measured_matmul_rates(device)
+        how = "measured matmul" if fixed_rates() is None else f"matmul set by {PEAK_ENV}"
         problem = rates_problem(device, r)
         if problem is not None:
-            ok, why = False, f"measured matmul rates implausible ({problem})"
+            ok, why = False, f"{how} rates implausible ({problem})"
         else:
             ok = r["bf16"] > r["fp32"]
-            why = f"measured matmul: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f}"
-            why += " GFLOP/s"
+            why = f"{how}: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f} GFLOP/s"
     return ok, why

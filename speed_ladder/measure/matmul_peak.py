@@ -3,16 +3,18 @@ FLOP/s of a 1024^3 matmul in fp32 and bf16, measured once per device name, threa
 torch version and cached (`matmul_peak.json` in the cache folder); never cached when it is
 implausible or was measured while other processes kept the CPU busy. device.py's peak_flops (the
 MFU denominator) and bf16_is_fast (step 05's rule) read it. Under torchrun, rank 0 measures for
-the job's ranks (measured_matmul_rates)."""
+the job's ranks (measured_matmul_rates). $SPEED_LADDER_PEAK_FLOPS sets both rates instead, and
+nothing is measured (fixed_rates: the tests)."""
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
 import torch
 
-from speed_ladder.errors import warn
+from speed_ladder.errors import UserError, warn
 from speed_ladder.files import atomic_write_bytes, cache_dir
 from speed_ladder.measure import cpu_load
 from speed_ladder.measure.across_ranks import process_group
@@ -107,6 +109,24 @@ def _read_table(path: Path) -> dict:
     return table
 
 
+PEAK_ENV = "SPEED_LADDER_PEAK_FLOPS"  # FLOP/s: the rates of a CPU or MPS, not measured
+
+
+def fixed_rates() -> dict | None:
+    """$SPEED_LADDER_PEAK_FLOPS as both rates (fp32 and bf16 alike, so step 05's measured rule
+    keeps fp32, as on a CPU without native bf16), or None when unset."""
+    raw = os.environ.get(PEAK_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"{PEAK_ENV}={raw!r}: a number of FLOP/s (1e11), or unset to measure")
+    return {"fp32": value, "bf16": value}
+
+
 # What rank 0 gave this process's job (several ranks under torchrun), once: see below
 _JOB_RATES: dict | None = None
 
@@ -125,8 +145,12 @@ def measured_matmul_rates(device: torch.device) -> dict:
     every run measured it again, several seconds a rank; and ranks could disagree on step 05's
     bf16 rule or the MFU peak. The first call is a collective: every rank makes it (bf16_is_fast
     or Run.set_model, which every rank calls at the same point of a step).
+
+    $SPEED_LADDER_PEAK_FLOPS set: those rates, in every rank, nothing measured or cached.
     """
     global _JOB_RATES
+    if (fixed := fixed_rates()) is not None:
+        return fixed
     group = process_group()
     if group is None or group.get_world_size() == 1:
         return _measured_here(device)
