@@ -1,4 +1,4 @@
-"""Charts and the README results table from the sweep's summaries (see --help):
+"""Charts, the tags' pages and the README's results from the sweep's summaries (see --help):
 
     python plot_results.py [results/<tag> ...] [--no-readme] [--readme PATH] [--rebuild]
 

@@ -64,7 +64,7 @@ assert "| NEW |" in mm.fit_table() and "step NEW x4" in mm.breakdown_table(["LAS
 assert mm.predict("gpt2-124m").line() == mm.predict("gpt2-124m", step="NEW").line()
 
 # a results tag that measured it: summary and check
-from speed_ladder.report import check, readme
+from speed_ladder.report import check, tag_page
 from speed_ladder.report.summary import rebuild, write_summary, read_summary
 head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                       check=True).stdout.strip()
@@ -91,11 +91,11 @@ assert row["title"] == "a dummy rung" and row["status"] == "ok", row
 lines = []
 assert check.check([str(tag)], say=lines.append) == 0, lines
 
-# charts and the README's results table
+# charts and the tag's table
 from speed_ladder.report import charts
 written = charts.plot_tag(tag)
 assert len(written) >= 3 and all(p.stat().st_size for p in written), written
-assert "| NEW | a dummy rung |" in readme.results_markdown([tag], ROOT)
+assert "| NEW | a dummy rung |" in tag_page.tag_markdown(tag, ROOT)
 
 # no rung fact outside the registry, in the copy either
 from test_no_step_literals import scan

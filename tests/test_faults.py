@@ -24,7 +24,7 @@ from speed_ladder import flags as cli
 from speed_ladder.errors import UserError
 from speed_ladder.ladder import discover, processes_suffix
 from speed_ladder.measure import data, device, matmul_peak
-from speed_ladder.report import chart_style, charts, readme, reference, summary
+from speed_ladder.report import chart_style, charts, reference, summary, tag_page
 from speed_ladder.report import redraw as report
 from speed_ladder.store import load_runs, recover
 from speed_ladder.sweep import driver as sweep
@@ -370,7 +370,7 @@ def test_an_impossible_mfu_is_never_shown_as_a_number(tmp_path):
     assert "25.0%" in lines["00"] and all("invalid" in lines[n] for n in ("01", "02", "03"))
     assert "MFU of step 01 not shown: MFU above 100%: the peak FLOP/s" in table
 
-    md = readme.results_markdown([tag], tmp_path)  # the README table
+    md = tag_page.tag_markdown(tag, tmp_path)  # the tag's table
     assert "| 25.0% |" in md and md.count("| invalid |") == 3
     assert "MFU not shown: step 01: MFU above 100%: the peak FLOP/s" in md
 
@@ -393,7 +393,7 @@ def test_an_impossible_mfu_is_never_shown_as_a_number(tmp_path):
     )
     back = summary.read_summary(old)
     assert summary.format_table(back).count("invalid") == 3
-    assert readme.results_markdown([old], tmp_path).count("| invalid |") == 3
+    assert tag_page.tag_markdown(old, tmp_path).count("| invalid |") == 3
 
 
 # ---------------------------------------------------------------- output locations, at start-up

@@ -16,6 +16,7 @@ from speed_ladder.report.readme import update_readme
 from speed_ladder.report.redraw import TAG_CHARTS
 from speed_ladder.report.reference import read_reference
 from speed_ladder.report.summary import SUMMARY, find_tags, read_summary
+from speed_ladder.report.tag_page import tag_markdown
 from speed_ladder.store import load_runs
 
 FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
@@ -96,8 +97,12 @@ def test_cli_renders_headless_without_torch_and_regenerates_readme(tags, tmp_pat
     text = readme.read_text()
     assert "old table" not in text and text.startswith("# Title\n\nIntro text.\n\n")
     assert text.endswith("<!-- results:end -->\n\nOutro text.\n")
-    assert "results/cpu-fixture/tokens_per_sec.png" in text
-    assert "results/gpu-fixture-x1/mfu.png" in text and "results/comparison.png" in text
+    assert "(results/cpu-fixture/README.md)" in text and "results/comparison.png" in text
+    assert "(results/gpu-fixture-x1/README.md)" in text  # each tag's page, linked
+    for tag in tags:  # the page: the tag's table and its charts
+        page = (tag / "README.md").read_text()
+        assert page.startswith(f"# `{tag.name}`: ") and "| step | title | tok/s |" in page
+        assert "![MFU](mfu.png)" in page and "](../../README.md)" not in page  # not in the repo
     # plot_results.py (--help, and the charts, README and ladder page from runs.jsonl-less
     # summaries) imported nothing of torch: the report is drawn where torch is not installed
     assert "drawn without torch" in proc.stdout and "usage: plot_results.py" in proc.stdout
@@ -147,12 +152,10 @@ def test_failed_steps_are_labels_not_bars(tags, monkeypatch):
             plt.close(f)
 
 
-def test_readme_table_between_markers(tags, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(README)
-    assert update_readme(readme, tags[:1])
-    text = readme.read_text()
-    block = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
+def test_a_tags_table_notes_and_charts(tags, tmp_path):
+    """tag_page.tag_markdown: the table (steps not run left out, and named), notes and charts of
+    a tag, its links relative to the page; README's results link each tag's page in one line."""
+    block = tag_markdown(tags[0], tmp_path)
     assert "#### `cpu-fixture`: Fixture CPU, preset tiny, torch 2.13.0+cpu" in block
     assert (
         "| step | title | tok/s | vs previous step | speedup | peak reserved GiB | MFU | val loss "
@@ -169,13 +172,22 @@ def test_readme_table_between_markers(tags, tmp_path):
         "| 03 | a title \\| with a pipe | – | – | – | – | – | – | – | error: RuntimeError: boom |"
         in block
     )
-    assert "[each step's own gain](results/cpu-fixture/gain_vs_prev.png)" in block
-    assert "Each row: the median of 3 rounds." in block
+    assert "![each step's own gain](results/cpu-fixture/gain_vs_prev.png)" in block
+    assert "Each row: the median of 3 rounds" in block
     assert "| 04 |" not in block and "Not run in this tag: step 04." in block
-    assert "[tok/s](results/cpu-fixture/tokens_per_sec.png)" in block
-    assert "[peak memory](results/cpu-fixture/peak_memory.png)" in block
-    assert "[MFU](results/cpu-fixture/mfu.png)" in block
-    assert "not our measurement" in block
+    assert "![tok/s](results/cpu-fixture/tokens_per_sec.png)" in block
+    assert "![peak memory](results/cpu-fixture/peak_memory.png)" in block
+    assert "![MFU](results/cpu-fixture/mfu.png)" in block
+    assert "![MFU](mfu.png)" in tag_markdown(tags[0], tags[0])  # the page's own links
+
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    assert update_readme(readme, tags[:1])
+    text = readme.read_text()
+    block = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
+    line = "- [`cpu-fixture`](results/cpu-fixture/README.md): Fixture CPU, preset tiny, best "
+    assert line + "3,100 tok/s (step 05)" in block
+    assert "No GPU ladder in results/ yet" in block and "not our measurement" in block
     assert text.count("<!-- results:begin -->") == 1 and text.endswith("Outro text.\n")
     again = readme.read_text()
     assert update_readme(readme, tags[:1]) and readme.read_text() == again
@@ -284,14 +296,14 @@ def newer(tag) -> list[str]:
 @pytest.mark.parametrize("tag", find_tags(ROOT / "results"), ids=lambda p: p.name)
 def test_committed_results_are_complete(tag):
     """Every ladder step has a result row and every chart exists, for each committed tag (a
-    partial one lacks exactly the steps PARTIAL names and the rungs newer than its runs, and the
-    README says so)."""
+    partial one lacks exactly the steps PARTIAL names and the rungs newer than its runs, and its
+    page says so)."""
     lacks = sorted({*PARTIAL.get(tag.name, []), *newer(tag)})
     assert check_complete(tag) == [f"{tag.name}: step {s} was not run" for s in lacks]
     if lacks:
-        readme = (ROOT / "README.md").read_text()
+        page = (tag / "README.md").read_text()
         s = "s" if len(lacks) > 1 else ""
-        assert f"Not run in this tag: step{s} {', '.join(lacks)}." in readme
+        assert f"Not run in this tag: step{s} {', '.join(lacks)}." in page
 
 
 def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
@@ -332,16 +344,15 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
 
 
 def test_a_gpu_tag_sets_the_published_a100_figures_beside_its_steps(tmp_path):
-    """A GPU tag's README table (its records ran on CUDA) has a column with the published A100
+    """A GPU tag's table (its records ran on CUDA) has a column with the published A100
     figure of each step and that step's gain over the published step before it, labelled as
     Raschka's figures under the table; LADDER.md says the same per GPU tag. CPU tags: none."""
-    from speed_ladder.report import ladder_page, readme
+    from speed_ladder.report import ladder_page, tag_page
     from speed_ladder.report.reference import published
 
     pub = {r["step"]: r["tokens_per_sec"] for r in read_reference().to_dict("records")}
     cpu, gpu = ROOT / "results" / "cpu-amd-epyc-2c-x1", ROOT / "results" / "nvidia-h200-x1"
-    md = readme.results_markdown([cpu, gpu], tmp_path)
-    cpu_part, gpu_part = md.split("#### `nvidia-h200-x1`")
+    cpu_part, gpu_part = (tag_page.tag_markdown(t, tmp_path) for t in (cpu, gpu))
 
     def row(part, step):
         return next(ln for ln in part.splitlines() if ln.startswith(f"| {step} |")).split(" | ")
@@ -352,7 +363,7 @@ def test_a_gpu_tag_sets_the_published_a100_figures_beside_its_steps(tmp_path):
     assert row(gpu_part, "10")[4] == "142,156 (1.12x)"  # the csv as committed
     assert row(gpu_part, "08")[4] == "112,046"  # avg tok/s before, step tok/s from 08: no ratio
     assert row(gpu_part, "00")[4] == "12,525" and row(gpu_part, "12")[4] == "–"
-    assert len(row(cpu_part, "10")) == len(readme.HEADER[0].split(" | "))  # no column
+    assert len(row(cpu_part, "10")) == len(tag_page.HEADER[0].split(" | "))  # no column
     note = next(ln for ln in gpu_part.splitlines() if ln.startswith("*published A100 tok/s"))
     assert "Raschka's **published** figures" in note and "not measured here" in note
     assert "PyTorch 2.6" in note and "average tok/s" in note and "step 08 shows no gain" in note

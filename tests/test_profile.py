@@ -432,7 +432,7 @@ def test_a_profiled_sweep_reruns_steps_without_a_breakdown_and_charts_it(tmp_pat
     from conftest import sweep_here
     from test_sweep import FIXTURES, runs_of, summary_of
 
-    from speed_ladder.report.readme import results_markdown
+    from speed_ladder.report.tag_page import tag_markdown
     from speed_ladder.report.time_chart import TIME_CHART
 
     results = tmp_path / "results"
@@ -450,7 +450,7 @@ def test_a_profiled_sweep_reruns_steps_without_a_breakdown_and_charts_it(tmp_pat
     row = summary_of(results)["01"]
     assert row["time_attention"] == 0.15 and row["time_matmul"] == 0.5
     assert (tag / TIME_CHART).read_bytes()[:4] == b"\x89PNG"
-    assert f"[where the time goes]({tag.name}/{TIME_CHART})" in results_markdown([tag], results)
+    assert f"[where the time goes]({tag.name}/{TIME_CHART})" in tag_markdown(tag, results)
     code, out, _ = sweep_here(capsys, *base, "--profile", "--no-plots")
     assert code == 0 and out.count("up to date") == 2
 

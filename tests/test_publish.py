@@ -76,7 +76,8 @@ def test_publish_checks_copies_and_redraws_and_twice_adds_nothing(place, records
     assert "cpu-amd-epyc-2c-x1: 9 new record(s)" in out and "then: git add " in out
     for name in ("summary.csv", "tokens_per_sec.png", "gain_vs_prev.png"):
         assert (dest / name).is_file(), name
-    assert "results/cpu-amd-epyc-2c-x1/tokens_per_sec.png" in readme.read_text()
+    assert "(results/cpu-amd-epyc-2c-x1/README.md)" in readme.read_text()  # its page, linked
+    assert "![tok/s](tokens_per_sec.png)" in (dest / "README.md").read_text()
     assert (readme.parent / "LADDER.md").is_file()
     assert tree(src) == kept  # the local folder is left as it was
     assert check.check([dest], say=lambda line: None) == 0

@@ -162,9 +162,9 @@ assert rows["14"]["gain_vs_prev"] < 0.95  # NEW's 1.0 is over 12, not over 14
 assert (rows["13"]["prev_step"], rows["14"]["prev_step"]) == ("12", "13")
 lines = []
 assert check.check([str(tag)], say=lines.append) == 0, lines
-# the README's results table names 12 in NEW's effect cell, and only there
-from speed_ladder.report import readme
-table = readme.results_markdown([tag], ROOT)
+# the tag's table names 12 in NEW's effect cell, and only there
+from speed_ladder.report import tag_page
+table = tag_page.tag_markdown(tag, ROOT)
 assert "| NEW | a dummy rung after 12 | 345 | vs 12: 1.00x [1.00-1.00] (inactive here) |" \
     in table, table
 assert table.count("vs 12:") == 1, table

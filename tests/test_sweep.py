@@ -502,7 +502,7 @@ def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, c
     step's beyond its rule (speed_ladder/data/ladder.json) is `off` in the summary, named in the
     closing status line and shown in the README table and LADDER.md; the others are `ok`; the
     exit code stays 0 (information, not a failure)."""
-    from speed_ladder.report import ladder_page, readme
+    from speed_ladder.report import ladder_page, tag_page
 
     results = tmp_path / "results"
     monkeypatch.setenv("SWEEP_FIXTURE_LOSS_OFF", "03:0.01")  # 03 (close, fp32: 1e-4) is off
@@ -521,7 +521,7 @@ def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, c
     status = [ln for ln in err.splitlines() if ln.startswith("parity off: ")]
     assert status == [f"parity off: step 03 ({detail})"] and "failed:" not in err
 
-    md = readme.results_markdown([results / TAG], tmp_path)
+    md = tag_page.tag_markdown(results / TAG, tmp_path)
     assert "| val loss | loss parity | status |" in md
     table = {ln.split(" | ")[0]: ln for ln in md.splitlines() if ln.startswith("| 0")}
     assert table["| 00"].endswith("| – | ok |") and table["| 01"].endswith("| ok | ok |")

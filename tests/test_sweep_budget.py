@@ -17,8 +17,8 @@ from test_sweep import FIXTURES, TAG, runs_of, summary_of
 from speed_ladder import machine
 from speed_ladder.errors import UserError
 from speed_ladder.records import read_jsonl
-from speed_ladder.report.readme import results_markdown
 from speed_ladder.report.rows import pooled_text
+from speed_ladder.report.tag_page import tag_markdown
 from speed_ladder.store import TMP_GLOB
 from speed_ladder.sweep import child, preflight
 from speed_ladder.sweep import driver as sweep
@@ -229,7 +229,7 @@ def test_a_pooled_sweep_resumes_on_a_fresh_machine_and_says_it_pooled(
     rows = summary_of(results)
     assert rows["00"]["hosts"] == "aaaaaaaaaaaa" and rows["03"]["hosts"] == "bbbbbbbbbbbb"
     assert "Pooled: these runs come from 2 machines of this kind" in out
-    assert "Pooled: these runs come from 2 machines" in results_markdown([results / TAG], tmp_path)
+    assert "Pooled: these runs come from 2 machines" in tag_markdown(results / TAG, tmp_path)
 
     # without the pool, the same records are another machine's: never mixed in
     monkeypatch.delenv(machine.HOST_ENV)

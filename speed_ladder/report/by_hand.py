@@ -1,6 +1,6 @@
 """Runs started by hand beside a tag's sweep (`results/<tag>/by-hand/*.jsonl`, each with its log):
-not sweep runs, so never rows of its summary, never in a gain chain or a chart; the README
-names them in one labelled line under the tag's table."""
+not sweep runs, so never rows of its summary, never in a gain chain or a chart; the tag's page
+(tag_page.py) names them in one labelled line under its table."""
 
 from pathlib import Path
 
@@ -17,7 +17,8 @@ def records(tag_dir: Path) -> list[dict]:
     return sorted(out, key=lambda r: str(r.get("step")))
 
 
-def _tps(v) -> str:
+def short_tps(v: float) -> str:
+    """'412.7K' for 412,662 tok/s; '950' below a thousand."""
     return f"{v / 1000:.1f}K" if v >= 1000 else f"{v:.0f}"
 
 
@@ -30,7 +31,7 @@ def line(tag_dir: Path) -> str | None:
     for r in recs:
         steps = (r.get("spec") or {}).get("max_steps") or len(r.get("losses") or [])
         n = r.get("world_size")
-        bits.append(f"step {r.get('step')} {_tps(r['tokens_per_sec'])} tok/s ({n} process"
+        bits.append(f"step {r.get('step')} {short_tps(r['tokens_per_sec'])} tok/s ({n} process"
                     f"{'es' if n != 1 else ''}, {steps} steps)")  # fmt: skip
     return (f"Run by hand, not sweep runs (in `{BY_HAND}/`, with their logs; not in the table, "
             "the gains or the charts): " + "; ".join(bits) + ".")  # fmt: skip

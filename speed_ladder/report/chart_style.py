@@ -18,6 +18,11 @@ from speed_ladder.report.rows import inactive
 
 OURS_COLOR, REF_COLOR, FAIL_COLOR, MISSING_COLOR = "#1f77b4", "#b0b0b0", "#c0392b", "#7f7f7f"
 INACTIVE_COLOR = "#c6dbef"
+REF_STYLE = {
+    "color": REF_COLOR,
+    "hatch": "//",
+    "edgecolor": "#606060",
+}  # the published figures' bars
 DPI = 110
 LABEL_GAP_PT = 4  # points between a bar and its label
 STEP_LABEL_WIDTH = 34  # characters per line of a step's label on the y axis (two lines at most)
@@ -77,6 +82,14 @@ def inactive_label(row, width: int = INACTIVE_WIDTH) -> str | None:
     that acts."""
     note = inactive(row)
     return None if note is None else wrap(note, width)
+
+
+def reference_patch(label: str):
+    """A legend entry for the published figures' bars (grey, hatched: REF_STYLE)."""
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor=REF_COLOR, hatch=REF_STYLE["hatch"], edgecolor=REF_STYLE["edgecolor"],
+                 label=label)  # fmt: skip
 
 
 def label_after(ax, x: float, y: float, text: str, **style):

@@ -22,7 +22,7 @@ from speed_ladder.report.chart_style import (
     FAIL_COLOR,
     INACTIVE_COLOR,
     OURS_COLOR,
-    REF_COLOR,
+    REF_STYLE,
     TITLE_WIDTH,
     inactive_label,
     is_ok,
@@ -30,6 +30,7 @@ from speed_ladder.report.chart_style import (
     layout,
     no_value,
     pyplot,
+    reference_patch,
     save,
     shorten,
     step_label,
@@ -105,12 +106,10 @@ def _unbroken(text: str) -> str:
 
 
 def _reference_bars(ax, ref, column: str, unit: str, label_of, note: str = REF_NOTE) -> list:
-    from matplotlib.patches import Patch
-
     rows = ref.to_dict("records")
     ys = list(range(len(rows)))
     vals = [float(r[column]) for r in rows]
-    ax.barh(ys, vals, color=REF_COLOR, hatch="//", edgecolor="#606060", linewidth=0.5)
+    ax.barh(ys, vals, linewidth=0.5, **REF_STYLE)
     top = max(vals) if vals else 1.0
     texts = [
         label_after(ax, v, y, label_of(r, v), fontsize=8, color="#505050")
@@ -131,7 +130,7 @@ def _reference_bars(ax, ref, column: str, unit: str, label_of, note: str = REF_N
     ax.set_xlabel(unit + " (published)")
     ax.set_title(f"REFERENCE: {REF_LABEL}\n{wrap(note, TITLE_WIDTH)}", fontsize=9, color="#505050")
     ax.legend(
-        handles=[Patch(facecolor=REF_COLOR, hatch="//", edgecolor="#606060", label=REF_LABEL)],
+        handles=[reference_patch(REF_LABEL)],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.1 - 0.5 / max(len(rows), 1)),
         fontsize=8,

@@ -150,18 +150,20 @@ def check(dirs, say=print) -> int:
     return 1 if problems else 0
 
 
+def add_tags_command(sub, name: str, doc: str, summary: str, exits: str, dest: str,
+                     metavar: str, tags_help: str):  # fmt: skip
+    """A `python -m speed_ladder` command over tag folders: its help (the first paragraph of its
+    module's `doc`, then what its exit codes mean) and its positional folders, none or more."""
+    p = sub.add_parser(name, help=summary, description=doc.split("\n\n")[0] + " " + exits)
+    p.add_argument(dest, nargs="*", metavar=metavar, help=tags_help)
+    return p
+
+
 def add_check_parser(sub):
-    p = sub.add_parser(
-        "check",
-        help="validate results folders (another machine's, before merging them)",
-        description=__doc__.split("\n\n")[0] + " Exit 0: no problems; 1: problems; 2: bad "
-        "input. `note:` lines are not problems.",
-    )
-    p.add_argument(
-        "dirs",
-        nargs="*",
-        metavar="results/<tag>",
-        help="tag folders (default: every results/<tag>/ with a runs.jsonl)",
-    )
+    p = add_tags_command(
+        sub, "check", __doc__, "validate results folders (another machine's, before merging them)",
+        "Exit 0: no problems; 1: problems; 2: bad input. `note:` lines are not problems.",
+        "dirs", "results/<tag>", "tag folders (default: every results/<tag>/ with a runs.jsonl)",
+    )  # fmt: skip
     p.set_defaults(func=lambda args: check(args.dirs))
     return p

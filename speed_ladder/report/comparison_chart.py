@@ -1,5 +1,6 @@
-"""results/comparison.png: ladders of different hardware side by side (headless: matplotlib's
-Agg).
+"""results/comparison.png: ladders of different hardware side by side, and
+results/gpu_vs_a100.png, the same for the 1-process GPU tags alone, the README's chart
+(headless: matplotlib's Agg).
 
 Per step, each tag's speedup over its own step 00 (tok/s of the step / tok/s of that tag's step
 00; an N-process tag, which holds the distributed steps only, over its 1-process tag's step 00
@@ -14,24 +15,21 @@ import re
 from pathlib import Path
 
 from speed_ladder.ladder import BASELINE, tag_processes
-from speed_ladder.report.chart_style import (
-    REF_COLOR,
-    TITLE_WIDTH,
-    inactive_label,
-    is_ok,
-    label_after,
-    layout,
-    no_value,
-    pyplot,
-    save,
-    step_label,
-    wrap,
-)
-from speed_ladder.report.reference import REF_LABEL, resolve_reference
+from speed_ladder.report import chart_style
+from speed_ladder.report.reference import REF_LABEL, resolve_reference, single_gpu
 from speed_ladder.report.rows import inactive
 from speed_ladder.report.summary import number, read_summary, speedup_text
 
 COMPARISON = "comparison.png"
+GPU_CHART = "gpu_vs_a100.png"  # the README's chart: the GPU ladders beside the published A100's
+TITLE = (
+    "Speedup per step over each ladder's own step 00, every hardware tag, beside the published "
+    "single-GPU reference; a step that failed or did not run is a label at 1x, never a bar"
+)
+GPU_TITLE = (
+    "Speedup per step over each ladder's own step 00: this project's ladder on one GPU beside "
+    "the published single-A100 ladder; a step that failed or did not run is a label at 1x"
+)
 NOTE_WIDTH = 80  # characters per line of an inactive step's note (fontsize 7)
 BAR_IN = 0.16  # inches per bar: one line of its label
 LINE_IN = 0.11  # inches per line of a label (fontsize 7)
@@ -39,14 +37,16 @@ LINE_IN = 0.11  # inches per line of a label (fontsize 7)
 
 def _bar_in(series) -> float:
     """Inches per bar: BAR_IN, more where an inactive step's note (never cut) takes lines."""
-    notes = [inactive_label(r, NOTE_WIDTH) for _, df in series for r in df.to_dict("records")]
+    notes = [
+        chart_style.inactive_label(r, NOTE_WIDTH) for _, df in series for r in df.to_dict("records")
+    ]
     lines = max([len(n.splitlines()) for n in notes if n is not None], default=1)
     return max(BAR_IN, LINE_IN * lines + 0.04)
 
 
 def _base_tps(df) -> float | None:
     """A summary's step 00 tok/s, when step 00 has a result."""
-    rows = [r for r in df.to_dict("records") if r["step"] == BASELINE and is_ok(r)]
+    rows = [r for r in df.to_dict("records") if r["step"] == BASELINE and chart_style.is_ok(r)]
     return number(rows[0].get("tokens_per_sec_median")) if rows else None
 
 
@@ -91,10 +91,10 @@ def _comparison_bars(ax, series, bases, steps, height, colors) -> tuple[list, li
             if r is None or base is None:
                 continue
             y = i - 0.4 + height * (k + 0.5)
-            v = number(r.get("tokens_per_sec_median")) if is_ok(r) else None
+            v = number(r.get("tokens_per_sec_median")) if chart_style.is_ok(r) else None
             if v is None:
-                text, c = no_value(r)
-                texts.append(label_after(ax, 1.0, y, text, fontsize=7, color=c))
+                text, c = chart_style.no_value(r)
+                texts.append(chart_style.label_after(ax, 1.0, y, text, fontsize=7, color=c))
                 continue
             up = v / base[0]
             off = inactive(r) is not None
@@ -104,9 +104,11 @@ def _comparison_bars(ax, series, bases, steps, height, colors) -> tuple[list, li
                 style = {"color": color}
             _speedup_bar(ax, y, up, height, **style)
             values.append(up)
-            note = inactive_label(r, NOTE_WIDTH)
+            note = chart_style.inactive_label(r, NOTE_WIDTH)
             label = speedup_text(up) + (f"  {note}" if note is not None else "")
-            texts.append(label_after(ax, max(up, 1.0), y, label, fontsize=7, linespacing=1.1))
+            texts.append(
+                chart_style.label_after(ax, max(up, 1.0), y, label, fontsize=7, linespacing=1.1)
+            )
     return values, texts
 
 
@@ -122,32 +124,24 @@ def _comparison_reference(ax, ref, steps, height, k: int) -> tuple[list, list]:
         if r is not None:
             y = i - 0.4 + height * (k + 0.5)
             up = float(r["tokens_per_sec"]) / float(base["tokens_per_sec"])
-            _speedup_bar(ax, y, up, height, color=REF_COLOR, hatch="//", edgecolor="#606060")
+            _speedup_bar(ax, y, up, height, **chart_style.REF_STYLE)
             values.append(up)
-            texts.append(label_after(ax, max(up, 1.0), y, speedup_text(up), fontsize=7,
+            texts.append(chart_style.label_after(ax, max(up, 1.0), y, speedup_text(up), fontsize=7,
                                      color="#505050"))  # fmt: skip
     return values, texts
 
 
-def _single_gpu(ref):
-    """The reference's rows measured on one GPU (step 11's 4x A100 left out)."""
-    if ref is None or not len(ref):
-        return None
-    one = ref[ref["hardware"].astype(str).str.startswith("1x ")]
-    return one if len(one) else None
-
-
-def plot_comparison(tag_dirs, out: Path | None = None, reference="default") -> Path:
+def plot_comparison(tag_dirs, out: Path | None = None, reference="default", title=TITLE) -> Path:
     """Every tag's speedup over its own step 00 per step, one color per tag (log scale, 1x at
     step 00), beside the published single-GPU reference's speedup over its step 00."""
     import numpy as np
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-    plt = pyplot()
+    plt = chart_style.pyplot()
     tag_dirs = [Path(t) for t in tag_dirs]
     out = Path(out) if out is not None else tag_dirs[0].parent / COMPARISON
-    ref = _single_gpu(resolve_reference(reference))
+    ref = single_gpu(resolve_reference(reference))
     series = list({t.name: read_summary(t) for t in tag_dirs}.items())
     bases = _bases(series)
     steps = sorted({s for _, df in series for s in df["step"]})
@@ -174,14 +168,14 @@ def plot_comparison(tag_dirs, out: Path | None = None, reference="default") -> P
         else:
             note = f"this project; over {base[1]}'s step 00"
         handles.append(Patch(color=colors[k % len(colors)], label=f"{tag} ({note})"))
-    handles.append(Patch(facecolor="white", hatch="xx", edgecolor="#606060",
-                         label="inactive here: the step does nothing on this device"))  # fmt: skip
+    if any(inactive(r) for _, df in series for r in df.to_dict("records")):
+        label = "inactive here: the step does nothing on this device"
+        handles.append(Patch(facecolor="white", hatch="xx", edgecolor="#606060", label=label))
     if ref is not None:
         ref_values, ref_texts = _comparison_reference(ax, ref, steps, height, len(series))
         values += ref_values
         texts += ref_texts
-        handles.append(Patch(facecolor=REF_COLOR, hatch="//", edgecolor="#606060",
-                             label=f"{REF_LABEL} (1x A100)"))  # fmt: skip
+        handles.append(chart_style.reference_patch(f"{REF_LABEL} (1x A100)"))
     ax.set_xscale("log")
     lo = min([0.5, *(v / 1.3 for v in values)])
     hi = max([4.0, *(v * 1.3 for v in values)])
@@ -190,18 +184,19 @@ def plot_comparison(tag_dirs, out: Path | None = None, reference="default") -> P
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
     ax.axvline(1.0, color="#333333", lw=0.8)
-    labels = [step_label({"step": s, "title": titles.get(s, "")}) for s in steps]
+    labels = [chart_style.step_label({"step": s, "title": titles.get(s, "")}) for s in steps]
     ax.set_yticks(np.arange(len(steps)), labels, fontsize=9)
     ax.set_ylim(len(steps) - 0.5, -0.5)
     ax.set_xlabel("speedup over the same ladder's step 00 (its tok/s / step 00's tok/s; log scale)")
-    title = (
-        "Speedup per step over each ladder's own step 00, every hardware tag, beside the "
-        "published single-GPU reference; a step that failed or did not run is a label at 1x, "
-        "never a bar"
-    )
-    ax.set_title(wrap(title, TITLE_WIDTH), fontsize=10)
+    ax.set_title(chart_style.wrap(title, chart_style.TITLE_WIDTH), fontsize=10)
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.6 / fig.get_figheight()),
               fontsize=8, ncols=2, frameon=False)  # fmt: skip
     ax.grid(axis="x", alpha=0.3)
-    layout(fig, [(ax, texts)])
-    return save(plt, fig, out)
+    chart_style.layout(fig, [(ax, texts)])
+    return chart_style.save(plt, fig, out)
+
+
+def plot_gpu_comparison(gpu_tags) -> Path:
+    """results/gpu_vs_a100.png: the 1-process GPU tags' speedups beside the published A100's."""
+    gpu_tags = [Path(t) for t in gpu_tags]
+    return plot_comparison(gpu_tags, gpu_tags[0].parent / GPU_CHART, title=GPU_TITLE)

@@ -14,9 +14,10 @@ the one act that writes results/<tag>/ (a sweep writes only results/local/, whic
    by run id: a record results/<tag>/runs.jsonl already has is not added again (publishing
    twice adds nothing), and the lines there stay as they are; a failed run's log comes along.
 4. **Then** each published tag's summary is rebuilt from its runs.jsonl, and what
-   plot_results.py draws is drawn: the published tags' charts, results/comparison.png, the
-   README's tables and LADDER.md (another tag's charts are left as they are). Where no record
-   was new, nothing is redrawn. The local folder is left as it is.
+   plot_results.py draws is drawn: the published tags' charts, results/comparison.png and
+   gpu_vs_a100.png, the README's results, LADDER.md and the published tags' pages (another
+   tag's charts and page are left as they are). Where no record was new, nothing is redrawn.
+   The local folder is left as it is.
 """
 
 import glob
@@ -31,8 +32,6 @@ from speed_ladder.errors import UserError, is_environment_os_error, os_error_lin
 from speed_ladder.files import LOCAL_RESULTS, RESULTS, ROOT, atomic_write_bytes, portable_path
 from speed_ladder.records import jsonl_lines
 from speed_ladder.report import check, redraw
-from speed_ladder.report.ladder_page import PAGE, write_page
-from speed_ladder.report.readme import update_readme
 from speed_ladder.report.summary import find_tags, read_summary
 from speed_ladder.store import RUNS, foreign, load_runs
 
@@ -173,39 +172,33 @@ def publish(names, results: Path = RESULTS, local: Path = LOCAL_RESULTS,
     redraw.rebuild_summaries(dests)
     draw(dests, Path(results), readme, say)
     say("then: git add " + " ".join(_name(d) for d in dests)
-        + " README.md LADDER.md results/comparison.png, commit from this checkout (the "
+        + " README.md LADDER.md results/*.png, commit from this checkout (the "
         "records' git_sha) and open a pull request")  # fmt: skip
     return 0
 
 
 def draw(dests: list[Path], results: Path, readme: str | None, say=print) -> None:
-    """What plot_results.py draws, for the published tags: their charts, the comparison of
-    every committed tag, the README's tables and LADDER.md (other tags' charts are left as they
-    are: publishing one machine's results changes no other's files)."""
+    """What plot_results.py draws, for the published tags: their charts and pages, the
+    comparisons of every committed tag, the README's results and LADDER.md (other tags' charts
+    and pages are left as they are: publishing one machine's results changes no other's
+    files)."""
     tags = find_tags(results)
     for t in tags:  # every summary readable before anything is drawn
         read_summary(t)
     for path in redraw.draw_charts(dests, tags):
         say(f"wrote {_name(path)}")
-    if readme and update_readme(Path(readme), tags):
-        say(f"updated the results table in {_name(Path(readme))}")
-        say(f"wrote {_name(write_page(Path(readme).parent / PAGE, tags))}")
+    if readme:
+        redraw.write_docs(Path(readme), tags, say, pages=dests)
 
 
 def add_publish_parser(sub):
-    p = sub.add_parser(
-        "publish",
-        help="check this machine's results and add them to results/ (then README, LADDER.md)",
-        description=__doc__.split("\n\n")[0] + " Exit 0: published; 1: check found problems; "
-        "2: bad input.",
-    )
-    p.add_argument(
-        "tags",
-        nargs="*",
-        metavar="TAG",
-        help=f"tag names in {_name(LOCAL_RESULTS)}/ or tag folders (default: every "
-        f"{_name(LOCAL_RESULTS)}/<tag>/ with a runs.jsonl)",
-    )
+    local = _name(LOCAL_RESULTS)
+    p = check.add_tags_command(
+        sub, "publish", __doc__,
+        "check this machine's results and add them to results/ (then README, LADDER.md)",
+        "Exit 0: published; 1: check found problems; 2: bad input.", "tags", "TAG",
+        f"tag names in {local}/ or tag folders (default: every {local}/<tag>/ with a runs.jsonl)",
+    )  # fmt: skip
     p.add_argument(
         "--results-dir",
         default=str(RESULTS),
@@ -216,7 +209,7 @@ def add_publish_parser(sub):
         "--readme",
         default=str(ROOT / "README.md"),
         metavar="PATH",
-        help="the README whose tables plot_results.py regenerates (default: README.md)",
+        help="the README whose results plot_results.py regenerates (default: README.md)",
     )
     p.set_defaults(func=_command)
     return p

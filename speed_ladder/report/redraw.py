@@ -1,4 +1,5 @@
-"""Charts and the README results table from the sweep's summaries (`python plot_results.py`).
+"""Charts, the tags' pages and the README's results from the sweep's summaries
+(`python plot_results.py`).
 
     python plot_results.py                     # every results/<tag>/ with a summary.csv
     python plot_results.py results/cpu-8c      # just these
@@ -12,13 +13,16 @@ profiled (--profile), time_breakdown.png (where each step's time goes); a failed
 "failed (oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here".
 With several tags, results/comparison.png gives every tag's speedup over its own step 00 per
 step beside the reference's (comparison_chart.py), so that ladders of different hardware
-compare. The published single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch
+compare, and results/gpu_vs_a100.png the same for the 1-process GPU tags alone, the README's
+chart. The published single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch
 ch05/10, results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
-panel, labelled as such: they are not this project's measurements. The README's table between
-`<!-- results:begin -->` and `<!-- results:end -->` is regenerated from the same summaries, and
-LADDER.md beside it (ladder_page.py: each step's change, why, cost and measured effect).
+panel, labelled as such: they are not this project's measurements. From the same summaries:
+each tag's page, results/<tag>/README.md (its full table, notes and charts), the README's
+results between `<!-- results:begin -->` and `<!-- results:end -->` (the GPU ladders beside the
+published A100's, and a line linking each tag's page), and LADDER.md beside it (ladder_page.py:
+each step's change, why, cost and measured effect).
 A tag folder in results/local/ (this machine's own, from `python -m speed_ladder run`) gets
-its charts only: it never enters the README, LADDER.md or results/comparison.png until
+its charts only: it never enters the README, LADDER.md, a page or the comparisons until
 `python -m speed_ladder publish` adds it to results/.
 Headless: matplotlib's Agg backend, no display needed.
 """
@@ -37,13 +41,16 @@ from speed_ladder.errors import (
     os_error_line,
     warn,
 )
-from speed_ladder.files import LOCAL_RESULTS, ROOT, is_within
+from speed_ladder.files import LOCAL_RESULTS, ROOT, is_within, shown
 from speed_ladder.report.charts import CHARTS, plot_tag
-from speed_ladder.report.comparison_chart import plot_comparison
+from speed_ladder.report.comparison_chart import plot_comparison, plot_gpu_comparison
 from speed_ladder.report.gain_chart import GAIN_CHART, plot_gains
 from speed_ladder.report.ladder_page import PAGE, write_page
 from speed_ladder.report.readme import update_readme
+from speed_ladder.report.reference import gpu_ladders
 from speed_ladder.report.summary import SUMMARY, find_tags, read_summary, rebuild, write_summary
+from speed_ladder.report.tag_page import PAGE as TAG_PAGE
+from speed_ladder.report.tag_page import write_pages
 from speed_ladder.report.time_chart import plot_time_breakdown
 from speed_ladder.store import RUNS
 
@@ -52,8 +59,8 @@ TAG_CHARTS = (*CHARTS, GAIN_CHART)
 
 def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
     """Each tag's four charts (and its time breakdown when profiled), and
-    results/comparison.png of `all_tags` (default: these) when there are several; returns the
-    files written."""
+    results/comparison.png of `all_tags` (default: these) when there are several, and
+    results/gpu_vs_a100.png of their 1-process GPU tags; returns the files written."""
     tag_dirs = [Path(t) for t in tag_dirs]
     all_tags = tag_dirs if all_tags is None else list(all_tags)
     written = [
@@ -68,7 +75,23 @@ def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
             warn(f"{e}; left out of the comparison chart")
     if len(readable) > 1:
         written.append(plot_comparison(readable))
+    gpus = gpu_ladders(readable)
+    if gpus:
+        written.append(plot_gpu_comparison(gpus))
     return written
+
+
+def write_docs(readme: Path, tags, say=print, pages=None) -> bool:
+    """The README's results and LADDER.md beside it, from `tags`' summaries, and the pages of
+    `pages` (default: every tag); False (and a warning) when the README has no results
+    markers."""
+    if not update_readme(Path(readme), tags):
+        return False
+    say(f"updated the results in {shown(readme)}")
+    say(f"wrote {shown(write_page(Path(readme).parent / PAGE, tags))}")
+    for page in write_pages(tags if pages is None else pages):
+        say(f"wrote {shown(page)}")
+    return True
 
 
 def rebuild_summaries(tags) -> None:
@@ -128,7 +151,7 @@ def _main(argv=None) -> int:
     p.add_argument(
         "--no-readme",
         action="store_true",
-        help=f"do not touch the README (nor {PAGE}, the ladder page written beside it)",
+        help=f"do not touch the README (nor {PAGE} beside it, nor the tags' pages)",
     )
     p.add_argument(
         "--readme", default=str(ROOT / "README.md"), metavar="PATH", help="(default: README.md)"
@@ -162,14 +185,14 @@ def _main(argv=None) -> int:
     if readme and Path(args.readme).exists():  # a missing README is only a warning
         outputs.check_file(args.readme, "--readme")
         outputs.check_file(Path(args.readme).parent / PAGE, "the ladder page")
+        for t in tags:
+            outputs.check_file(t / TAG_PAGE, "a tag's page")
     for path in draw_charts(local, []) + (draw_charts(tags) if tags else []):
         print(f"wrote {path}")
     if local:
         print(f"{', '.join(str(t) for t in local)}: this machine's own results (not committed): "
               "charts only, never the README, LADDER.md or results/comparison.png; `python -m "
               "speed_ladder publish` adds them to results/")  # fmt: skip
-    if readme and update_readme(Path(args.readme), tags):
-        print(f"updated the results table in {args.readme}")
-        page = write_page(Path(args.readme).parent / PAGE, tags)
-        print(f"wrote {page}")
+    if readme:
+        write_docs(Path(args.readme), tags)
     return 0

@@ -53,6 +53,22 @@ def is_gpu_tag(tag_dir: Path) -> bool:
                for r in read_jsonl(Path(tag_dir) / RUNS))  # fmt: skip
 
 
+def gpu_ladders(tag_dirs) -> list[Path]:
+    """The 1-process tags that ran on CUDA: the ladders the README sets beside the published
+    single-A100 ladder."""
+    from speed_ladder.ladder import tag_processes
+
+    return [Path(t) for t in tag_dirs if tag_processes(Path(t).name) == 1 and is_gpu_tag(t)]
+
+
+def single_gpu(ref):
+    """The reference's rows measured on one GPU (step 11's 4x A100 left out), or None."""
+    if ref is None or not len(ref):
+        return None
+    one = ref[ref["hardware"].astype(str).str.startswith("1x ")]
+    return one if len(one) else None
+
+
 def published(ref, step: str, processes: int = 1) -> tuple[float, float | None] | None:
     """(the csv's tok/s of `step`, its gain over the csv's previous step) for a tag of
     `processes` processes; None where the csv has no such step or it ran on another number of
@@ -73,7 +89,7 @@ def published(ref, step: str, processes: int = 1) -> tuple[float, float | None] 
 
 
 def published_cell(ref, step: str, processes: int = 1) -> str:
-    """'142,156 (1.12x)' for the README's column; '112,046' without a gain; '–' without one."""
+    """'142,156 (1.12x)' for a tag page's column; '112,046' without a gain; '–' without one."""
     fig = published(ref, step, processes)
     if fig is None:
         return "–"
@@ -90,7 +106,7 @@ def metric_switch(ref) -> str | None:
 
 
 def published_note(ref) -> str:
-    """The README's note under a GPU tag's table: what the published column is, and is not."""
+    """The note under a GPU tag's table (its page): what the published column is, and is not."""
     switch = metric_switch(ref)
     metric = (
         f" Up to step {int(switch) - 1:02d} they are average tok/s, from step {switch} tok/s "

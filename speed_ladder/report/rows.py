@@ -1,7 +1,8 @@
 """A summary's rows read back, for people: numbers from cells, the effect of a step over the
-previous one as one cell, the busy and inactive marks, and the terminal table. The README table
-(readme.py), the charts and the ladder page use the same cells, so they say the same thing; a
-step's effect over a rung other than the file before it (its `after`) names that rung."""
+previous one as one cell, the busy and inactive marks, and the terminal table. The tag pages
+(tag_page.py), the README (readme.py), the charts and the ladder page use the same cells, so
+they say the same thing; a step's effect over a rung other than the file before it (its
+`after`) names that rung."""
 
 import math
 
@@ -90,26 +91,28 @@ def percent_text(v, lo=None, hi=None) -> str:
     return f"{r:.0%}" + (f" [{a * 100:.0f}-{b:.0%}]" if a is not None and b is not None else "")
 
 
-def effect_text(row: dict, prefix: str = "gain_vs_prev", verdict: str = "verdict") -> str:
+def effect_text(row: dict, prefix: str = "gain_vs_prev", verdict: str = "verdict",
+                one_round: bool = True) -> str:  # fmt: skip
     """This step over the previous one: '1.12x [1.08-1.15] faster', '0.99x [0.95-1.03] no
-    change', '1.01x (one round: no interval)', '–' for the first step or no result."""
+    change', '1.01x (one round: no interval)' ('1.01x' without `one_round`, for a table whose
+    note says it once), '–' for the first step or no result."""
     if row.get("status") != "ok" or number(row.get(prefix)) is None:
         return "–"
     cell = ratio_text(row.get(prefix), row.get(f"{prefix}_lo"), row.get(f"{prefix}_hi"))
     v = text(row.get(verdict))
     if v == "one round: no interval":
-        return f"{cell} ({v})"
+        return f"{cell} ({v})" if one_round else cell
     if v == "inactive":  # measured all the same; `inactive()` says why
         return f"{cell} (inactive here)"
     return f"{cell} {v}" if v else cell
 
 
-def effect_cell(row: dict) -> str:
+def effect_cell(row: dict, one_round: bool = True) -> str:
     """effect_text, with 'vs 12: ' first where the step's effect is over another rung than the
     file before it (its `after` in the registry), which a "vs previous step" column would hide."""
     from speed_ladder import ladder
 
-    cell, base = effect_text(row), text(row.get("prev_step"))
+    cell, base = effect_text(row, one_round=one_round), text(row.get("prev_step"))
     steps = list(ladder.rungs())
     skipping = {s.num for s, skip in zip(steps, ladder.skips(steps), strict=True) if skip}
     return f"vs {base}: {cell}" if cell != "–" and base and row.get("step") in skipping else cell
