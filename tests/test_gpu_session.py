@@ -84,11 +84,9 @@ def _fake_liger_wheel(folder) -> None:
     import zipfile
 
     info = "liger_kernel-0.0.1.dist-info"
-    fused = "MAX_FUSED_SIZE = liger_cross_entropy_kernel = 0\n"
     files = {
         "liger_kernel/__init__.py": "",
-        "liger_kernel/ops/__init__.py": "",
-        "liger_kernel/ops/fused_linear_cross_entropy.py": fused,
+        "liger_kernel/transformers/__init__.py": "LigerFusedLinearCrossEntropyLoss = None\n",
         f"{info}/METADATA": "Metadata-Version: 2.1\nName: liger-kernel\nVersion: 0.0.1\n",
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
         "Tag: py3-none-any\n",
@@ -118,7 +116,7 @@ def test_gpu_session_says_whether_liger_is_there_and_installs_beside_a_read_only
         import liger_kernel  # noqa: F401
     except ImportError:
         assert liger.startswith("liger: missing (ModuleNotFoundError: No module named 'liger")
-        assert "step 12 runs chunked PyTorch instead" in liger
+        assert "step 12 runs step 11's PyTorch loss instead" in liger
     _fake_liger_wheel(tmp_path / "wheels")
     shim = tmp_path / "python"  # pip into site-packages fails as on a read-only file system
     shim.write_text(f"""#!/usr/bin/env bash
@@ -137,7 +135,7 @@ exec {sys.executable} "$@"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     status = (out / "status.txt").read_text().splitlines()
     assert "wheels: ok (site-packages read-only: installed into OUT/site, on PYTHONPATH)" in status
-    assert (out / "site" / "liger_kernel" / "ops" / "fused_linear_cross_entropy.py").is_file()
+    assert (out / "site" / "liger_kernel" / "transformers" / "__init__.py").is_file()
     assert "liger: ok (liger-kernel 0.0.1)" in status
     # a later call into the same OUT on the same machine (a lease's call 2): the set-up is not
     # done again (pip would fail now), its status lines and OUT/site come back; --no-cache-pack

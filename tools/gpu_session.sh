@@ -209,15 +209,16 @@ sys.exit(not os.access(sysconfig.get_paths()['purelib'], os.W_OK))" \
     fi
 fi
 
-# ---- Liger for step 12: the import the step makes; without it step 12 falls back to chunked
-# PyTorch (its record says so, step_active false), and status.txt says so here too
+# ---- Liger for step 12: the import the step makes (speed_ladder/fused_loss.py); without it step
+# 12 falls back to step 11's PyTorch loss (its record says so, step_active false), and
+# status.txt says so here too
 if [ $AGAIN = 1 ]; then :
 elif LIGER=$("$PY" -c "import importlib.metadata as md
-from liger_kernel.ops.fused_linear_cross_entropy import MAX_FUSED_SIZE, liger_cross_entropy_kernel
+from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 print(md.version('liger-kernel'))" 2>&1); then
     note liger "ok (liger-kernel ${LIGER##*$'\n'})"
 else
-    note liger "missing (${LIGER##*$'\n'}; step 12 runs chunked PyTorch instead, marked inactive)"
+    note liger "missing (${LIGER##*$'\n'}; step 12 runs step 11's PyTorch loss instead, marked inactive)"
 fi
 
 # ---- what this machine is
