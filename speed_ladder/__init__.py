@@ -5,8 +5,9 @@ No step changes it: every step measures the same way. A step script uses it as
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
     ...
-    run.inactive("02", speed_ladder.tf32_unavailable(device))  # why it does nothing here, or None
-    run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start
+    fused_ce = run.fused_linear_cross_entropy()  # step 12 on: Liger's loss, or linear + CE
+    run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start, and
+                                                # why each rung's idea does nothing here, if so
     ...  run.step_done(loss, tokens)            # after each optimizer step
     with run.paused(): ...                      # evaluation / sampling: not timed, not in the peak
     run.finish(train_loss, val_loss)
@@ -23,8 +24,10 @@ from speed_ladder.presets import GPT2_VOCAB
 
 # The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
 # charts, plot_results.py) runs this file and must not need torch. The rungs' inactive checks
-# (`speed_ladder.tf32_unavailable`, ...) are the ones speed_ladder/data/ladder.json names.
-_NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device", **inactive_helpers()}
+# (`speed_ladder.tf32_unavailable`, ...) are the ones speed_ladder/data/ladder.json names, which
+# the harness asks (Run.set_model); a step decides with bf16_is_fast (05) and one check (17's).
+_NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device",
+                "bf16_is_fast": "measure.device", **inactive_helpers()}  # fmt: skip
 
 
 def __getattr__(name: str):

@@ -92,12 +92,14 @@ class Memory:
 
 @dataclass(frozen=True)
 class Inactive:
-    """What makes a rung do nothing on a device: the `speed_ladder.<check>` the step calls."""
+    """What makes a rung do nothing on a device: the `speed_ladder.<check>` the harness asks
+    (measure/inactive.py, `asked`)."""
 
     check: str
     module: str = "measure.inactive"  # where the check lives, under speed_ladder
     on_test_cpu: bool = False  # inactive in the tests' CPU runs (tiny, dropout 0, bf16 off)
-    why: str | None = None  # a fixed reason; None: the check words it
+    why: str | None = None  # a fixed reason, in place of the check's words
+    acted: str | None = None  # where it acts, what ran: a note of its own (`step NN: acted`)
 
 
 @dataclass(frozen=True)
@@ -297,6 +299,16 @@ def descendants(num: str, steps=None) -> list[Step]:
             tree.add(s.num)
             out.append(s)
     return out
+
+
+def lineage(num: str) -> list[Step]:
+    """This checkout's rung `num` and every rung it builds on (`after`, transitively), the
+    first rung first: the rungs whose ideas a run of `num` carries."""
+    chain, at = [], num
+    while at is not None:
+        chain.append(rung(at))
+        at = chain[-1].after
+    return chain[::-1]
 
 
 def skips(steps: list[Step]) -> list[bool]:

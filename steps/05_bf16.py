@@ -285,10 +285,8 @@ def main():
     torch.manual_seed(args.seed)
     device = run.device
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    run.inactive("02", speed_ladder.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    run.inactive("04", speed_ladder.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -298,8 +296,7 @@ def main():
         shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
     )  # fmt: skip
 
-    use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
+    use_bf16 = speed_ladder.bf16_is_fast(device)[0]  # step 05: bf16 only where it is faster
     model = GPTModel(GPT_CONFIG).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(),

@@ -300,12 +300,9 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
-    run.inactive("11", speed_ladder.world_of_one("11"))  # step 11: one process: nothing to share
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    run.inactive("02", speed_ladder.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    run.inactive("04", speed_ladder.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -315,11 +312,9 @@ def main():
         shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
     )  # fmt: skip
 
-    use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
+    use_bf16 = speed_ladder.bf16_is_fast(device)[0]  # step 05: bf16 only where it is faster
     model = GPTModel(GPT_CONFIG).to(device)
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
-    run.inactive("08", speed_ladder.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward; a
     # world of one has no replica, and the wrapper would only cost its hooks (2 ms a step, H200)
     if dist.get_world_size() > 1:  # step 11
@@ -334,9 +329,6 @@ def main():
         weight_decay=SETTINGS["weight_decay"],
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
-
-    # step 07: inactive where SDPA runs its math path (no fused kernel)
-    run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):

@@ -35,7 +35,6 @@ Run (every file of the ladder the same way; --help lists the flags and shows thi
 import datetime
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import torch
@@ -206,132 +205,6 @@ def calc_loss_batch(input_batch, target_batch, model):
     return cross_entropy(logits.flatten(0, 1), target_batch.flatten())  # step 08
 
 
-def torch_chunk_ce(logits, targets, loss):  # step 12
-    """Liger's kernel's work on one chunk in plain PyTorch, where Liger cannot run: each row's
-    loss into `loss`, and d(loss sum)/d(logits) = softmax - one-hot (0 on an ignored row) into
-    `logits` in place, so the chunk loop below needs no recomputation in backward."""
-    x = logits.float()  # (rows, V) fp32: the logits themselves where they are fp32
-    keep = (targets != -100).unsqueeze(1)  # (rows, 1)
-    t = targets.where(keep[:, 0], 0).unsqueeze(1)  # an ignored row reads column 0
-    top, picked = x.amax(-1, keepdim=True), x.gather(1, t)  # (rows, 1) each
-    total = x.sub_(top).exp_().sum(-1, keepdim=True)  # in place: no new (rows, V) tensor
-    loss.copy_(((total.log() + top - picked) * keep).squeeze(1))  # logsumexp - target logit
-    x.div_(total.masked_fill_(~keep, float("inf"))).scatter_add_(1, t, keep.to(x.dtype).neg())
-    logits.copy_(x)  # softmax - one-hot; an ignored row: 0 (divided by inf)
-
-
-def liger_chunk_rows(rows, dim, vocab, chunk_mem_const):  # step 12
-    """Liger's rule (liger-kernel 0.8.5, ops/fused_linear_cross_entropy.py ~line 103): a chunk's
-    logits hold about chunk_mem_const x rows x dim numbers, its rows a power of 2 (as triton's)."""
-    inc_factor = -(-vocab // (chunk_mem_const * dim))  # ceil(V / (C x H))
-    return min(1 << (-(-rows // inc_factor) - 1).bit_length(), rows)
-
-
-def add_weight_grad(grad_weight, grad_logits, hidden):  # step 12
-    """grad_weight += grad_logits.T @ hidden in place, as Liger sums it for accum_dtype=float32."""
-    if grad_logits.dtype == grad_weight.dtype:  # fp32 logits, or the bf16 control of the tests
-        grad_weight.addmm_(grad_logits.T, hidden)
-    elif grad_weight.is_cuda and torch.__version__ >= "2.8":  # bf16 products, fp32 sums (cuBLAS)
-        torch.addmm(grad_weight, grad_logits.T, hidden, out_dtype=torch.float32, out=grad_weight)
-    else:  # a CPU (Triton's interpreter): no addmm out_dtype there; the same fp32 sums
-        grad_weight.addmm_(grad_logits.T.float(), hidden.float())
-
-
-class LigerLinearCrossEntropy(torch.autograd.Function):  # step 12
-    """Mean cross-entropy of hidden @ weight.T over the targets not -100 (as F.cross_entropy),
-    chunk_rows rows at a time; the gradients are computed in forward, as Liger's own Function
-    does, without its two host syncs: the target count stays on the GPU (no `.item()`), and
-    backward scales both gradients by grad_output / count there, always (no `torch.equal`)."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, ce, chunk_rows, accum_dtype):
-        rows, vocab = hidden.shape[0], weight.shape[0]
-        w = weight.to(hidden.dtype)  # bf16 when step 05 is on (the fp32 weight stays the leaf)
-        loss = torch.zeros(rows, dtype=torch.float32, device=hidden.device)  # an ignored row: 0
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=accum_dtype, device=weight.device)
-        logits = hidden.new_empty(min(chunk_rows, rows), vocab)  # one chunk's, reused
-        for start in range(0, rows, chunk_rows):
-            end = min(start + chunk_rows, rows)
-            h, x = hidden[start:end], logits[: end - start]
-            torch.mm(h, w.T, out=x)
-            ce(x, targets[start:end], loss[start:end])  # x now holds d(loss sum)/d(logits)
-            torch.mm(x, w, out=grad_hidden[start:end])
-            add_weight_grad(grad_weight, x, h)
-        grad_weight = grad_weight.to(weight.dtype)  # fp32: the same tensor
-        count = (targets != -100).sum()  # on the device: no .item()
-        ctx.save_for_backward(grad_hidden, grad_weight, count)
-        return loss.sum() / count
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        grad_hidden, grad_weight, count = ctx.saved_tensors
-        scale = grad_output / count  # a device scalar: the mean's 1/count and the chain rule
-        # in place, as Liger's element_mul_kernel scales its saved gradients (one backward a step)
-        grad_hidden.mul_(scale)
-        grad_weight.mul_(scale)
-        return grad_hidden, grad_weight, None, None, None, None
-
-
-class FusedLinearCrossEntropy:  # step 12
-    """loss(weight (V, C), hidden (N, C), targets (N,)): Liger's kernel on a CUDA GPU (or a CPU
-    through Triton's interpreter); the chunked one only where Liger cannot run, and then
-    `fallback_reason` says why (None while Liger's kernel computes the loss)."""
-
-    KERNEL = "Liger fused linear cross-entropy kernel ran (fp32 accumulation)"  # for the record
-    # chunks sized for a GPU: gpt2-124m's 32768 rows in 8 chunks of 4096 (0.4 GB of bf16 logits),
-    # not Liger's default 1's 64 of 512 (small launches from a Python loop; the docstring)
-    CHUNK_MEM_CONST = 8
-    FALLBACK_ROWS = 1024  # a CPU's matmuls: few, large chunks (the cpu preset's 1024 rows: 1)
-
-    def __init__(self, dtype, device):
-        self.dtype, self.liger, self.fallback_reason = dtype, None, None
-        self.chunk_mem_const = self.CHUNK_MEM_CONST
-        if why := speed_ladder.liger_unavailable(device):  # a CPU runs it with TRITON_INTERPRET=1
-            self.fall_back(why)
-            return
-        try:  # the ops module: liger_kernel.transformers imports transformers where installed
-            from liger_kernel.ops.fused_linear_cross_entropy import (
-                MAX_FUSED_SIZE,
-                liger_cross_entropy_kernel,  # the kernel Liger's fused loss launches per chunk
-            )
-        except ImportError as e:  # not installed (macOS, Windows), or no triton
-            self.fall_back(f"liger-kernel unavailable: {e.__class__.__name__}: {e}")
-            return
-        self.liger, self.max_block = liger_cross_entropy_kernel, MAX_FUSED_SIZE
-
-    def fall_back(self, why):
-        warnings.warn(f"step 12: {why}; using chunked PyTorch linear+cross-entropy", stacklevel=2)
-        self.fallback_reason = f"chunked PyTorch linear+cross-entropy ran, not Liger's ({why})"
-
-    def ce(self, logits, targets, loss):
-        """Liger's kernel on a chunk as Liger launches it (~line 222): each row's loss, its logits'
-        gradient in place. "sum": n_non_ignore, read by "mean" only, needs no count from the GPU."""
-        n_rows, vocab = logits.shape
-        # No fallback here: a CUDA out-of-memory or a Triton error is the run's result (oom, error).
-        self.liger[(n_rows,)](
-            X_ptr=logits, X_stride=logits.stride(-2), Y_ptr=targets, Y_stride=targets.stride(-1),
-            weight_ptr=None, loss_ptr=loss, z_loss_ptr=None, loss_stride=loss.stride(-1),
-            token_accuracy_ptr=None, token_accuracy_stride=0, predicted_tokens_ptr=None,
-            predicted_tokens_stride=0, n_cols=vocab, n_non_ignore=1, sum_non_ignore_weight=1,
-            weight_sum=0.0, ignore_index=-100, lse_square_scale=0.0, label_smoothing=0.0,
-            reduction="sum", softcap=None, RETURN_Z_LOSS=False, RETURN_TOKEN_ACCURACY=False,
-            RETURN_PREDICTED_TOKENS=False, HAS_WEIGHT=False, HAS_SOFTCAPPING=False,
-            HAS_GRADIENTS=True, num_warps=16 if torch.version.hip else 32,
-            BLOCK_SIZE=min(self.max_block, 1 << (vocab - 1).bit_length()),  # next_power_of_2
-        )  # fmt: skip
-
-    def __call__(self, weight, hidden, targets):
-        hidden = hidden.to(self.dtype)  # bf16 when step 05 is on, as autocast would cast it
-        if self.liger is None:  # the fallback: the same loop, PyTorch's cross-entropy in it
-            return LigerLinearCrossEntropy.apply(
-                hidden, weight, targets, torch_chunk_ce, self.FALLBACK_ROWS, torch.float32
-            )
-        rows = liger_chunk_rows(*hidden.shape, weight.shape[0], self.chunk_mem_const)
-        # accum_dtype: the output layer's weight gradient is summed over all rows in fp32
-        return LigerLinearCrossEntropy.apply(hidden, weight, targets, self.ce, rows, torch.float32)
-
-
 def calc_loss_loader(data_loader, model, device, num_batches):
     total, count = 0.0, 0
     for i, (input_batch, target_batch) in enumerate(data_loader):
@@ -438,7 +311,6 @@ def main():
         "qkv_bias": False,  # no bias in the query, key and value projections
     } | run.model_overrides()
     GPT_CONFIG["drop_rate"] = 0.0  # step 16: no dropout, whatever the preset says
-    run.inactive("16", speed_ladder.dropout_already_off(P["drop_rate"]))  # step 16: none to take
     SETTINGS = {
         "learning_rate": P["lr"],
         "num_epochs": P["epochs"],
@@ -450,12 +322,9 @@ def main():
 
     torch.manual_seed(args.seed)
     device = ddp_setup(run.device)  # step 11: this rank's device (cuda:LOCAL_RANK)
-    run.inactive("11", speed_ladder.world_of_one("11"))  # step 11: one process: nothing to share
     torch.set_float32_matmul_precision("high")  # step 02: TF32 tensor cores for fp32 matmuls
-    run.inactive("02", speed_ladder.tf32_unavailable(device))  # step 02: why TF32 does nothing here
     train_ids, val_ids = run.load_tokens(GPT_CONFIG["context_length"], SETTINGS["batch_size"])
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
-    run.inactive("04", speed_ladder.pinned_memory_useless(device))  # step 04: no GPU, no copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
         shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
@@ -465,15 +334,12 @@ def main():
         shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
     )  # fmt: skip
 
-    use_bf16, why = speed_ladder.bf16_is_fast(device)  # step 05: bf16 only where it is faster
-    run.inactive("05", None if use_bf16 else f"bf16 autocast off on this {device.type}: {why}")
+    use_bf16 = speed_ladder.bf16_is_fast(device)[0]  # step 05: bf16 only where it is faster
     model = GPTModel(GPT_CONFIG).to(device)
     # step 15: bf16 weights and activations, fp32 masters for AdamW (where step 05 found bf16 fast)
     weights = MasterWeights(model, torch.bfloat16 if use_bf16 else None)
-    run.inactive("15", None if use_bf16 else "bf16 is off here (step 05): the weights stay fp32")
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
-    run.inactive("08", speed_ladder.compile_disabled())  # step 08: TORCH_COMPILE_DISABLE=1: eager
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward; a
     # world of one has no replica, and the wrapper would only cost its hooks (2 ms a step, H200)
     if dist.get_world_size() > 1:  # step 11
@@ -489,10 +355,7 @@ def main():
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
 
-    # step 07: inactive where SDPA runs its math path (no fused kernel)
-    run.inactive("07", speed_ladder.sdpa_math_only(device, GPT_CONFIG, use_bf16))
-    fused_ce = FusedLinearCrossEntropy(torch.bfloat16 if use_bf16 else torch.float32, device)
-    run.inactive("12", fused_ce.fallback_reason, acted=fused_ce.KERNEL)  # step 12
+    fused_ce = run.fused_linear_cross_entropy()  # step 12: Liger's, where it can run (the record)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
     for epoch in range(SETTINGS["num_epochs"]):
@@ -507,8 +370,8 @@ def main():
             # step 05: bf16 matmuls/attention, fp32 weights, grads and optimizer state
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
                 hidden = model(input_batch, return_hidden=True)  # (B, T, C); step 12: no logits
-            # step 12: output layer + cross-entropy in one fused, chunked op (outside compile)
-            loss = fused_ce(out_head.weight, hidden.flatten(0, 1), target_batch.flatten())
+                # step 12: out_head and the loss in one op, chunk by chunk (outside compile)
+                loss = fused_ce(out_head.weight, hidden.flatten(0, 1), target_batch.flatten())
             loss.backward()
             weights.step(optimizer)  # step 15: fp32 gradients, fp32 update, bf16 weights
             run.step_done(loss, tokens=input_batch.numel())

@@ -88,18 +88,17 @@ def step12():
     return load_step("12_liger_fused_ce")
 
 
-def fused_loss_fallback(step12, rows: int | None = None):
-    """Step 12's fused loss where Liger cannot run (a CPU), its one warning silenced (a test of
-    its own counts it); `rows` rows a chunk, else the step's FALLBACK_ROWS."""
-    import warnings
-
+def fused_loss_fallback():
+    """Step 12's loss where Liger cannot run (speed_ladder.fused_loss on a CPU without Triton's
+    interpreter): step 11's linear + cross-entropy, its `fallback_reason` said. Its torch.compile
+    compiles on the first call: a test that needs no compiled graph calls it under
+    `torch.compiler.set_stance("force_eager")`."""
     import torch
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fused = step12.FusedLinearCrossEntropy(torch.float32, torch.device("cpu"))
-    if rows is not None:
-        fused.FALLBACK_ROWS = rows
+    from speed_ladder.fused_loss import fused_linear_cross_entropy
+
+    fused = fused_linear_cross_entropy(torch.device("cpu"))
+    assert fused.fallback_reason is not None, "Liger ran: TRITON_INTERPRET=1 in this process?"
     return fused
 
 

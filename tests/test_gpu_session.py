@@ -123,7 +123,7 @@ def test_wheels_of_missing_packages_go_to_out_site_and_liger_is_said(tmp_path):
         assert liger.startswith("liger: ok (liger-kernel ")
     except ImportError:
         assert liger.startswith("liger: missing (ModuleNotFoundError: No module named 'liger")
-        assert "step 12 runs chunked PyTorch instead" in liger
+        assert "step 12 runs step 11's PyTorch loss instead" in liger
 
 
 @pytest.mark.slow

@@ -233,3 +233,29 @@ def test_a_measuring_run_evaluates_only_after_its_last_step():
 
     assert due(None, None, 50) and not due(None, None, 49)
     assert not due(60, None, 50) and not due(None, "r.jsonl", 50)
+
+
+def test_the_harness_asks_each_rungs_check_for_it_and_every_rung_built_on_it(monkeypatch):
+    """Run.set_model asks the registry's inactive check of the run's own rung and of every rung
+    it builds on (`after`, transitively), first rung first, and no step file asks one itself:
+    a step holds only the lines that decide what it runs."""
+    from types import SimpleNamespace
+
+    from speed_ladder import ladder
+    from speed_ladder.measure import inactive
+
+    monkeypatch.setenv("SPEED_LADDER_BF16", "0")  # step 05's decision, not measured here
+    cfg = {"vocab_size": GPT2_VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
+           "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
+    fallback = SimpleNamespace(fallback_reason="PyTorch linear + cross-entropy ran (a test)")
+    cpu = torch.device("cpu")
+    for r in ladder.rungs():
+        asked = inactive.asked(r.num, cpu, cfg, 0.0, fallback)
+        assert [a[0] for a in asked] == [s.num for s in ladder.lineage(r.num) if s.inactive]
+        assert "run.inactive(" not in r.path.read_text(), r.rel
+    on_cpu = dict((n, why) for n, why, _ in inactive.asked("17", cpu, cfg, 0.0, fallback))
+    assert on_cpu["12"] == fallback.fallback_reason and on_cpu["16"].startswith("the preset")
+    assert on_cpu["15"] == ladder.rung("15").inactive.why  # its fixed reason
+    assert "forced off by SPEED_LADDER_BF16" in on_cpu["05"] and on_cpu["07"] is None
+    assert inactive.asked("17", cpu, cfg, 0.0, None)[-1][0] == "17"  # no loss built: 12 not asked
+    assert "12" not in [a[0] for a in inactive.asked("17", cpu, cfg, 0.0, None)]

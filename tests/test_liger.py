@@ -1,14 +1,14 @@
-"""Step 12's real Liger kernel on a CPU, through Triton's interpreter (TRITON_INTERPRET=1).
+"""Step 12's real Liger kernels on a CPU, through Triton's interpreter (TRITON_INTERPRET=1).
 
 Triton reads TRITON_INTERPRET when it is first imported, and pytest imports every test module
 in one process (others import triton without the interpreter), so every check here runs in a
 subprocess with the variable set in its environment:
 - the numerics cases of tests/liger_cases.py (shared with tests/test_gpu.py, which runs them on
-  CUDA compiled): step 12's own fused loss against plain linear + cross-entropy in fp32 and bf16
-  with ignored targets, over several chunks, the weight gradient's fp32 accumulation, and a
-  control that sums in bf16 and must fail (so the accumulation case can);
-- no host sync in the step's fused loss, forward and backward (`.item()`, `torch.equal`, ...),
-  where Liger's own Function, the control, counts its two;
+  CUDA compiled): step 12's loss, Liger's public module as speed_ladder.fused_loss builds it,
+  against plain linear + cross-entropy in fp32 and under bf16 autocast with ignored targets,
+  over several chunks, the weight gradient's fp32 accumulation, and a control that sums in bf16
+  and must fail (so the accumulation case can);
+- Liger's public module imports without the transformers package;
 - step 12 end to end on `tiny` against step 11 (slow: ~3 s a step interpreted), its record
   `step_active: true` and `interpreted: true`;
 - steps 12 and 14 under torchrun with 2 gloo processes (slow): the out_head gradient equals the
@@ -77,14 +77,19 @@ def test_step12_liger_call_matches_plain_cross_entropy_through_the_interpreter()
             assert not bad, (name, bad, res)
 
 
-def test_step12s_fused_loss_never_waits_for_the_device_where_liger_does_twice():
-    proc = run_script([sys.executable, ROOT / "tests" / "liger_cases.py", "cpu", "syncs"],
-                      env=INTERPRET, timeout=300)  # fmt: skip
-    interpreted_ok(proc)
-    got = json.loads(proc.stdout.splitlines()[-1])
-    assert got["step"] == {}, got  # no .item(), torch.equal, .cpu(), bool(tensor), ...
-    # the control: the counter sees Liger's .item() (forward) and torch.equal (backward)
-    assert got["liger"].get("Tensor.item", 0) >= 1 and got["liger"].get("torch.equal", 0) >= 1, got
+def test_liger_public_module_imports_without_the_transformers_package():
+    """liger_kernel.transformers imports `transformers` only where it is installed: with it
+    blocked (an import of it raises), step 12 still builds Liger's module."""
+    code = (
+        "import sys, torch; sys.path.insert(0, sys.argv[1]); sys.modules['transformers'] = None\n"
+        "from speed_ladder.fused_loss import fused_linear_cross_entropy\n"
+        "f = fused_linear_cross_entropy(torch.device('cpu'))\n"
+        "assert f.fallback_reason is None, f.fallback_reason\n"
+        "print(type(f).__name__)"
+    )
+    proc = run_script([sys.executable, "-c", code, ROOT], env=INTERPRET, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["LigerFusedLinearCrossEntropyLoss"]
 
 
 def step_run(tmp_path, script, name, env=INTERPRET, launcher=(sys.executable,), args=TINY):
@@ -144,7 +149,8 @@ Run.set_model = set_model_
 from torch.autograd.function import Function
 apply = Function.apply.__func__
 def apply_(cls, *args, **kwargs):  # the weight the step's Liger loss reads: shape, kind, once
-    if (cls.__name__ == "LigerLinearCrossEntropy" and int(os.environ.get("RANK", "0")) == 0
+    if (cls.__name__ == "LigerFusedLinearCrossEntropyFunction"
+            and int(os.environ.get("RANK", "0")) == 0
             and not os.path.exists({seen!r})):
         with open({seen!r}, "w") as f:
             f.write(repr((list(args[1].shape), type(args[1]).__name__)))
@@ -216,9 +222,9 @@ def test_steps_12_and_14_with_two_gloo_processes_give_liger_the_full_weight_and_
 
 @pytest.mark.slow
 def test_the_liger_kernel_floor_in_pyproject_passes_the_cases(tmp_path):
-    """pyproject's floor (0.8.5: the kernel arguments step 12 passes), fetched with pip and
-    put first on the path (no dependencies: this environment's triton and torch); skipped
-    where pip cannot fetch it."""
+    """pyproject's floor (0.6.2: the first whose public module takes accum_dtype), fetched with
+    pip and put first on the path (no dependencies: this environment's triton and torch);
+    skipped where pip cannot fetch it."""
     import re
     import zipfile
 

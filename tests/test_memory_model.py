@@ -137,3 +137,46 @@ def test_the_output_layers_term_is_its_measured_peak():
     loss().backward()
     measured = device.peak_memory(cpu)[0] - base
     assert abs(measured - predicted) < 0.1 * predicted, (measured / 2**20, predicted / 2**20)
+
+
+def test_step_12_predicts_the_loss_that_runs(monkeypatch):
+    """Before a run the prediction takes Liger where the device can run it (CUDA, or a CPU
+    through Triton's interpreter), step 11's full logits elsewhere (step 12's fallback is step
+    11's loss); a run says which ran (Run.fused_loss), and a rung after 12 follows it too."""
+    from speed_ladder.measure.inactive import liger_unavailable
+
+    p = PRESETS["gpt2-124m"]
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for dev in ("cuda", "cpu", "mps"):
+        assert mm.liger_runs_on(dev) == (liger_unavailable(torch.device(dev)) is None), dev
+    assert mm.liger_runs_on("cuda") and not mm.liger_runs_on("cpu")
+    total = lambda step, dev, **k: mm.predict_run(p, step, 1, 32, True, dev, **k).total_bytes
+    assert total("12", "cpu") == total("11", "cpu")  # the fallback: step 11's computation
+    assert total("12", "cuda") < total("11", "cuda") - 5 * 2**30  # no (B*T, V) logits
+    assert total("12", "cuda", fused=False) == total("11", "cuda")
+    assert mm.predict_run(p, "12", 1, 32, True, "cpu").kind == "logits"
+    ckpt = mm.predict_run(p, "13", 1, 32, True, "cpu")
+    assert ckpt.kind == "checkpointed" and ckpt.loss == "logits" and "full logits" in ckpt.line()
+    logits = total("12", "cpu") - total("12", "cpu", fused=True)  # what Liger saves
+    assert total("13", "cpu") - total("13", "cpu", fused=True) == logits > 5 * 2**30
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert mm.liger_runs_on("cpu") and total("12", "cpu") == total("12", "cpu", fused=True)
+
+
+def test_announce_predicts_the_fallback_the_run_built(monkeypatch):
+    from types import SimpleNamespace
+
+    cfg = {"vocab_size": mm.VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
+           "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
+    monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
+    model = ladder_step().GPTModel(cfg)
+    kinds = {}
+    for ran, why in (("liger", None), ("fallback", "no CUDA device")):
+        run = SimpleNamespace(cfg=cfg, step="12", device=torch.device("cpu"), preset_name="tiny",
+                              batch_size=8, print=lambda *a: None, note=lambda *a: None,
+                              spec=SimpleNamespace(bf16=None),
+                              fused_loss=SimpleNamespace(fallback_reason=why))  # fmt: skip
+        kinds[ran] = rank_memory.announce(run, model)["memory_model"]
+    assert kinds["liger"]["kind"] == "fused" and kinds["liger"]["loss"] == "fused"
+    assert kinds["fallback"]["kind"] == "logits" and kinds["fallback"]["loss"] == "logits"
+    assert kinds["fallback"]["activation_bytes"] > kinds["liger"]["activation_bytes"]

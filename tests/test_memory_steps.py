@@ -1,105 +1,113 @@
-"""Steps 12 and 13 on CPU: the chunked fallback of the fused loss, and checkpointing's memory."""
+"""Steps 12 and 13 on CPU: step 12's fallback is step 11's loss, the record says which loss ran on
+every rung built on 12, and checkpointing's memory."""
 
 import json
 import sys
-import warnings
 
 import pytest
 import torch
-from conftest import ROOT, RSS_FOLLOWS_TENSORS, fused_loss_fallback, run_script
+from conftest import ROOT, RSS_FOLLOWS_TENSORS, fused_loss_fallback, load_step, run_script
 
+from speed_ladder import ladder
+from speed_ladder.measure import inactive
 from speed_ladder.measure.run import Run
 
+TINY = {"vocab_size": 512, "context_length": 16, "emb_dim": 32, "n_heads": 2, "n_layers": 2,
+        "drop_rate": 0.0, "qkv_bias": False}  # fmt: skip
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_fallback_matches_plain_cross_entropy(step12, dtype):
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_fallback_computes_step_11s_loss_bit_for_bit(step12, bf16):
+    """Where Liger cannot run, step 12 changes nothing: its loss and every gradient equal step
+    11's (the same model's logits through step 11's cross-entropy), in fp32 and under bf16
+    autocast, with ignored targets; eager here, as both run with torch.compile off."""
+    step11 = load_step("11_ddp")
     torch.manual_seed(0)
-    n, c, v = 300, 32, 1000
-    weight = torch.randn(v, c, requires_grad=True)
-    hidden = torch.randn(n, c, requires_grad=True)
-    targets = torch.randint(0, v, (n,))
-    targets[[3, 64, 299]] = -100  # ignored rows, in the first chunk, at a chunk's start, last
+    model = step12.GPTModel(TINY)
+    x = torch.randint(0, 512, (3, 16))
+    y = torch.randint(0, 512, (3, 16))
+    y[0, 3] = y[2, 15] = -100  # ignored, as F.cross_entropy's default
 
-    logits = (hidden.to(dtype) @ weight.to(dtype).T).float()  # as autocast: bf16 product
-    ref = torch.nn.functional.cross_entropy(logits, targets)
-    ref.backward()
-    g_w, g_h = weight.grad.clone(), hidden.grad.clone()
-    weight.grad = hidden.grad = None
-
-    fused = fused_loss_fallback(step12, 64)
-    fused.dtype = dtype
-    loss = fused(weight, hidden, targets)  # 5 chunks: 4 of 64 rows, one of 44
-    loss.backward()
-    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 0, "atol": 2e-3}
-    torch.testing.assert_close(loss, ref, **tol)
-    torch.testing.assert_close(weight.grad, g_w, **tol)
-    torch.testing.assert_close(hidden.grad, g_h, **tol)
-    assert weight.grad[:, 0].ne(0).all() and hidden.grad[[3, 299]].eq(0).all()  # ignored: 0
-
-
-def test_chunked_fallback_never_saves_the_full_logits_nor_recomputes_them(step12):
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Matmuls(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.shapes = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.__name__.startswith(("mm", "addmm")):
-                self.shapes.append(tuple(args[0].shape))
-            return func(*args, **(kwargs or {}))
-
-    n, c, v, chunk = 512, 16, 2000, 128
-    weight = torch.randn(v, c, requires_grad=True)
-    hidden = torch.randn(n, c, requires_grad=True)
-    targets = torch.randint(0, v, (n,))
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(
-        lambda t: saved.append(t.numel()) or t, lambda t: t
-    ):
-        loss = fused_loss_fallback(step12, chunk)(weight, hidden, targets)
-    with Matmuls() as backward:
+    def grads(loss):
+        model.zero_grad(set_to_none=True)
         loss.backward()
-    assert max(saved) < n * v / 2  # plain CE would save (n, v) logits and their softmax
-    assert backward.shapes == []  # the gradients came from forward: no logits recomputed
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    fused = fused_loss_fallback()
+    with torch.compiler.set_stance("force_eager"), torch.autocast("cpu", enabled=bf16):
+        ref = grads(step11.calc_loss_batch(x, y, model))
+        hidden = model(x, return_hidden=True)
+        got = grads(fused(model.out_head.weight, hidden.flatten(0, 1), y.flatten()))
+    assert torch.equal(got[0], ref[0]), (got[0], ref[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], ref[1], strict=True))
 
 
 class _Run:
-    """speed_ladder.Run's notes and step_active mark alone (its own methods): what step 12's loop
-    line reports the fused loss to."""
+    """speed_ladder.Run's notes and step_active mark alone (its own methods): what set_model
+    records of the checks it asks (measure/inactive.py, `asked`)."""
 
-    step = "12"
     note, inactive = Run.note, Run.inactive
 
-    def __init__(self):
-        self.notes, self.inactive_reason = [], None
+    def __init__(self, step="12"):
+        self.step, self.notes, self.inactive_reason = step, [], None
 
     def print(self, *a, **k):
         pass
 
 
-def report(run, fused):
-    """Step 12's loop line, after each loss: Liger's kernel ran, or why the fallback did."""
-    run.inactive("12", fused.fallback_reason, acted=fused.KERNEL)
+CPU = torch.device("cpu")
 
 
-def test_fused_loss_falls_back_once_with_a_note_on_cpu(step12):
-    run = _Run()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fused = step12.FusedLinearCrossEntropy(torch.float32, torch.device("cpu"))
-        w, h, t = torch.randn(50, 8), torch.randn(20, 8), torch.randint(0, 50, (20,))
-        first, second = fused(w, h, t), fused(w, h, t)
+def report(run, fused, device=CPU, cfg=TINY):
+    """What Run.set_model records for run.step and the rungs it builds on, with step 12's loss."""
+    for step, reason, acted in inactive.asked(run.step, device, cfg, 0.0, fused):
+        run.inactive(step, reason, acted)
+
+
+@pytest.fixture
+def bf16_off(monkeypatch):
+    """Step 05's decision without measuring this CPU's matmuls: off, as in the ladder's tests."""
+    monkeypatch.setenv("SPEED_LADDER_BF16", "0")
+
+
+def test_every_rung_built_on_12_records_which_loss_ran(bf16_off):
+    fused = fused_loss_fallback()
+    on_12 = ["12", *(r.num for r in ladder.descendants("12"))]
+    assert on_12 == ["12", "13", "14", "15", "16", "17"]
+    for step in on_12:
+        run = _Run(step)
+        report(run, fused)
+        report(run, fused)  # asked again: noted once
+        said = [n for n in run.notes if n.startswith("step 12: ")]
+        assert len(said) == 1 and "linear + cross-entropy ran" in said[0], run.notes
+        assert "no CUDA device" in said[0]
+        if step == "12":  # the record: step_active false, and why
+            assert "no CUDA device" in run.inactive_reason
+        else:
+            assert "Liger" not in (run.inactive_reason or "")
+    run = _Run("11")  # a rung before 12 asks nothing of it, even given a loss
     report(run, fused)
-    report(run, fused)  # the loop asks after every step: noted once
-    assert len([w for w in caught if "step 12" in str(w.message)]) == 1  # warned once
-    assert fused.liger is None and "no CUDA device" in fused.fallback_reason
-    assert len(run.notes) == 1 and "chunked PyTorch" in run.notes[0]
-    assert "no CUDA device" in run.inactive_reason  # the record: step_active false, and why
-    ref = torch.nn.functional.cross_entropy(h @ w.T, t)
-    torch.testing.assert_close(first, ref)
-    torch.testing.assert_close(second, ref)
+    assert not any(n.startswith("step 12") for n in run.notes)
+
+
+def test_where_liger_ran_the_record_says_so_and_step_12_is_active(bf16_off):
+    class Liger:
+        fallback_reason = None
+
+    run = _Run("17")
+    report(run, Liger())
+    assert run.inactive_reason is not None  # 17's own check: cuDNN is CUDA's
+    assert "step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)" in run.notes
+    run = _Run("12")
+    report(run, Liger())
+    assert run.inactive_reason is None
+
+
+def test_a_step_that_built_no_fused_loss_is_not_asked_about_it(bf16_off):
+    run = _Run("13")
+    report(run, None)
+    assert not any(n.startswith("step 12") for n in run.notes)
+    assert any(n.startswith("step 02: TF32") for n in run.notes)
 
 
 @pytest.mark.slow  # two full-size steps of a 650 MB-activation config: 35 s on 2 cores
@@ -120,13 +128,21 @@ def test_checkpointing_lowers_measured_peak_memory():
     assert ckpt < 0.5 * plain, growth
 
 
-def test_the_memory_model_sizes_liger_chunks_as_step_12_does(step12):
+def test_the_memory_model_sizes_liger_chunks_as_liger_does():
+    """Step 12 runs Liger's public module, which keeps Liger's default chunk rule: the memory
+    model's constant is the installed liger-kernel's, and at gpt2-124m's batch 32 that is 64
+    chunks of 512 rows (52 MB of bf16 logits each)."""
+    import inspect
+
     from speed_ladder.measure import memory_model as mm
 
-    assert mm.LIGER_CHUNK_MEM_CONST == step12.FusedLinearCrossEntropy.CHUNK_MEM_CONST
-    for rows, dim, vocab in [(32768, 768, 50304), (16384, 1024, 50304), (1024, 384, 50304),
-                             (20, 8, 50), (64, 32, 512)]:  # fmt: skip
-        const = mm.LIGER_CHUNK_MEM_CONST
-        assert mm.liger_chunk_rows(rows, dim, vocab) == step12.liger_chunk_rows(
-            rows, dim, vocab, const
-        )
+    ops = pytest.importorskip("liger_kernel.ops.fused_linear_cross_entropy", exc_type=ImportError)
+    default = inspect.signature(ops.fused_linear_cross_entropy_forward).parameters.get(
+        "chunk_mem_const"
+    )
+    if default is not None:  # liger-kernel 0.8 on; before it, the rule's constant was 1
+        assert default.default == mm.LIGER_CHUNK_MEM_CONST
+    assert mm.LIGER_CHUNK_MEM_CONST == 1
+    assert mm.liger_chunk_rows(32 * 1024, 768, 50304) == 512
+    assert mm.liger_chunk_rows(20, 8, 50) == 4  # 20 rows / ceil(50 / 8): 3, a power of 2 up
+    assert mm.liger_chunk_rows(3, 100, 100) == 3  # never more rows than there are

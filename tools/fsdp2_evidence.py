@@ -50,6 +50,7 @@ def one(a) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     sys.path.insert(0, str(ROOT))
+    from speed_ladder.fused_loss import fused_linear_cross_entropy
     from speed_ladder.measure import device as dev
     from speed_ladder.measure import memory_model as mm
     from speed_ladder.measure import rank_memory
@@ -122,8 +123,10 @@ def one(a) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=P["lr"], weight_decay=P["weight_decay"],
                             fused=True)  # fmt: skip
     use_bf16 = a.bf16 or dev.bf16_is_fast(device)[0]
-    loss_dtype = torch.bfloat16 if use_bf16 or a.variant == "fsdp2-mp" else torch.float32
-    fused_ce = s14.FusedLinearCrossEntropy(loss_dtype, device)
+    # step 12's loss (Liger's, or step 11's where Liger cannot run), under autocast as the step
+    # calls it (the mixed-precision variant's bf16 logits too: its loss in fp32); eager
+    loss_autocast = use_bf16 or a.variant == "fsdp2-mp"
+    fused_ce = fused_linear_cross_entropy(device)
 
     losses, times, state = [], [], None
     t_last = time.perf_counter()
@@ -139,7 +142,9 @@ def one(a) -> dict:
         opt.zero_grad()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
             hidden = model(x, return_hidden=True)
-        loss = fused_ce(out_head.weight, hidden.flatten(0, 1), y.flatten())
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=loss_autocast):
+            with torch.compiler.set_stance("force_eager"):
+                loss = fused_ce(out_head.weight, hidden.flatten(0, 1), y.flatten())
         loss.backward()
         opt.step()
         state = rank_memory.local_state_bytes(model, opt)  # grads still set: the full state

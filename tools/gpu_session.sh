@@ -140,13 +140,15 @@ if [ -n "$WHEELS" ]; then
 fi
 [ -d "$OUT/site" ] && export PYTHONPATH="$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
 
-# ---- Liger, as step 12 imports it; without it step 12 runs chunked PyTorch, marked inactive
+# ---- Liger for step 12: the import the step makes (speed_ladder/fused_loss.py); without it step
+# 12 falls back to step 11's PyTorch loss (its record says so, step_active false), and
+# status.txt says so here too
 if LIGER=$("$PY" -c "import importlib.metadata as md
-from liger_kernel.ops.fused_linear_cross_entropy import MAX_FUSED_SIZE, liger_cross_entropy_kernel
+from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 print(md.version('liger-kernel'))" 2>&1); then
     say liger "ok (liger-kernel $LIGER)"
 else
-    say liger "missing (${LIGER##*$'\n'}; step 12 runs chunked PyTorch instead, marked inactive)"
+    say liger "missing (${LIGER##*$'\n'}; step 12 runs step 11's PyTorch loss instead, marked inactive)"
 fi
 
 # ---- what this machine is

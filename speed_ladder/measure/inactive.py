@@ -1,15 +1,22 @@
-"""Is a step's idea active here? Each function returns why a step's optimization does nothing on
-this device, or None where it acts; the step passes it to `run.inactive()` in one line (None
-records nothing), and where there is a reason its record says `step_active: false` (the
-summary, README table and charts then show the step as inactive here, never as a gain or a
-loss). bf16 (step 05) is `device.bf16_is_fast`, which the memory model needs too."""
+"""Is a step's idea active here? Each check returns why a rung's optimization does nothing on
+this device, or None where it acts. The registry names each rung's check (`inactive` in
+speed_ladder/data/ladder.json), and the harness asks it (`asked`, from Run.set_model) for the
+run's own step and every rung it builds on, with the facts its parameters name: `device`,
+`cfg` (the step's GPT_CONFIG), `bf16` (step 05's decision, `device.bf16_is_fast`), `step` (the
+rung asked about), `drop_rate` (the preset's) and `fused_loss` (step 12's, speed_ladder.fused_loss).
+Each reason is a note of the record (`step NN: reason`); the run's own step's makes its record
+say `step_active: false` (the summary, README table and charts then show the step as inactive
+here, never as a gain or a loss)."""
 
+import inspect
 import os
+from importlib import import_module
 
 import torch
 
 from speed_ladder import ladder
-from speed_ladder.measure.device import is_rocm
+from speed_ladder.errors import UserError
+from speed_ladder.measure.device import bf16_is_fast, is_rocm
 
 
 def tf32_unavailable(device: torch.device) -> str | None:
@@ -87,13 +94,21 @@ def compile_disabled() -> str | None:
     return None
 
 
+def bf16_off(device: torch.device) -> str | None:
+    """Step 05: why bf16 autocast stays off here (bf16 not native, or measured no faster), or
+    None where step 05 turns it on (`device.bf16_is_fast`, decided once per process)."""
+    use, why = bf16_is_fast(device)
+    return None if use else f"bf16 autocast off on this {device.type}: {why}"
+
+
 def world_of_one(step: str) -> str | None:
     """Steps 11 (DDP) and 14 (FSDP2): why the step does nothing in a process group of one
     process (plain python, or torchrun with one), or None where other ranks take part. The
     reason is the rung's own (its `inactive.why` in speed_ladder/data/ladder.json)."""
     import torch.distributed as dist
 
-    return ladder.rung(step).inactive.why if dist.get_world_size() == 1 else None
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return ladder.rung(step).inactive.why if world == 1 else None
 
 
 def triton_interpreted() -> bool:
@@ -116,6 +131,12 @@ def liger_unavailable(device: torch.device) -> str | None:
     if device.type == "cuda" or (device.type == "cpu" and triton_interpreted()):
         return None
     return f"Liger runs Triton GPU kernels: no CUDA device ({device.type})"
+
+
+def liger_fallback(fused_loss) -> str | None:
+    """Step 12: why the loss the step built (speed_ladder.fused_loss) is the PyTorch fallback,
+    or None where Liger's fused loss computes it."""
+    return fused_loss.fallback_reason
 
 
 def dropout_already_off(drop_rate) -> str | None:
@@ -175,3 +196,28 @@ def interpreted(notes: list[str]) -> bool:
     which Run.note adds beside LIGER_RAN), and the summary, gains and `python -m speed_ladder check`
     never take its speed or memory for a measurement."""
     return triton_interpreted() and any(n.startswith(LIGER_RAN) for n in notes)
+
+
+def asked(step: str, device: torch.device, cfg: dict, drop_rate, fused_loss) -> list[tuple]:
+    """[(rung, reason or None, acted)] for rung `step` and every rung it builds on
+    (ladder.lineage), the first rung first: each rung's registry check asked with the facts its
+    parameters name (the module doc; `bf16` is asked of device.bf16_is_fast only where a check
+    names it), the rung's fixed `why` in place of the check's words. A check whose fact the run
+    lacks (None: no fused loss built) is not asked, nor any where `step` is no rung here."""
+    try:
+        chain = ladder.lineage(step)
+    except UserError:
+        return []
+    facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate, "fused_loss": fused_loss}
+    out = []
+    for r in chain:
+        if r.inactive is None:
+            continue
+        check = getattr(import_module(f"speed_ladder.{r.inactive.module}"), r.inactive.check)
+        names = list(inspect.signature(check).parameters)
+        if any(facts.get(n, 0) is None for n in names):
+            continue
+        given = {**facts, "step": r.num}
+        reason = check(**{n: bf16_is_fast(device)[0] if n == "bf16" else given[n] for n in names})
+        out.append((r.num, reason and (r.inactive.why or reason), r.inactive.acted))
+    return out

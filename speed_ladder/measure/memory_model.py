@@ -28,16 +28,15 @@ saved log-softmax, nll's gradient and log-softmax's gradient. The loss is fp32 i
 output layer peaks at 3.0 fp32 tensors (fp32) and 3.2 (autocast, its bf16 weight copy beside).
 With bf16 logits and loss (the reference ladder's bf16 model) the same count is within 10% of
 its published A100 peaks at steps 09-10 (5.9 and 22.5 GB). Autocast also keeps a bf16 copy of
-every weight it casts (all but the embeddings) for backward: 2 B per such parameter. The
-fused loss (12+) keeps one chunk instead, the larger of its two ways (which runs is the device's):
-the PyTorch fallback's 1024 rows (logits in the activations' dtype, softmax and gradient
-written over them, and an fp32 copy of bf16 logits), or Liger's chunk (LIGER_CHUNK_MEM_CONST,
-Liger's rule: 4096 rows at gpt2-124m's batch 32) of logits in the activations' dtype, the
-gradient written over them; both beside the fp32 weight gradient and the hidden states'
-gradient, which they hold from forward to backward (at gpt2-124m's batch 32 in bf16: a chunk of
-0.31 against 0.41 GB);
-checkpointing (13+) keeps each block's input only (the fp32 residual stream) plus one block's
-full activations while it is recomputed.
+every weight it casts (all but the embeddings) for backward: 2 B per such parameter. Liger's
+fused loss (12+) keeps one chunk of logits instead, in the activations' dtype, the gradient
+written over them (Liger's rule with its default LIGER_CHUNK_MEM_CONST: 512 rows at gpt2-124m's
+batch 32, 52 MB in bf16), beside the fp32 weight gradient and the hidden states' gradient, which
+it holds from forward to backward. Where Liger cannot run (a CPU, no liger-kernel), step 12's
+fallback is step 11's loss (speed_ladder/fused_loss.py): the full logits, as steps <= 11
+(`predict_run`'s `fused`: the run says which ran, a prediction before it what the device can
+run). Checkpointing (13+) keeps each block's input only (the fp32 residual stream) plus one
+block's full activations while it is recomputed.
 
 The sum state + buffers + activations is an upper bound of the peak (gradients are created as
 activations are freed); on CPU the process itself adds about 0.5 GiB. `python -m
@@ -48,6 +47,7 @@ predicted, not measured.
 
 import argparse
 import math
+import os
 from dataclasses import dataclass
 
 from speed_ladder import ladder
@@ -55,8 +55,9 @@ from speed_ladder.presets import GPT2_VOCAB, PRESETS
 
 VOCAB = 50304  # step 09 on: GPT-2's 50257 padded to a multiple of 64
 FP32 = 4
-CHUNK_ROWS = 1024  # step 12's chunked fallback
-LIGER_CHUNK_MEM_CONST = 8  # step 12's FusedLinearCrossEntropy.CHUNK_MEM_CONST (a test checks)
+# Liger's default, which its public module (step 12's) uses: _CHUNK_MEM_CONST of its
+# ops/fused_linear_cross_entropy.py (a test checks it against the installed liger-kernel)
+LIGER_CHUNK_MEM_CONST = 1
 GIB = 2**30
 GPT2_FAMILY = ["gpt2-124m", "gpt2-medium", "gpt2-large", "gpt2-xl"]
 GPU_GB = [24, 40, 80]
@@ -118,8 +119,8 @@ def buffer_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB, grad_byte
 
 # ---------------------------------------------------------------- activations
 def liger_chunk_rows(rows: int, dim: int, vocab: int, chunk_mem_const: int = LIGER_CHUNK_MEM_CONST):
-    """Step 12's rows per Liger chunk: Liger's rule (liger-kernel 0.8.5,
-    ops/fused_linear_cross_entropy.py ~line 103), as the step's liger_chunk_rows (a test checks)."""
+    """Step 12's rows per Liger chunk: Liger's rule (ops/fused_linear_cross_entropy.py): a
+    chunk's logits hold about chunk_mem_const x rows x dim numbers, its rows a power of 2."""
     inc_factor = -(-vocab // (chunk_mem_const * dim))
     return min(1 << (-(-rows // inc_factor) - 1).bit_length(), rows)
 
@@ -127,10 +128,20 @@ def liger_chunk_rows(rows: int, dim: int, vocab: int, chunk_mem_const: int = LIG
 ACTIVATION_KINDS = ("logits", "fused", "checkpointed")
 
 
-def step_kind(step: str) -> str:
+def step_kind(step: str, fused: bool | None = None) -> str:
     """How a ladder step keeps activations: full logits, fused loss (no full logits: step 12's
-    Liger), or checkpointed (step 13's block inputs): the rung's `loss` and `checkpointing`."""
-    return ladder.rung(step).memory.activations
+    Liger), or checkpointed (step 13's block inputs): the rung's `loss` and `checkpointing`;
+    `fused` False: Liger's fallback ran, the full logits (see the module doc)."""
+    kind = ladder.rung(step).memory.activations
+    return "logits" if kind == "fused" and fused is False else kind
+
+
+def liger_runs_on(device_type: str) -> bool:
+    """Whether step 12's Liger can run on this device type (measure.inactive.liger_unavailable's
+    rule, torch-free for the sweep: a test checks that they agree): CUDA, or a CPU through
+    Triton's interpreter."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return device_type == "cuda" or (device_type == "cpu" and interpreted)
 
 
 def activation_bytes(
@@ -141,9 +152,11 @@ def activation_bytes(
     flash: bool = True,
     vocab: int = VOCAB,
     loss_bytes: int = FP32,
+    fused: bool | None = None,
 ) -> int:
     """Korthikanti et al. 2022 eq. 1 per layer, generalized to e = act_bytes per element; plus
-    the output layer's logits by `kind`, its loss in loss_bytes (see the module doc)."""
+    the output layer's: its full logits (`kind` logits), its loss in loss_bytes, or Liger's
+    chunk (fused, checkpointed; `fused` False: the full logits there too). See the module doc."""
     if kind not in ACTIVATION_KINDS:
         raise ValueError(f"kind {kind!r}: one of {ACTIVATION_KINDS}")
     s, b, h, a, L = cfg["context_length"], batch, cfg["emb_dim"], cfg["n_heads"], cfg["n_layers"]
@@ -152,13 +165,11 @@ def activation_bytes(
     if not flash:  # scores, softmax, dropout mask and output, per head: (B, H, T, T)
         layer += a * s * s * b * (2 * act_bytes + mask)
     rows = b * s
-    if kind == "logits":
+    if kind == "logits" or fused is False:
         out = rows * vocab * 3 * loss_bytes  # backward: saved log-softmax, 2 gradients
-    else:  # one chunk (the fallback's: logits, their fp32 copy where bf16; or Liger's logits)
-        copy = FP32 if act_bytes < FP32 else 0  # the fallback upcasts bf16 logits
-        fallback = min(rows, CHUNK_ROWS) * vocab * (act_bytes + copy)
+    else:  # Liger's chunk of logits, and the gradients it holds from forward to backward
         liger = liger_chunk_rows(rows, h, vocab) * vocab * act_bytes
-        out = max(fallback, liger) + vocab * h * FP32 + rows * h * act_bytes  # + grads held
+        out = liger + vocab * h * FP32 + rows * h * act_bytes
     if kind == "checkpointed":
         return L * s * b * h * FP32 + layer + out  # block inputs (fp32) + one recomputed block
     return L * layer + out
@@ -170,13 +181,14 @@ class Prediction:
     preset: str
     world: int
     mode: str
-    kind: str
+    kind: str  # step_kind: logits, fused, checkpointed
     batch: int
     act_bytes: int
     params: int
     state_bytes: int
     buffer_bytes: int
     activation_bytes: int
+    loss: str = "logits"  # the output layer: "fused" (Liger's chunks) or "logits" (full)
 
     @property
     def total_bytes(self) -> int:
@@ -189,7 +201,8 @@ class Prediction:
             f"{'es' if self.world > 1 else ''}, batch {self.batch}): state {g(self.state_bytes)}"
             f" (params, grads, AdamW: 16 B x {self.params / 1e6:.0f}M params"
             f"{f' / {self.world}' if self.mode == 'fsdp2' else ''}), buffers "
-            f"{g(self.buffer_bytes)}, activations {g(self.activation_bytes)} ({self.kind}), "
+            f"{g(self.buffer_bytes)}, activations {g(self.activation_bytes)} ({self.kind}"
+            f"{', full logits' if self.kind == 'checkpointed' and self.loss == 'logits' else ''}), "
             f"total {g(self.total_bytes)}"
         )
 
@@ -208,15 +221,17 @@ def predict(
     flash: bool = True,
     mode: str | None = None,
     vocab: int = VOCAB,
+    fused: bool | None = None,
 ) -> Prediction:
     """The prediction for one ladder step (default: the last) on one preset (name or dict) and
-    world size."""
+    world size; `fused` False: step 12's fallback (the full logits) in place of Liger's."""
     step = step or ladder.rungs()[-1].num
     cfg = PRESETS[preset] if isinstance(preset, str) else preset
     name = preset if isinstance(preset, str) else "custom"
     mode = mode or mode_of_step(step)
-    kind = step_kind(step)
+    kind = step_kind(step, fused)
     rung = ladder.rung(step)
+    fused = rung.memory.loss == "fused" and fused is not False
     if batch is None:
         batch = rung.batch(cfg)
     cfg = {**cfg, "drop_rate": rung.memory.drop_rate(cfg)}  # step 16 on: no masks
@@ -232,8 +247,9 @@ def predict(
         params=param_counts(cfg, vocab)["total"],
         state_bytes=state_bytes(cfg, world, mode, vocab)["total"],
         buffer_bytes=buffer_bytes(cfg, world, mode, vocab, 2 if bf16_weights else FP32),
-        activation_bytes=activation_bytes(cfg, batch, kind, act_bytes, flash, vocab)
+        activation_bytes=activation_bytes(cfg, batch, kind, act_bytes, flash, vocab, fused=fused)
         + (autocast_copy_bytes(cfg, vocab) if act_bytes == 2 and not bf16_weights else 0),
+        loss="fused" if fused else "logits",
     )
 
 
@@ -319,17 +335,21 @@ def act_bytes_of(step: str, bf16: bool | None, device_type: str) -> int:
 
 def predict_run(shape: dict, step: str, world: int, batch: int, bf16: bool | None,
                 device_type: str, mode: str | None = None, vocab: int | None = None,
-                name: str = "custom") -> Prediction:  # fmt: skip
+                name: str = "custom", fused: bool | None = None) -> Prediction:  # fmt: skip
     """The prediction for one run of ladder step `step` (the sweep's before it, the step's own):
     activations in bf16 as step 05 decides (`act_bytes_of`), flash attention from step 07 (on a
     CPU only without dropout: SDPA's math path otherwise), GPT-2's vocabulary padded from step
-    09; the mode from the step unless the model says (`detect_mode`)."""
+    09, Liger's fused loss from step 12 where it ran (`fused`: the run's) or, before the run,
+    where it can (`liger_runs_on`); the mode from the step unless the model says
+    (`detect_mode`)."""
     act = act_bytes_of(step, bf16, device_type)
     m = ladder.rung(step).memory
     flash = m.flash and (device_type == "cuda" or not m.drop_rate(shape))  # CPU + dropout: math
     if vocab is None:
         vocab = VOCAB if m.padded_vocab else GPT2_VOCAB
-    p = predict(shape, world, step, batch, act, flash, mode, vocab)
+    if fused is None:
+        fused = liger_runs_on(device_type)
+    p = predict(shape, world, step, batch, act, flash, mode, vocab, fused)
     p.preset = name
     return p
 

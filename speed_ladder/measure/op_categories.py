@@ -17,10 +17,10 @@ below gives its category to everything it calls, except a callee with a name of 
   "Norm" or is an activation's (GELU): the hand-written LayerNorm's mean, var, sub, div, sqrt,
   mul, add and GELU's pow, tanh, mul, add in steps 00-05.
 - loss: aten::cross_entropy_loss, log_softmax, nll_loss and their backward (the zeroing of
-  nll_loss's (N, V) gradient included); Liger's kernels and what runs inside step 12's
-  LigerLinearCrossEntropy (its amax, exp_, sum and div_ on a CPU), except its matmuls: the
-  logits' and the hidden states' gradient's aten::mm and the weight gradient's aten::addmm_ are
-  matmul (an in-place addmm_ counted as loss was a third of the output layer's matmuls).
+  nll_loss's (N, V) gradient included); Liger's kernels and what runs inside step 12's Liger
+  Function (LigerFusedLinearCrossEntropyFunction), except its matmuls: the logits' and the
+  hidden states' gradient's aten::mm and the weight gradient's aten::addmm(_) are matmul (an
+  in-place addmm_ counted as loss was a third of the output layer's matmuls).
 - optimizer: the Optimizer.step#AdamW.step and Optimizer.zero_grad#... ranges (every
   _foreach_, lerp_, addcdiv_ or _fused_adamw_ op inside them), aten::_fused_adamw_.
 - communication: nccl:*, gloo:*, c10d::* (c10d::allreduce_), record_param_comms, DDP's reducer

@@ -46,6 +46,7 @@ from speed_ladder.measure.gpu_idle import IdleMeter
 from speed_ladder.measure.inactive import (
     LIGER_INTERPRETED,
     LIGER_RAN,
+    asked,
     interpreted,
     triton_interpreted,
 )
@@ -66,6 +67,7 @@ class Run:
         self.is_rank0 = int(os.environ.get("RANK", "0")) == 0
         self.notes: list[str] = []
         self.inactive_reason: str | None = None  # why this step's own optimization did nothing
+        self.fused_loss = None  # step 12's loss, where the step builds it
         self.device = dev.resolve(args.device)
         # every place this run writes, checked now rather than after the training
         if args.results is not None and self.is_rank0:
@@ -113,14 +115,11 @@ class Run:
                 self.note(LIGER_INTERPRETED)
 
     def inactive(self, step: str, reason: str | None, acted: str | None = None) -> None:
-        """`reason` None means step `step`'s optimization acts here: nothing is recorded, or the
-        note `step NN: acted` where `acted` says what ran. A text means it does nothing in this
-        run, and why: TF32 or pinned memory on a CPU, bf16 where it is not native, Liger's
-        fallback, compile disabled, DDP in a world of one. Every such note is kept (`step NN:
-        reason`); when `step` is this run's own, the record says `step_active: false` and
-        `inactive_reason`, so that a no-op is never read as a gain. A step asks in one line,
-        with the check's answer: `run.inactive("02", speed_ladder.tf32_unavailable(device))`.
-        Asked again, it adds nothing."""
+        """What set_model found for rung `step` (measure/inactive.py, `asked`). `reason` None: its
+        idea acts here, noted `step NN: acted` where `acted` says what ran. A text: it does
+        nothing in this run (TF32 on a CPU, Liger's fallback, ...), noted `step NN: reason`; when
+        `step` is this run's own, the record says `step_active: false` and `inactive_reason`, so
+        that a no-op is never read as a gain. Asked again, it adds nothing."""
         if reason is None:
             if acted is not None:
                 self.note(f"step {step}: {acted}")
@@ -137,13 +136,26 @@ class Run:
     def tokenizer(self):
         return gpt2_tokenizer()
 
+    def fused_linear_cross_entropy(self):
+        """Step 12's loss, `loss(weight, hidden, targets)`: Liger's fused linear cross-entropy
+        where it can run, else the plain linear + cross-entropy (speed_ladder/fused_loss.py);
+        set_model records which ran."""
+        from speed_ladder.fused_loss import fused_linear_cross_entropy
+
+        self.fused_loss = fused_linear_cross_entropy(self.device)
+        return self.fused_loss
+
     def load_tokens(self, context_length: int, batch_size: int):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         return load_split(self.args.data, context_length, batch_size, world)
 
     def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
-        """Count FLOPs per token and start the clock (call right before the training loop)."""
+        """Record why each rung of this step does nothing here (`inactive`), count FLOPs per
+        token and start the clock (call right before the training loop)."""
         self.cfg, self.batch_size = cfg, batch_size
+        drop = self.settings["drop_rate"]
+        for step, reason, acted in asked(self.step, self.device, cfg, drop, self.fused_loss):
+            self.inactive(step, reason, acted)
         # lazy: rank_memory imports memory_model, which `python -m ...memory_model` runs as __main__
         from speed_ladder.measure.rank_memory import announce
 
