@@ -147,6 +147,37 @@ def test_rerun_is_skipped_as_up_to_date(real_sweep, env):
     assert took < first_s / 2, (took, first_s)
 
 
+def test_a_folder_named_by_tag_is_the_users_and_a_rerun_skips_its_steps(
+    env, tmp_path, capsys, monkeypatch
+):
+    """`--tag mine --results-dir DIR`: the runs go to DIR/mine-x1, its summary's rows are ok and
+    the sweep exits 0 (a tag named for the hardware is check's and publish's rule for results/,
+    not a sweep's); the same command again runs nothing."""
+    for k in ("TIKTOKEN_CACHE_DIR", "SPEED_LADDER_CACHE"):  # the steps inherit this process's
+        monkeypatch.setenv(k, env[k])
+    results = tmp_path / "res"
+    args = ["--steps", "00,01", "--preset", "tiny", "--device", "cpu", "--max-steps", 3,
+            "--warmup-steps", 1, "--data", VERDICT, "--tag", "mine", "--results-dir", results,
+            "--no-plots"]  # fmt: skip
+    code, out, err = sweep_here(capsys, *args)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "failed" not in err and "invalid" not in out
+    assert [p.name for p in results.iterdir()] == ["mine-x1"]
+    recs = runs_of(results, "mine-x1")
+    assert [(r["step"], r["status"], r["sweep"]["tag"]) for r in recs] == [
+        ("00", "ok", "mine-x1"),
+        ("01", "ok", "mine-x1"),
+    ]
+    rows = summary_of(results, "mine-x1")
+    assert [rows[n]["status"] for n in ("00", "01", "02")] == ["ok", "ok", "not run"]
+    assert rows["01"]["tokens_per_sec_median"] > 0
+    before = (results / "mine-x1" / "runs.jsonl").read_bytes()
+    code, out, err = sweep_here(capsys, *args)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert out.count("up to date") == 2 and "0 run(s) to do" in out
+    assert (results / "mine-x1" / "runs.jsonl").read_bytes() == before
+
+
 # ---------------------------------------------------------------- fixture ladders
 def test_force_reruns_and_changes_invalidate(tmp_path, capsys):
     ladder = copy_ladder("ladder_ok", tmp_path)
