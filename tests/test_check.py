@@ -12,9 +12,9 @@ import sys
 import pytest
 from conftest import ROOT
 
-from speed_ladder import ladder
+from speed_ladder import ladder, machine
 from speed_ladder.errors import UserError
-from speed_ladder.report import check, record_checks
+from speed_ladder.report import check, record_checks, validity
 from speed_ladder.report.summary import SUMMARY, rebuild, write_summary
 
 TEMPLATES = ROOT / "results" / "cpu-amd-epyc-2c-x1" / "runs.jsonl"
@@ -149,6 +149,34 @@ def test_a_record_from_another_machine(tmp_path, records):
         "its machine is not the sweep's (machine and sweep.machine differ)",
         "its machine writes to cpu-amd-epyc-64c-x1, not cpu-amd-epyc-2c-x1",
         "another machine than the tag's 8 other records: device_count 64 vs 2",
+    ]
+
+
+def test_a_tag_named_for_other_hardware_is_a_problem_of_check_not_of_the_summary(tmp_path, records):
+    """A folder named by --tag: its summary counts its records as they are (a sweep's folder is
+    its user's), and check, publish's gate to results/, names each record's hardware tag."""
+    tag = make_tag(tmp_path, records, name="mine-x1")
+    rows = {r["step"]: r for r in rebuild(tag, ladder.discover(ROOT))[0].to_dict("records")}
+    assert rows["00"]["status"] == rows["01"]["status"] == "ok"
+    rc, problems, _ = run_check(tag)
+    assert rc == 1 and len(problems) == len(records)
+    assert {p.split("): ")[1] for p in problems} == {
+        "its machine writes to cpu-amd-epyc-2c-x1, not mine-x1"
+    }
+
+
+def test_an_apple_gpus_records_belong_to_its_mps_tag(records):
+    """An MPS run's fingerprint is its CPU's and its device_name the GPU's ("Apple MPS (arm64)"):
+    neither is foreign, and its tag is mps-<the CPU's part>, as machine.tag_base names it."""
+    rec = copy.deepcopy(records[0])
+    rec.update(device="mps", device_name="Apple MPS (arm64)")
+    rec["sweep"]["config"] = dict(rec["sweep"]["config"], device="mps")
+    fp = rec["sweep"]["machine"]
+    base = "mps-" + machine.cpu_tag_part(fp["device_name"], fp.get("cpu") or {})
+    assert validity.tag_base(fp, "mps") == base
+    assert validity.foreign(rec, f"{base}-x1") == validity.misnamed(rec, f"{base}-x1") == []
+    assert validity.misnamed(rec, "cpu-amd-epyc-2c-x1") == [
+        f"its machine writes to {base}-x1, not cpu-amd-epyc-2c-x1"
     ]
 
 

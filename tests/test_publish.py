@@ -103,6 +103,17 @@ def test_publish_refuses_what_check_finds_a_problem_in(place, records, capsys):
     assert not list(results.iterdir()) and readme.read_text() == README
 
 
+def test_publish_refuses_a_tag_named_for_other_hardware(place, records, capsys):
+    """A sweep's --tag names its folder as its user likes; results/ holds tags named for the
+    hardware that made them: check says so, and nothing is published."""
+    local, results, readme = place
+    src = make_tag(local, records, name="mine-x1")
+    code, out, err = run_publish(capsys, src, "--results-dir", results, "--readme", readme)
+    assert code == 1 and "nothing published" in err
+    assert "its machine writes to cpu-amd-epyc-2c-x1, not mine-x1" in out
+    assert not list(results.iterdir()) and readme.read_text() == README
+
+
 def as_host(host: str):
     """An edit: the records made on another host (another machine's fingerprint)."""
 

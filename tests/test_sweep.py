@@ -142,6 +142,39 @@ def test_rerun_is_skipped_as_up_to_date(real_sweep, env):
     assert took < first_s / 2, (took, first_s)
 
 
+def test_a_folder_named_by_tag_is_the_users_and_a_rerun_skips_its_steps(
+    env, tmp_path, capsys, monkeypatch
+):
+    """`--tag mine --results-dir DIR`: the runs go to DIR/mine-x1, its summary's rows are ok and
+    the sweep exits 0 (a tag named for the hardware is check's and publish's rule for results/,
+    not a sweep's); the same command again runs nothing."""
+    for k in ("TIKTOKEN_CACHE_DIR", "SPEED_LADDER_CACHE"):  # the steps inherit this process's
+        monkeypatch.setenv(k, env[k])
+    results = tmp_path / "res"
+    args = ["--steps", "00,01", "--preset", "tiny", "--device", "cpu", "--max-steps", 3,
+            "--warmup-steps", 1, "--data", VERDICT, "--tag", "mine", "--results-dir", results,
+            "--no-plots"]  # fmt: skip
+    code, out, err = sweep_here(capsys, *args)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "failed" not in err and "invalid" not in out
+    assert [p.name for p in results.iterdir()] == ["mine-x1"]
+    recs = runs_of(results, "mine-x1")
+    assert [(r["step"], r["status"], r["sweep"]["tag"]) for r in recs] == [
+        ("00", "ok", "mine-x1"),
+        ("01", "ok", "mine-x1"),
+    ]
+    rows = summary_of(results, "mine-x1")
+    assert [rows[n]["status"] for n in ("00", "01", "02")] == ["ok", "ok", "not run"]
+    assert rows["01"]["tokens_per_sec_median"] > 0
+    # the closing table compares this machine's hardware, not the folder's name, with results/
+    assert "this machine against results/cpu-" in out
+    before = (results / "mine-x1" / "runs.jsonl").read_bytes()
+    code, out, err = sweep_here(capsys, *args)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert out.count("up to date") == 2 and "0 run(s) to do" in out
+    assert (results / "mine-x1" / "runs.jsonl").read_bytes() == before
+
+
 # ---------------------------------------------------------------- fixture ladders
 def test_force_reruns_and_changes_invalidate(tmp_path, capsys):
     ladder = copy_ladder("ladder_ok", tmp_path)
@@ -624,8 +657,9 @@ def test_preflight_run_length_duration_and_memory(monkeypatch):
     assert preflight.run_seconds(ladder["08"], [], "cpu") == (130.0, False)
     assert preflight.run_seconds(ladder["08"], [], "cpu", compile_s=12.0) == (52.0, False)
     assert preflight.run_seconds(ladder["07"], [], "cpu", compile_s=12.0) == (40.0, False)
-    line = preflight.estimate_line([(34.0, True), (130.0, False)], "cpu")
-    assert line.startswith("expected duration: about 2m44s (2 runs; 1 from earlier runs here")
+    line = preflight.estimate_line([(34.0, preflight.HERE), (130.0, None)], "cpu")
+    assert line.startswith("expected duration: about 2m44s (2 runs; 1 from earlier runs here; 1 "
+                           "rough: 40 s a run on cpu")  # fmt: skip
     # torch.compile's measured seconds: this step's earlier runs here, else step 08's
     cfg = {"preset": "tiny", "nproc": 1}
 
@@ -654,6 +688,93 @@ def test_preflight_run_length_duration_and_memory(monkeypatch):
     cpu = preflight.predict(ladder["11"], resolve_spec({"preset": None}, "cpu"), 2)
     assert cpu.mode == "ddp" and cpu.world == 2
     assert "RAM per process" in preflight.memory_line(cpu, "cpu", 2 * 2**30, 2)[1]
+
+
+def _committed_tag(results: Path, name: str, recs: list[dict]) -> Path:
+    """A committed tag folder: its records and a summary.csv of one row (what choose reads)."""
+    folder = results / name
+    folder.mkdir(parents=True)
+    (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    preset, device = recs[0]["preset"], recs[0]["device_name"]
+    row = f"00,ok,{preset},{device}"
+    (folder / "summary.csv").write_text(f"step,status,preset,device_name\n{row}\n")
+    return folder
+
+
+def test_a_first_guess_of_each_runs_duration_from_the_committed_tag(tmp_path):
+    """A step this tag has not measured is guessed from the committed tag the closing table
+    compares with (committed.choose: the same hardware, else the closest): its ok runs in the
+    same configuration, the A/A control's aside; the line says where each guess comes from."""
+    from speed_ladder.sweep import preflight
+
+    ladder = {s.num: s for s in discover(ROOT)}
+    cfg = {"device": "cpu", "preset": "cpu", "max_steps": 10, "warmup_steps": 2, "data": None,
+           "seed": 123, "nproc": 1}  # fmt: skip
+
+    def rec(step, seconds, config=cfg, control=False, name="AMD EPYC"):
+        sweep = {"duration_s": seconds, "config": config, "control": control, "machine": {}}
+        return {"step": step, "status": "ok", "preset": "cpu", "device_name": name, "sweep": sweep}
+
+    results = tmp_path / "results"
+    zen4 = "cpu-amd-epyc-f25-m17-bf16-2c-x1"
+    recs = [rec("00", 30.0), rec("00", 34.0), rec("00", 99.0, control=True)]
+    recs += [rec("01", 20.0, dict(cfg, preset="tiny")), rec("02", 25.0)]
+    _committed_tag(results, zen4, recs)
+    _committed_tag(results, "cpu-intel-xeon-f6-m143-amx-2c-x1", [rec("00", 9.0, name="Xeon")])
+    where, theirs = preflight.committed_runs(zen4, "cpu", "AMD EPYC", None, results)
+    assert where == f"{zen4} (the same hardware)" and len(theirs) == 5
+    assert preflight.committed_seconds(ladder["00"], cfg, theirs) == 32.0  # control aside
+    assert preflight.committed_seconds(ladder["01"], cfg, theirs) is None  # another preset
+    assert preflight.committed_seconds(ladder["03"], cfg, theirs) is None  # never measured
+    # this hardware's own folder with a machine's suffix: still the same hardware's tag; the
+    # sweep's own folder is never its own guess
+    suffixed = "cpu-amd-epyc-f25-m17-bf16-2c-1a2b3c-x1"
+    assert preflight.committed_runs(suffixed, "cpu", "AMD EPYC", None, results)[0].startswith(zen4)
+    assert preflight.committed_runs(zen4, "cpu", "AMD EPYC", results / zen4, results)[0] == (
+        "cpu-intel-xeon-f6-m143-amx-2c-x1 (the closest committed tag)"
+    )
+    # other hardware: the closest of its kind (here the same CPU name), none of another kind
+    where, _ = preflight.committed_runs("cpu-amd-epyc-f25-m17-bf16-16c-x1", "cpu", "AMD EPYC",
+                                        None, results)  # fmt: skip
+    assert where == f"{zen4} (the closest committed tag)"
+    assert preflight.committed_runs("nvidia-h100-x1", "gpt2-124m", "H100", None, results) == (
+        None, [],
+    )  # fmt: skip
+    line = preflight.estimate_line(
+        [(34.0, preflight.HERE), (32.0, where), (25.0, where), (130.0, None)], "cpu"
+    )
+    assert line.startswith(f"expected duration: about 3m41s (4 runs; 1 from earlier runs here; 2 "
+                           f"as measured in {where}; 1 rough: 40 s a run on cpu")  # fmt: skip
+
+
+def test_a_sweep_guesses_from_its_hardwares_committed_tag_whatever_its_tag(tmp_path, capsys):
+    """The estimate the sweep prints before its first run: steps it has not measured take the
+    committed tag of this machine's hardware (not of --tag's name); a --ladder-dir ladder (a
+    test's fixtures) has no committed runs."""
+    from speed_ladder.files import RESULTS
+    from speed_ladder.sweep import rounds
+
+    def plan(*extra):
+        parser = cli.Parser()
+        sweep_command.add_run_parser(parser.add_subparsers(dest="command"))
+        args = ["run", "--steps", "00,01,02", "--device", "cpu", "--preset", "tiny",
+                "--results-dir", tmp_path / "local", *extra]  # fmt: skip
+        return sweep.plan(parser.parse_args([str(a) for a in args]))
+
+    p = plan("--tag", "mine")
+    assert p.committed == RESULTS and p.passes[0].hardware == TAG
+    assert plan("--ladder-dir", FIXTURES / "ladder_ok").committed is None
+    cfg = p.passes[0].configs["00"]
+    run = {"duration_s": 21.0, "config": cfg, "machine": {}}
+    recs = [{"step": n, "status": "ok", "preset": "tiny", "device_name": "x", "sweep": run}
+            for n in ("00", "01")]  # fmt: skip
+    p.committed = tmp_path / "results"
+    _committed_tag(p.committed, TAG, recs)
+    capsys.readouterr()
+    rounds._start(p, False)
+    out = capsys.readouterr().out
+    said = f"expected duration: about 1m22s (3 runs; 2 as measured in {TAG} (the same hardware)"
+    assert f"{said}; 1 rough: 40 s a run on cpu" in out
 
 
 def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():

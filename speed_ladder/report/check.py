@@ -31,8 +31,9 @@ Exit 0 without problems, 1 with some, 2 on bad input (no such folder, no runs.js
    core; peak memory above the GPU's (machine.gpus[].memory_gib) or the RAM; a script that is
    not its step's file; device_name, machine, torch, preset or device not its fingerprint's,
    sweep's or spec's; a world size not the tag's; a machine whose tag is another. The summary
-   counts such a record as a failed run: status `invalid`, never `ok`. A record without
-   `tokens_per_step` (older) is a note.
+   counts such a record as a failed run: status `invalid`, never `ok`; all but the last, a tag
+   named for other hardware, which is a problem here and so for `publish` (a sweep's folder is
+   named by --tag as its user likes). A record without `tokens_per_step` (older) is a note.
 4. summary.csv agrees with the summary rebuilt from runs.jsonl as `plot_results.py --rebuild` does
    (`summary.rebuild`; a `-xN` tag's scaling against the `-x1` tag beside it) in every cell that
    comes from the records, to the digits summary.csv keeps (`parity` too, judged under this

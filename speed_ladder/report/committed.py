@@ -4,8 +4,9 @@ A sweep writes its own folder (results/local/<tag>/, which git ignores); the com
 results/<tag>/ folders are reference data. After the summary the sweep prints, per tag, each
 step's tok/s here beside a committed tag's, with their ratio and each side's speedup over its
 own step 00, and writes the same table to `vs_committed.csv` in its own folder (never into a
-committed one). The committed tag is the one of the same hardware (this tag, less the
-`-<6 hex>` of a machine that found another's records in its folder) where there is one, else
+committed one). The committed tag is the one of the same hardware (this machine's hardware tag,
+whatever --tag named the folder; a `-<6 hex>` of a machine that found another's records in its
+folder aside) where there is one, else
 the closest of the same device kind and process count: the same preset first, then the same
 device name, then the same native bf16 marker, then the longest common start of the tag. A
 preset that differs from this sweep's is said in the heading: the tok/s of two presets do not
@@ -49,15 +50,18 @@ def _number(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not math.isnan(v) else None
 
 
-def choose(tag: str, df, committed: list[Path]) -> tuple[Path, str] | None:
-    """(the committed tag folder to compare `tag` with, why that one), or None. `df`: this
-    tag's summary."""
+def choose(
+    tag: str, preset: str | None, name: str | None, committed: list[Path]
+) -> tuple[Path, str] | None:
+    """(the committed tag folder to compare `tag` with, why that one), or None. `tag`: the
+    hardware's (machine.tag_base and -xN); `preset`, `name`: this sweep's preset and device
+    name. The sweep's closing table and its first guess of each run's duration
+    (sweep/preflight.py) both take it."""
     exact = same_hardware(tag)
     for d in committed:
         if d.name == exact:
             return d, "the same hardware"
     suffix = _SUFFIX.search(tag)
-    preset, name = _first(df, "preset"), _first(df, "device_name")
     scored = []
     for d in committed:
         same_processes = suffix is not None and d.name.endswith(suffix.group(0))
@@ -134,14 +138,21 @@ def table(table_rows: list[dict], their_tag: str) -> str:
     return "\n".join(lines)
 
 
-def compare(tag_dir: Path, mine, results: Path = RESULTS) -> str:
+def committed_tags(results: Path = RESULTS, mine: Path | None = None) -> list[Path]:
+    """The committed tag folders, `mine` (a sweep's own, where it is one of them) left out."""
+    return [d for d in find_tags(results) if mine is None or d.resolve() != Path(mine).resolve()]
+
+
+def compare(tag_dir: Path, mine, results: Path = RESULTS, hardware: str | None = None) -> str:
     """The closing text for one tag folder of this sweep (its summary `mine`), and its table
-    written to `tag_dir / COMPARED`."""
+    written to `tag_dir / COMPARED`. `hardware`: the tag of this machine's hardware (default:
+    the folder's name; a --tag names it otherwise)."""
     tag_dir = Path(tag_dir)
-    committed = [d for d in find_tags(results) if d.resolve() != tag_dir.resolve()]
-    chosen = choose(tag_dir.name, mine, committed)
+    hardware = hardware or tag_dir.name
+    chosen = choose(hardware, _first(mine, "preset"), _first(mine, "device_name"),
+                    committed_tags(results, tag_dir))  # fmt: skip
     if chosen is None:
-        return f"no committed tag in {results} of this kind ({_kind(tag_dir.name)}) to compare with"
+        return f"no committed tag in {results} of this kind ({_kind(hardware)}) to compare with"
     theirs_dir, why = chosen
     theirs = read_summary(theirs_dir)
     found = rows(mine, theirs)

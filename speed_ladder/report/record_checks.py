@@ -14,7 +14,7 @@ from pathlib import Path
 from speed_ladder.files import ROOT
 from speed_ladder.measure.cpu_load import is_busy, threshold
 from speed_ladder.records import jsonl_lines
-from speed_ladder.report.validity import foreign, impossible
+from speed_ladder.report.validity import foreign, impossible, misnamed
 from speed_ladder.store import RUNS, _snippet, _unparsed, record_problem
 
 _PATH = re.compile(r"(?:^|[\s=:'\"(,])(?:/[\w.-]+/|~/|[A-Za-z]:\\)|/(?:home|root|Users|work|tmp)/")
@@ -205,10 +205,11 @@ def check_corrections(rep: Report, n: int, rec: dict, git: Git) -> None:
 
 # ---------------------------------------------------------------- 3, 6, 8: each record
 def check_arithmetic(rep: Report, n: int, rec: dict) -> None:
-    """Each reason an ok record is impossible or foreign to its tag (validity.py), a line each."""
+    """Each reason an ok record is impossible, foreign to its tag or of other hardware than the
+    tag names (validity.py), a line each."""
     if _num(rec.get("tokens_per_step")) is None:
         rep.note("no tokens_per_step (an older record): tok/s not checked against step time")
-    for why in impossible(rec) + foreign(rec, rep.tag):
+    for why in impossible(rec) + foreign(rec, rep.tag) + misnamed(rec, rep.tag):
         rep.problem(f"{who(rec, n)}: {why}")
 
 

@@ -4,7 +4,11 @@ preset's or process count's than its tag says). `python -m speed_ladder check` n
 reason in a line; every summary built for a tag folder shows such a record's step as `invalid`
 with the first reason, never as `ok` (summary.collect): the one the sweep writes after its runs
 (sweep/plan.py's `summarize`, against the ladder it ran) and the one rebuilt from runs.jsonl
-(`plot_results.py --rebuild`, `publish`, and `check`, which compares it with summary.csv)."""
+(`plot_results.py --rebuild`, `publish`, and `check`, which compares it with summary.csv).
+
+A committed tag names the hardware that made its records (`misnamed`): that rule is `check`'s,
+and so `publish`'s, which checks a folder before it goes into results/. A sweep's folder is
+named by --tag as its user likes, and its summary is not judged by its name."""
 
 import math
 import re
@@ -148,14 +152,17 @@ def impossible(rec: dict, steps=None) -> list[str]:
     return out
 
 
-def tag_base(fp: dict) -> str | None:
-    """The hardware part of the tag this fingerprint's machine writes to (machine.tag_base)."""
+def tag_base(fp: dict, device: str | None = None) -> str | None:
+    """The hardware part of the tag this fingerprint's machine writes to (machine.tag_base);
+    `device`: the record's (an Apple GPU's records carry the CPU's fingerprint)."""
     name = fp.get("device_name")
     if not isinstance(name, str):
         return None
     if isinstance(fp.get("gpus"), list):
         return machine.slug(name)
     cpu = fp.get("cpu") if isinstance(fp.get("cpu"), dict) else {}
+    if device == "mps":
+        return f"mps-{machine.cpu_tag_part(name, cpu)}"
     return f"cpu-{machine.cpu_tag_part(name, cpu)}-{fp.get('device_count')}c"
 
 
@@ -165,7 +172,8 @@ def foreign(rec: dict, tag: str | None, steps=None) -> list[str]:
     ladder it ran from (None: this checkout's)."""
     out, fp, sw = [], _fp(rec), rec.get("sweep") or {}
     own = rec.get("machine")
-    if fp and rec.get("device_name") != fp.get("device_name"):
+    mps = rec.get("device") == "mps"  # an Apple GPU's fingerprint names its CPU
+    if fp and not mps and rec.get("device_name") != fp.get("device_name"):
         out.append(f"device_name {rec.get('device_name')!r} is not its machine's "
                    f"{fp.get('device_name')!r}")  # fmt: skip
     if isinstance(own, dict) and isinstance(sw.get("machine"), dict) and own != sw["machine"]:
@@ -188,10 +196,17 @@ def foreign(rec: dict, tag: str | None, steps=None) -> list[str]:
     want = n if n > 1 or not distributed else 1
     if rec.get("step") in files and rec.get("world_size") not in (None, want):
         out.append(f"world_size {rec.get('world_size')} in a tag of {want} process(es) ({tag})")
-    base = tag_base(fp)
-    if base is not None and _SUFFIX.sub("", tag) != base:
-        out.append(f"its machine writes to {base}-x{n}, not {tag}")
     return out
+
+
+def misnamed(rec: dict, tag: str) -> list[str]:
+    """Why a record's machine is not the hardware its tag folder names (`check`'s rule for
+    committed results, module docstring): `tag` less its `-<6 hex>` and `-xN` is the tag base
+    the record's machine writes to."""
+    base = tag_base(_fp(rec), rec.get("device"))
+    if base is None or _SUFFIX.sub("", tag) == base:
+        return []
+    return [f"its machine writes to {base}-x{ladder.tag_processes(tag)}, not {tag}"]
 
 
 def invalid(rec: dict, tag: str | None = None, steps=None) -> str | None:

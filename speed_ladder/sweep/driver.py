@@ -57,7 +57,7 @@ from types import SimpleNamespace
 
 from speed_ladder import machine, outputs
 from speed_ladder.errors import UserError
-from speed_ladder.files import LOCAL_RESULTS, ROOT, portable_path, shown, tracked
+from speed_ladder.files import LOCAL_RESULTS, RESULTS, ROOT, portable_path, shown, tracked
 from speed_ladder.flags import child_argv
 from speed_ladder.ladder import discover, expected_steps, parse_steps, processes_suffix
 from speed_ladder.measure.device import is_rocm
@@ -229,7 +229,8 @@ def plan(args) -> Plan:
     nproc = args.nproc or default_nproc(device_type)
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.tag):
         raise UserError(f"--tag {args.tag!r}: use letters, digits, '.', '_' and '-'")
-    base = re.sub(r"-x\d+$", "", args.tag) if args.tag else tag_base(device_type)
+    hardware = tag_base(device_type)
+    base = re.sub(r"-x\d+$", "", args.tag) if args.tag else hardware
     fp = this_machine(device_type)
     nprocs = [1] + ([nproc] if nproc > 1 and any(s.distributed for s in selected) else [])
     base = choose_base(Path(args.results_dir), base, nprocs, fp, args.tag is not None)
@@ -243,9 +244,11 @@ def plan(args) -> Plan:
         configs = {s.num: sweep_config(spec, n if s.distributed else 1) for s in held}
         shas = {s.num: file_sha256(s.path) for s in held}
         chosen = [s for s in selected if s in held]
-        passes.append(Pass(tag, tag_dir, n, held, chosen, configs, shas))
+        hw = hardware + processes_suffix(n)
+        passes.append(Pass(tag, tag_dir, n, held, chosen, configs, shas, hw))
     control = args.control if args.control is not None else args.repeats > 1
     p = Plan(passes, child_argv(values), args.repeats, fp, spec, control, capacity(device_type))
+    p.committed = None if args.ladder_dir else RESULTS  # they measured this checkout's ladder
     for i, ps in enumerate(passes):
         for k, s in enumerate(ps.steps):
             p.jobs.append(Job(i, s))
@@ -270,11 +273,12 @@ def _draw_charts(tag_dir: Path) -> None:
         )
 
 
-def _compare(tag_dir: Path, df) -> None:
-    """This tag's tok/s beside the committed tag of the same hardware, else the closest
-    (report/committed.py); a failure is only a warning."""
+def _compare(tag_dir: Path, df, hardware: str) -> None:
+    """This tag's tok/s beside the committed tag of the same hardware (`hardware`, whatever
+    --tag named the folder), else the closest (report/committed.py); a failure is only a
+    warning."""
     try:
-        print(committed.compare(tag_dir, df), flush=True)
+        print(committed.compare(tag_dir, df, hardware=hardware), flush=True)
     except BrokenPipeError:
         raise
     except (UserError, ValueError, KeyError, OSError) as e:
@@ -316,7 +320,7 @@ def sweep(args) -> int:
             print(pooled, flush=True)
         if not args.no_plots:
             _draw_charts(ps.tag_dir)
-        _compare(ps.tag_dir, df)
+        _compare(ps.tag_dir, df, ps.hardware)
         chosen = {s.num for s in ps.steps}
         failed += [
             f"step {r['step']} ({r['status']}{', ' + ps.tag if len(p.passes) > 1 else ''})"

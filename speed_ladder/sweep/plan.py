@@ -32,6 +32,7 @@ class Pass:
     steps: list[Step]  # the chosen ones, run in this sweep
     configs: dict[str, dict]  # per step: the sweep configuration its runs are matched by
     shas: dict[str, str]  # per step: its script's sha256
+    hardware: str = ""  # this machine's hardware tag with the -xN (what --tag may name otherwise)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Plan:
     spec: RunSpec  # every run's settings, as each step resolves them (speed_ladder.spec)
     control: bool
     capacity: int | None = None  # one device's memory: the GPU's, or the machine's RAM
+    committed: Path | None = None  # the committed results, a first guess of each run's duration
     jobs: list[Job] = field(default_factory=list)
 
     @property

@@ -5,12 +5,14 @@ should take, and what memory each run should need (and whether it fits).
   presets) is run for its warm-up + timed steps instead of its full epochs; --max-steps and
   --warmup-steps override it. A step run by hand keeps the tutorial's full run.
 - **Duration**: per run, the median duration of this tag's earlier ok runs of that step with
-  the same configuration on this machine; without any, a rough model: `ROUGH_RUN_S` seconds a run
-  on the device (what a `cpu`-preset run and a 60-step `gpt2-124m` run take, start-up included),
+  the same configuration on this machine; without any, those of the committed tag the sweep's
+  closing table compares with (report/committed.py: the same hardware, else the closest) with
+  the same configuration; without those either, a rough model: `ROUGH_RUN_S` seconds a run on
+  the device (what a `cpu`-preset run and a 60-step `gpt2-124m` run take, start-up included),
   plus, for a step that calls torch.compile, the compile time an earlier run here measured
   (`compile_seconds`: its record's `compiles.seconds`, that step's or else step 08's), or
-  `COMPILE_S` where none did. The sweep prints the total before it starts and says which part
-  is rough.
+  `COMPILE_S` where none did. The sweep prints the total before it starts and says where each
+  part comes from (`estimate_line`).
 - **Memory** (`predict`, `memory_line`): `memory_model.predict_run` for the step and its processes,
   from the sweep's RunSpec (speed_ladder.spec: the batch the step will use after the batch rule,
   bf16 as step 05 decides on this device), printed before each run (the step then does not print it
@@ -20,16 +22,22 @@ should take, and what memory each run should need (and whether it fits).
 """
 
 import statistics
+from collections import Counter
 
 from speed_ladder import ladder
+from speed_ladder.errors import UserError
+from speed_ladder.files import RESULTS, portable_path
 from speed_ladder.ladder import Step
 from speed_ladder.measure import memory_model
 from speed_ladder.presets import PRESETS, SWEEP_LENGTH
+from speed_ladder.report import committed
 from speed_ladder.spec import RunSpec, config_of, preset_name
+from speed_ladder.store import load_runs
 
 ROUGH_RUN_S = {"cpu": 40.0, "cuda": 60.0, "mps": 60.0}
 COMPILE_S = {"cpu": 90.0, "cuda": 60.0, "mps": 60.0}
 CPU_PROCESS_BYTES = memory_model.GIB // 2  # PyTorch itself, per process, on a CPU
+HERE = "here"  # an estimate's source: this tag's runs (else a committed tag's; None: rough)
 
 
 def measuring_values(values: dict, device_type: str) -> dict:
@@ -60,24 +68,55 @@ def compile_seconds(step: Step, recs: list[dict], cfg: dict, machine: str) -> fl
     return None
 
 
+def _measured(runs: list[dict]) -> float | None:
+    """The median duration of the last 5 ok runs (the A/A control's aside), or None."""
+    took = [
+        (r.get("sweep") or {}).get("duration_s")
+        for r in runs
+        if r.get("status") == "ok" and not (r.get("sweep") or {}).get("control")
+    ]
+    took = [t for t in took if isinstance(t, (int, float)) and t > 0][-5:]
+    return float(statistics.median(took)) if took else None
+
+
 def run_seconds(
     step: Step, earlier: list[dict], device_type: str, compile_s: float | None = None
 ) -> tuple[float, bool]:
     """(seconds, measured?) for one run of `step`: the median of `earlier` ok runs' durations
     (its own in this tag, same config, this machine), else the rough model, with `compile_s`
     (compile_seconds) for torch.compile where one was measured, else `COMPILE_S`."""
-    took = [
-        (r.get("sweep") or {}).get("duration_s")
-        for r in earlier
-        if r.get("status") == "ok" and not (r.get("sweep") or {}).get("control")
-    ]
-    took = [t for t in took if isinstance(t, (int, float)) and t > 0][-5:]
-    if took:
-        return float(statistics.median(took)), True
+    took = _measured(earlier)
+    if took is not None:
+        return took, True
     rough = ROUGH_RUN_S.get(device_type, 60.0)
     if not step.compiled:
         return rough, False
     return rough + (compile_s or COMPILE_S.get(device_type, 60.0)), False
+
+
+def committed_runs(
+    hardware: str, preset: str | None, device_name: str | None, mine=None, results=RESULTS
+) -> tuple[str | None, list[dict]]:
+    """(where, records) of the committed tag whose runs are the first guess of a duration this
+    tag has not measured: the one its closing table compares with (committed.choose;
+    `hardware`: this machine's hardware tag with its -xN; `mine`: this sweep's folder, never
+    its own guess). `where` says which: 'results/<tag> (the same hardware)'. (None, []) where
+    there is none."""
+    try:
+        tags = committed.committed_tags(results, mine)
+        chosen = committed.choose(hardware, preset, device_name, tags)
+        if chosen is None:
+            return None, []
+        folder, why = chosen
+        return f"{portable_path(folder)} ({why})", load_runs(folder)
+    except (UserError, ValueError, KeyError, OSError):  # a guess: never a reason to stop
+        return None, []
+
+
+def committed_seconds(step: Step, cfg: dict, theirs: list[dict]) -> float | None:
+    """The median duration of a committed tag's ok runs (`theirs`: committed_runs's) of `step`
+    in this configuration, whichever machine of that hardware made them; None without any."""
+    return _measured([r for r in theirs if r.get("step") == step.num and config_of(r) == cfg])
 
 
 def fmt_duration(seconds: float) -> str:
@@ -91,14 +130,15 @@ def fmt_duration(seconds: float) -> str:
     return f"{s}s"
 
 
-def estimate_line(estimates: list[tuple[float, bool]], device_type: str) -> str:
-    """'expected duration: about 9m20s (14 runs: 10 from earlier runs here, 4 rough ...)'."""
+def estimate_line(estimates: list[tuple[float, str | None]], device_type: str) -> str:
+    """'expected duration: about 9m20s (14 runs; 10 from earlier runs here; 3 as measured in
+    results/<tag> (the same hardware); 1 rough: ...)'. An estimate: (seconds, its source: HERE,
+    a committed tag's `where` (committed_runs), or None, the rough model)."""
     total = sum(s for s, _ in estimates)
-    measured = sum(1 for _, m in estimates if m)
-    rough = len(estimates) - measured
-    how = []
-    if measured:
-        how.append(f"{measured} from earlier runs here")
+    sources = Counter(src for _, src in estimates)
+    how = [f"{sources.pop(HERE)} from earlier runs here"] if HERE in sources else []
+    rough = sources.pop(None, 0)
+    how += [f"{n} as measured in {where}" for where, n in sources.items()]
     if rough:
         how.append(
             f"{rough} rough: {ROUGH_RUN_S.get(device_type, 60):.0f} s a run on {device_type}, "

@@ -48,8 +48,13 @@ def _label(p: Plan, job: Job) -> str:
 
 
 def _start(p: Plan, force: bool) -> Progress:
-    """The ok runs each job already has (none with --force), and an estimate of each run."""
+    """The ok runs each job already has (none with --force), and an estimate of each run: this
+    tag's runs, else the committed tag's of this hardware (else the closest), else rough
+    (preflight.py)."""
     done, estimate = {}, {}
+    name = p.machine.get("device_name")
+    guesses = [preflight.committed_runs(ps.hardware, p.spec.preset, name, ps.tag_dir, p.committed)
+               if p.committed else (None, []) for ps in p.passes]  # fmt: skip
     for job in p.jobs:
         ps = p.pass_of(job)
         recs = load_runs(ps.tag_dir)
@@ -62,12 +67,14 @@ def _start(p: Plan, force: bool) -> Progress:
                     and config_of(r) == cfg
                     and (r.get("sweep") or {}).get("machine") == p.machine]  # fmt: skip
         compile_s = preflight.compile_seconds(job.step, recs, cfg, p.machine)  # measured here
-        estimate[job] = preflight.run_seconds(
-            job.step, earlier or same_cfg, p.device_type, compile_s
-        )
+        took, here = preflight.run_seconds(job.step, earlier or same_cfg, p.device_type, compile_s)
+        estimate[job] = (took, preflight.HERE if here else None)
+        where, theirs = guesses[job.pass_index]
+        if not here and (guess := preflight.committed_seconds(job.step, cfg, theirs)):
+            estimate[job] = (guess, where)
         cut = cut_seconds(ps.tag_dir, job, cfg, sha, p.machine)
-        if cut and not estimate[job][1]:  # no ok run yet, one cut at a --budget's end: it needs
-            estimate[job] = (max(estimate[job][0], cut * CUT_FACTOR), True)  # more than that
+        if cut and not here:  # no ok run yet, one cut at a --budget's end: it needs more than that
+            estimate[job] = (max(estimate[job][0], cut * CUT_FACTOR), preflight.HERE)
     prog = Progress(done, {j: s for j, (s, _) in estimate.items()})
     todo = [estimate[j] for j in prog.left(p.repeats) for _ in range(p.repeats - done[j])]
     tags = ", ".join(shown(ps.tag_dir) for ps in p.passes)
