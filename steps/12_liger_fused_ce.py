@@ -1,42 +1,12 @@
-"""Step 12: Liger fused linear cross-entropy.
+"""Step 12 (after step 11): Liger fused linear cross-entropy.
 
-The output layer and the loss are the memory peak of GPT-2 training: the (B*T, V) logits, their
-fp32 upcast for the softmax and their gradient are each B*T*V numbers (32 x 1024 x 50304 = 1.6G
-at batch 32: 3.3 GB in bf16, 6.6 GB in fp32, each). Liger's LigerFusedLinearCrossEntropyLoss
-(Hsu et al. 2024, "Liger Kernel") computes the output matmul and cross-entropy chunk by chunk
-and writes the gradient in place, so the full logits never exist. The model now returns its
-final hidden states in training; evaluation and generation still use the logits as before.
-The step runs Liger's chunk loop itself and launches Liger's own cross-entropy kernel in it,
-because Liger's Function (liger-kernel 0.8.5, ops/fused_linear_cross_entropy.py) measured no
-faster than step 10 on one H200 (gpt2-124m, batch 32: 412.7K against 409.8K tok/s): it stops
-the host twice a step until the GPU catches up, `.item()` of the target count in forward (~line
-132) and `torch.equal(grad_output, 1.0)` in backward (~line 420), and its default chunk size
-(chunk_mem_const 1, ~line 103) cuts 32768 rows into 64 chunks of 512: ~270 launches from a
-Python loop, 5.7 ms of small matmuls and 4.3 ms of GPU idle a step, and the 154 MB fp32 weight
-gradient rewritten 64 times. Here the count stays on the GPU (the kernel sums, and backward
-scales both gradients by grad_output / count on the device), and Liger's rule with
-chunk_mem_const 8 makes 8 chunks of 4096 rows: 0.4 GB of bf16 logits at a time.
-The fused loss stays outside torch.compile: Liger has open issues under compile (a wrong loss
-with ignore_index, failures with bf16 and accum_dtype). The output layer's weight gradient is
-summed over all B*T rows in fp32, in place (addmm into an fp32 buffer, as Liger's
-`accum_dtype=torch.float32`): in bf16 the running sum of 32K rows' contributions would round
-small ones away.
-Only where Liger cannot run (no CUDA GPU, liger-kernel not installed, no triton) does the step warn
-once and run the same chunk loop with a cross-entropy in plain PyTorch in place of Liger's kernel
-(1024 rows a chunk): the same memory saving and no recomputed logits; its record then says
-`step_active: false` and why. On a GPU, a CUDA out-of-memory or a Triton error inside Liger is the
-run's result (`oom`, `error`, with the reason), never a silent fallback. On a CPU with Triton's
-interpreter on (TRITON_INTERPRET=1 in the environment) Liger's real kernel runs on CPU tensors
-through NumPy: the CPU tests (tests/test_liger.py) check its numerics and this step's loop (the
-kernel's arguments, ignore_index, the chunks, the fp32 accumulation, no host sync, DDP and FSDP2)
-that way; the record then says `interpreted: true` and is no measurement. Only a GPU shows its speed
-and memory (shared-memory limits, warps).
-
-Costs: a dependency (liger-kernel >= 0.8.5, with Triton: Linux and a CUDA GPU) whose kernel the
-step launches with that version's arguments, and the output layer's gradient is computed
-inside the loss's forward, chunk by chunk, so forward gets slower as backward gets faster. The
-fallback's cross-entropy is several PyTorch ops, each a pass over the chunk's logits, where
-Liger's kernel makes one.
+Change: in training, Liger's LigerFusedLinearCrossEntropyLoss replaces out_head + cross_entropy.
+Why: it computes the logits chunk by chunk, so the (B*T, V) logits, their fp32 copies and their
+gradient, training's memory peak, never exist whole; the weight gradient is summed in fp32.
+Cost: a dependency (liger-kernel, with Triton). Where Liger cannot run, the plain out_head and
+cross_entropy run (step 11's computation) and the step is inactive.
+Source: Hsu et al. 2024, "Liger Kernel"; Liger's docs.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
