@@ -1,10 +1,11 @@
 """Step 00: the baseline. GPT-2 (124M) trained from scratch in plain PyTorch, fp32.
 
-The model, data pipeline and loop follow Raschka, "Build a Large Language Model (From Scratch)",
-ch. 4-5, and its training-speed bonus (ch05/10_llm-training-speed/00_orig.py): attention,
-LayerNorm and GELU written out by hand, a causal mask registered as a buffer of the full context,
-fp32 weights and math, torch.optim.AdamW. Every later step is this file plus one optimization;
-diff neighbours to see it (e.g. `code --diff 00_orig.py steps/01_dynamic_causal_mask.py`).
+What: attention, LayerNorm and GELU written out by hand, a causal mask registered as a buffer of
+the full context, fp32 weights and math, torch.optim.AdamW. Each later step is the rung it
+builds on plus one idea: its first line names that rung, `code --diff BASE FILE` shows the idea.
+Source: Raschka, "Build a Large Language Model (From Scratch)", ch. 4-5, and its training-speed
+bonus, whose steps 01-11 the ladder follows.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

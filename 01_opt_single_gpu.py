@@ -1,17 +1,12 @@
-"""Step 10: a larger batch.
+"""Step 10 (after step 09): a larger batch.
 
-Four times the sequences per step (8 -> 32 on gpt2-124m; each preset's `large_batch_size`): the
-matmuls get larger and fill the GPU better, and the per-step overheads (optimizer, Python,
-launches) are paid once per 4x the tokens. It costs activation memory roughly in proportion: on
-a GPU too small for the preset (24 GB: 4 -> 16), the batch rule lowers both batches alike
-(speed_ladder/presets.py, fit_batch), so the 4x and the comparison with step 09 stay.
-The learning rate is kept, as in Raschka's step 10; the loss after N steps differs because each
-step sees different data, so it is compared with a wider tolerance.
-
-Costs: memory. Activations grow about linearly with the batch, so a batch that fits one GPU may
-not fit a smaller one (the harness lowers it by presets.fit_batch's rule and records
-`batch_rule`); and at the same learning rate fewer, larger optimizer steps per epoch change the
-training curve (compared with a tolerance).
+Change: four times the sequences per step (the preset's `large_batch_size`: 8 -> 32 on
+gpt2-124m), at the same learning rate.
+Why: larger matmuls fill the GPU better, and each step's fixed costs (launching kernels, the
+optimizer) are paid once per four times the tokens.
+Cost: activation memory grows with the batch; fewer, larger updates change the training curve.
+Source: Raschka's training-speed bonus, step 10.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -1,33 +1,12 @@
-"""Step 11: DistributedDataParallel across processes (torchrun).
+"""Step 11 (after step 10): DistributedDataParallel across processes (torchrun).
 
-DistributedDataParallel (Li et al. 2020, "PyTorch Distributed"): one process per GPU, each with a
-full replica; every process trains on its own shard of each epoch (DistributedSampler) and the
-gradients are averaged by all-reduce during backward, bucket by bucket, overlapping with the
-remaining backward compute. The global batch is batch_size x world_size. Launched by stock torchrun,
-which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the device comes from
-LOCAL_RANK, data sharding and the record from RANK/WORLD_SIZE. The backend is nccl on CUDA and gloo
-on CPU (DDP_BACKEND overrides: one of torch.distributed's backends). Every setting (TF32, ...) runs
-on every rank; only printing and the record are rank 0's (the harness). A rank that fails ends the
-job: torchrun stops the others, and the process group's timeout bounds any wait on a lost peer.
-Under plain `python` it is a world of one (an in-memory store, no port): the record says
-`step_active: false`, as there is no one to share the work with, and DDP does not wrap the model:
-with no replica to average with, its hooks would cost time for nothing. tokens/s is global.
-
-Seeds. Every rank builds the model from the common --seed, so the replicas start equal (DDP
-also broadcasts rank 0's weights when it wraps the model). Then each rank other than 0 reseeds
-with seed + rank: its dropout masks are its own, not the same masks as every other rank's on
-different data; rank 0 goes on with the seed's stream, so a world of one is step 10's run.
-
-Batch. --batch-size is per process; the global batch is batch x processes, and the text must
-hold one: Middlemarch has 417 training windows of 1024 tokens, so 16 processes at the preset's
-32 (512) do not fit, and the README's two-node command ("Several GPUs") sets --batch-size 8
-(128 per step, 3 steps per epoch). A text too short for the world size stops with the largest
-batch that fits.
-
-Costs: every process holds a whole copy of the model, its gradients and AdamW's two moments (16
-B per parameter before activations: 2 GB on gpt2-124m, 24 GB on gpt2-xl); one all-reduce of
-every gradient per step (about 2 x 4 B per parameter through each GPU's link, overlapped with
-backward bucket by bucket); and a launcher (torchrun) and a process group to set up.
+Change: DistributedDataParallel under torchrun: a process per GPU, each with a full replica, its
+own share of every epoch (DistributedSampler) and its own dropout seed.
+Why: N GPUs train on N batches at once; gradients are all-reduced during backward, bucket by bucket.
+Cost: each GPU holds the whole model, gradients and AdamW state, and an all-reduce per step. Under
+plain python it is a world of one, step 10's run, and the step is inactive.
+Source: Li et al. 2020, "PyTorch Distributed"; PyTorch docs, DistributedDataParallel.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

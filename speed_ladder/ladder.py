@@ -128,11 +128,14 @@ class Step:
         return settings[self.memory.batch if self.memory else "batch_size"]
 
 
-_TITLE = re.compile(r"^\s*(?:[rRuU]?)(?:\"\"\"|''')\s*Step\s+\d+:\s*(.*?)\.(?:\s|$)")
+_TITLE = re.compile(
+    r"^\s*(?:[rRuU]?)(?:\"\"\"|''')\s*Step\s+\d+(?:\s*\(after step \d+\))?:\s*(.*?)\.(?:\s|$)"
+)
 
 
 def step_title(path: Path) -> str:
-    """`Step NN: <title>.` from the docstring's first line; the file name if there is none."""
+    """`Step NN (after step MM): <title>.` (`Step 00: <title>.` for the first rung) from the
+    docstring's first line; the file name if there is none."""
     try:
         with open(path, encoding="utf-8") as f:
             first = f.readline()
@@ -332,8 +335,12 @@ def inactive_helpers() -> dict[str, str]:
     return {c.check: c.module for c in checks}
 
 
+DIFFS = Path("steps") / "diffs"  # a rung's diff against the rung it builds on: DIFFS/NN.diff
+
+
 def unified(a: Path, b: Path, root: Path = ROOT) -> str:
-    """The unified diff of step file `a` to `b`, as tests/golden/NN.diff holds it."""
+    """The unified diff of step file `a` to `b`, as steps/diffs/NN.diff holds it (written by
+    `python tools/ladder.py goldens`; LADDER.md links it)."""
     old, new = (Path(f).read_text().splitlines(keepends=True) for f in (a, b))
     diff = difflib.unified_diff(old, new, fromfile=_rel(a, root), tofile=_rel(b, root), n=3)
     return "".join(diff)

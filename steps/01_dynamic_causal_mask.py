@@ -1,13 +1,12 @@
-"""Step 01: a dynamic causal mask.
+"""Step 01 (after step 00): a dynamic causal mask.
 
-Step 00 registers a (context x context) float mask as a buffer in every attention layer and
-converts it to bool on every forward. This step builds the bool mask for the batch's own length,
-on the batch's device, when it is needed: less memory held (12 x 1024^2 x 4 B = 48 MiB on
-gpt2-124m), no per-forward conversion of the full-size mask, and the model no longer caps the
-sequence length at construction. Same numbers as step 00 (Raschka, ch05/10, step 01).
-
-Costs: one `torch.triu` of (T, T) booleans per attention layer per forward (12 small kernels a
-step on gpt2-124m) instead of a slice of a stored buffer: negligible next to the matmuls.
+Change: each attention layer builds its bool causal mask for the batch's own length, on the
+batch's device, instead of slicing a registered (context x context) float buffer.
+Why: nothing full-size is held per layer or converted to bool on every forward, and the model no
+longer fixes the sequence length when it is built.
+Cost: one small `torch.triu` per layer per forward. The numbers are step 00's exactly.
+Source: Raschka's training-speed bonus, step 01.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

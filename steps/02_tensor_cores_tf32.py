@@ -1,17 +1,12 @@
-"""Step 02: tensor cores (TF32) for fp32 matmuls.
+"""Step 02 (after step 01): tensor cores (TF32) for fp32 matmuls.
 
-On Ampere and newer NVIDIA GPUs, `torch.set_float32_matmul_precision("high")` lets fp32 matmuls
-run on the tensor cores in TF32 (10-bit mantissa inputs, fp32 accumulation): up to 8x the fp32
-FLOP/s of an A100 (NVIDIA A100 whitepaper), at a relative error near 1e-3 per product. Raschka's
-ladder measured 12.5K -> 27.6K tok/s on an A100 for this one line. It changes nothing on a CPU
-(PyTorch's CPU matmuls stay IEEE fp32 at "high"), on an NVIDIA GPU below compute capability 8.0
-(V100, T4: no TF32) or on an AMD GPU other than MI300 with HIPBLASLT_ALLOW_TF32=1; there the
-record says `step_active: false` and why (`speed_ladder.tf32_unavailable`).
-
-Costs: precision. TF32 rounds the matmul inputs to a 10-bit mantissa (a relative error near 1e-3
-per product, fp32 accumulation), so losses leave fp32's in the third or fourth digit
-(speed_ladder/data/ladder.json's tolerance). Where there are no TF32 tensor cores (CPUs, GPUs
-before Ampere) it does nothing, and the record says so.
+Change: `torch.set_float32_matmul_precision("high")`: fp32 matmuls may run in TF32.
+Why: on NVIDIA tensor cores from Ampere on, TF32 (10-bit mantissa inputs, fp32 accumulation) has
+several times fp32's FLOP/s.
+Cost: precision, about 1e-3 relative per product. Without TF32 (a CPU, a GPU before Ampere)
+nothing changes and the step is inactive.
+Source: NVIDIA's A100 whitepaper; PyTorch docs, torch.set_float32_matmul_precision.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -1,13 +1,11 @@
-"""Step 03: fused AdamW.
+"""Step 03 (after step 02): fused AdamW.
 
-`torch.optim.AdamW(..., fused=True)` updates all parameters with one fused kernel per group
-instead of a foreach chain of several element-wise kernels (PyTorch docs, torch.optim.AdamW:
-"fused ... typically faster than the for-loop and foreach implementations"). It supports CPU and
-CUDA tensors. The update is the same math; rounding may differ in the last bits, so the loss
-is compared with a tolerance (speed_ladder/data/ladder.json).
-
-Costs: none measurable: the same optimizer state (two moments per parameter, 8 B) and the same
-math; only the last bits of the update may round differently from the foreach path.
+Change: `torch.optim.AdamW(..., fused=True)`.
+Why: one fused kernel updates all the parameters of a group, where the default (foreach) runs a
+chain of element-wise kernels over them.
+Cost: none: the same update and optimizer state; only the last bits may round differently.
+Source: PyTorch docs, torch.optim.AdamW (`fused`); Raschka's training-speed bonus, step 03.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

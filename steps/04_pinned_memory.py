@@ -1,25 +1,12 @@
-"""Step 04: pinned memory and non-blocking copies.
+"""Step 04 (after step 03): pinned memory and non-blocking copies.
 
-The DataLoader puts each batch in page-locked (pinned) host memory, and `.to(device,
-non_blocking=True)` copies it to the GPU asynchronously, so the copy overlaps with queued GPU
-work instead of stalling the host (PyTorch docs, "A guide on good usage of non_blocking and
-pin_memory()"). Host-to-device copies exist only with an accelerator: on a CPU the batch is
-already where the math runs, the loader is left unpinned (pinning there only warns), and the
-record says `step_active: false`.
-
-What it can and cannot show here. A batch is 2 x B x T int64 ids: 128 KB at batch 8 x 1024, a
-few microseconds over PCIe against a step of ~300 ms. And the harness synchronizes at every
-step's end (an honest clock), so the queue is empty when the next copy is issued: there is no
-queued GPU work for the copy to overlap with, and the only saving is the host not waiting on a
-pageable copy's staging. Raschka's published A100 figures show exactly that: 28,399 -> 28,402
-tok/s (+0.01%, noise). The step shows that this model's input transfer is not a bottleneck; it
-cannot show the overlap itself, which pays where inputs are large (images, long contexts at
-large batch) and the loop does not synchronize every step (DataLoader workers prefetching).
-
-Costs: pinned (page-locked) host memory cannot be swapped out, so a large pinned pool takes RAM
-from the rest of the machine; the batches here are small (B x T int64 token ids: 256 KiB at 32 x
-1024). With num_workers=0 the copy only overlaps the GPU work already queued, and on a CPU there
-is nothing to copy (the step is inactive there).
+Change: the DataLoader pins its batches (page-locked host memory), and `.to(device,
+non_blocking=True)` copies them to the GPU asynchronously.
+Why: a copy from pinned memory needs no staging buffer, and the host goes on while it runs.
+Cost: pinned memory cannot be swapped out. Token batches are small, so little is won here;
+without a GPU there is nothing to copy and the step is inactive.
+Source: PyTorch docs, "A guide on good usage of non_blocking and pin_memory()".
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

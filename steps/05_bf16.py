@@ -1,30 +1,12 @@
-"""Step 05: bfloat16 mixed precision (autocast).
+"""Step 05 (after step 04): bfloat16 mixed precision (autocast).
 
-Forward and loss run under `torch.autocast(dtype=torch.bfloat16)`: matmuls and attention take
-bf16 inputs (half the bytes, the fast tensor-core path), while weights, gradients and AdamW
-state stay fp32 and precision-sensitive ops (softmax, layer norm, cross-entropy) stay fp32
-(PyTorch AMP docs; Micikevicius et al. 2018, "Mixed Precision Training").
-
-Why autocast and not pure bf16 weights (Raschka's step 05 casts the model to bf16): an AdamW
-update of lr 5e-4 on a weight of magnitude ~0.02-1 is at or below bf16's resolution (8-bit
-mantissa: 2^-8 relative), so pure-bf16 weights round many updates away. Measured with
-tools/bf16_evidence.py (tiny preset, 200 steps, CPU): pure bf16 weights rounded 61.7% of AdamW's
-updates to nothing and ended at loss 6.200 against 6.089 in fp32; autocast ended at 6.070.
-Pure bf16 does save memory (no fp32 master weights or optimizer state: 26 -> 14 GB in Raschka's
-A100 run); steps 12-13 recover memory without giving up the fp32 update.
-
-bf16 is used only where it is native (`speed_ladder.bf16_is_fast`): on CUDA where the GPU has bf16
-tensor cores, compute capability >= 8.0 (Ampere on; AMD: by arch), not where
-torch.cuda.is_bf16_supported() says True, which it does on a V100 or T4 too, where bf16 runs
-emulated, slower than fp32. Elsewhere when the device's measured bf16 matmul rate beats fp32. A
-CPU without native bf16 (no AVX512_BF16/AMX) emulates it: on this project's 2-core Xeon a
-1024^3 bf16 matmul runs at 47 GFLOP/s against 150 in fp32, so the step keeps fp32 there, and
-its record says `step_active: false` and why.
-
-Costs: precision. bf16 keeps fp32's exponent range but only 8 bits of mantissa, so losses leave
-fp32's at about 1e-2 (speed_ladder/data/ladder.json); autocast keeps fp32 weights, and the
-reductions its op lists name. Where bf16 is not native (V100, T4, CPUs without AVX512_BF16 or
-AMX) it is slower than fp32: the step then stays in fp32 and its record says why.
+Change: forward and loss run under `torch.autocast(dtype=torch.bfloat16)` where bf16 is fast
+(`speed_ladder.bf16_is_fast`); weights, gradients and AdamW's state stay fp32.
+Why: matmuls and attention take bf16 inputs: half the bytes, the tensor cores' fast path.
+Cost: precision (8 bits of mantissa). Where bf16 is not native (GPUs before Ampere, CPUs without
+AVX512_BF16 or AMX) it would be slower, so the step stays fp32 and is inactive.
+Source: PyTorch AMP docs; Micikevicius et al. 2018, "Mixed Precision Training".
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -1,12 +1,11 @@
-"""Step 06: PyTorch's native LayerNorm and GELU.
+"""Step 06 (after step 05): PyTorch's native LayerNorm and GELU.
 
-The hand-written LayerNorm (mean, var, subtract, divide, scale, shift) and tanh-GELU (six
-element-wise ops) each launch several kernels and keep several intermediates for backward.
-`nn.LayerNorm` and `nn.GELU(approximate="tanh")` compute the same functions in one fused kernel
-each (PyTorch docs). Same parameters (ones/zeros) and eps 1e-5; the numbers agree to rounding.
-
-Costs: none: the same functions (LayerNorm with eps 1e-5 and the biased variance, GELU's tanh
-form) in one kernel each instead of several; results differ in the last bits only.
+Change: `nn.LayerNorm` and `nn.GELU(approximate="tanh")` replace the hand-written ones.
+Why: each is one fused kernel, where the hand-written ones launch several element-wise ops, each
+a pass over memory with an intermediate kept for backward.
+Cost: none: the same functions (eps 1e-5, biased variance, GELU's tanh form) up to rounding.
+Source: PyTorch docs, torch.nn.LayerNorm and torch.nn.GELU; Raschka's bonus, step 06.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -1,20 +1,12 @@
-"""Step 07: FlashAttention through scaled_dot_product_attention.
+"""Step 07 (after step 06): FlashAttention through scaled_dot_product_attention.
 
-`F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=...)` replaces scores, mask,
-softmax, dropout and the weighted sum. On CUDA it dispatches to FlashAttention-2 (Dao 2023) for
-bf16 (the memory-efficient kernel for fp32, e.g. on a V100), which never writes the (B, H, T, T)
-score matrix to memory: O(T) memory instead of O(T^2), and far fewer bytes moved. On CPU it uses
-PyTorch's fused flash-style CPU kernel only without dropout: its checks refuse dropout > 0
-("Both fused kernels do not support non-zero dropout", aten's sdp_utils_cpp.h), so the `cpu`
-preset (dropout 0.1) runs the math path, the same work as step 06. The step asks torch which
-kernel the training call gets (`speed_ladder.sdpa_math_only`) and, on the math path, records
-`step_active: false` and why. The causal mask of step 01 is no longer needed. Dropout now draws
-from the kernel's own random stream, so with dropout > 0 the losses differ from step 06 by
-sampling noise, not by a bug; the `tiny` preset has dropout 0, where they agree to rounding.
-
-Costs: none in the math (the same softmax attention, up to rounding). The fused kernels have
-conditions (dtype, head size, GPU generation; on a CPU, no dropout): where none applies PyTorch
-runs its math path, the same work as step 06, and the record says the step is inactive.
+Change: `F.scaled_dot_product_attention(..., is_causal=True)` replaces scores, mask, softmax,
+dropout and the weighted sum.
+Why: on a GPU it runs FlashAttention-2, which never writes the (B, H, T, T) scores to memory.
+Cost: dropout draws from the kernel's own random stream. Where no fused kernel takes the call (a
+CPU with dropout) PyTorch runs its math path, step 06's work, and the step is inactive.
+Source: Dao 2023, "FlashAttention-2"; PyTorch docs, scaled_dot_product_attention.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -1,22 +1,12 @@
-"""Step 08: torch.compile.
+"""Step 08 (after step 07): torch.compile.
 
-`torch.compile(model)` traces the model with TorchDynamo and compiles it with TorchInductor (Ansel
-et al. 2024, "PyTorch 2"): element-wise chains (residual adds, dropout, bias, GELU) fuse into
-generated Triton (GPU) or C++/OpenMP (CPU) kernels, and Python overhead per op disappears.
-Compilation happens in the first steps, which the harness's warm-up keeps out of the timed window.
-Evaluation and sampling run eager (`torch.compiler.set_stance("force_eager")`): they are never
-timed, and compiling them would add graphs (one under no_grad, one for the last, shorter batch, more
-for sampling's growing prompt) that cost compile time only; so a run compiles two graphs, the
-training step's model and its loss (its record's `compiles`); the loss is its own graph so that
-inductor fuses cross-entropy's fp32 upcast, log-softmax and nll instead of writing fp32 copies of
-the logits. Where it cannot compile (no C++ compiler, no Triton) the run stops with one line naming
-the fix; under TORCH_COMPILE_DISABLE=1 torch.compile returns the model unchanged, and the record
-says `step_active: false`.
-
-Costs: compile time in the first steps (tens of seconds on gpt2-124m, more with
-mode="max-autotune"; left out of the timing by the warm-up), a C++ compiler (and Triton on a
-GPU) on the machine, a recompile when shapes change, and tracebacks that point into generated
-code.
+Change: `torch.compile(model)`, and the loss compiled as a graph of its own; evaluation and
+sampling stay eager.
+Why: TorchInductor fuses chains of element-wise ops into generated kernels (Triton on a GPU, C++
+on a CPU), and the Python overhead of each op goes.
+Cost: compile time in the first steps, a C++ compiler (and Triton), recompiles on new shapes.
+Source: Ansel et al. 2024, "PyTorch 2"; PyTorch docs, torch.compile.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

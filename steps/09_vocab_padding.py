@@ -1,19 +1,12 @@
-"""Step 09: vocabulary padded from 50257 to 50304.
+"""Step 09 (after step 08): vocabulary padded from 50257 to 50304.
 
-The output layer is a (B*T, C) x (C, V) matmul, the largest in the model. V = 50257 is odd, so
-its tiles do not line up with the GPU's 64/128-wide matmul tiles and the last tile is mostly
-wasted work. 50304 = 786 x 64 is the next multiple of 64 (Karpathy, nanoGPT: "~25% speedup").
-The 47 extra rows are never targets: training pushes their logits down, and generation sets
-their logits to -inf (ids >= speed_ladder.GPT2_VOCAB), so a sample never picks one; filtering
-them out of the decoded text would only hide such a pick.
-The loss starts from a different random init (larger embedding), so it is compared with a
-tolerance.
-
-Costs: 47 more rows in the token embedding and the output layer (50304 - 50257: 2 x 47 x 768 =
-72K parameters on gpt2-124m, 0.06%). Their 47 classes take part in the softmax (no token uses
-them, so training pushes their logits down; sampling masks them), and the larger table draws
-another random init, so the loss leaves step 08's within the stated tolerance
-(speed_ladder/data/ladder.json).
+Change: the vocabulary padded from GPT-2's 50257 to 50304, the next multiple of 64; generation
+never picks a padded id.
+Why: the output layer's (B*T, C) x (C, V) matmul is the model's largest, and a V that is a
+multiple of 64 fills the GPU's matmul tiles without a ragged last one.
+Cost: 47 rows nobody uses in the embedding and the output layer, and another random init.
+Source: Karpathy, nanoGPT (vocab_size 50304).
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

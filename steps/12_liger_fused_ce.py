@@ -1,26 +1,12 @@
-"""Step 12: Liger fused linear cross-entropy.
+"""Step 12 (after step 11): Liger fused linear cross-entropy.
 
-The output layer and the loss are the memory peak of GPT-2 training: the (B*T, V) logits, their
-fp32 upcast for the softmax and their gradient are each B*T*V numbers (32 x 1024 x 50304 = 1.6G
-at batch 32: 3.3 GB in bf16, 6.6 GB in fp32, each). Liger's LigerFusedLinearCrossEntropyLoss
-(Hsu et al. 2024, "Liger Kernel") computes the output matmul and cross-entropy chunk by chunk
-and writes the gradient in place, so the full logits never exist. The model now returns its
-final hidden states in training; evaluation and generation still use the logits as before.
-The fused loss stays outside torch.compile: Liger has open issues under compile (a wrong loss
-with ignore_index, failures with bf16 and accum_dtype). The output layer's weight gradient is
-summed over all B*T rows in fp32, in place (addmm into an fp32 buffer, as Liger's
-`accum_dtype=torch.float32`): in bf16 the running sum of 32K rows' contributions would round
-small ones away.
-On a GPU, a CUDA out-of-memory or a Triton error inside Liger is the run's result (`oom`,
-`error`, with the reason), never a silent fallback. On a CPU with Triton's interpreter on
-(TRITON_INTERPRET=1 in the environment) Liger's real kernel runs on CPU tensors through NumPy:
-the CPU tests (tests/test_liger.py) check its numerics that way; the record then says
-`interpreted: true` and is no measurement. Only a GPU shows its speed and memory (shared-memory
-limits, warps).
-
-Costs: a dependency (liger-kernel >= 0.6.2, with Triton: Linux and a CUDA GPU), and the output
-layer's gradient is computed inside the loss's forward, chunk by chunk, so forward gets slower
-as backward gets faster.
+Change: in training, Liger's LigerFusedLinearCrossEntropyLoss replaces out_head + cross_entropy.
+Why: it computes the logits chunk by chunk, so the (B*T, V) logits, their fp32 copies and their
+gradient, training's memory peak, never exist whole; the weight gradient is summed in fp32.
+Cost: a dependency (liger-kernel, with Triton). Where Liger cannot run, the plain out_head and
+cross_entropy run (step 11's computation) and the step is inactive.
+Source: Hsu et al. 2024, "Liger Kernel"; Liger's docs.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -1,19 +1,11 @@
-"""Step 13: gradient checkpointing per transformer block.
+"""Step 13 (after step 12): gradient checkpointing per transformer block.
 
-Activation checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"):
-in training, each transformer block keeps only its input for backward and recomputes its
-internals (attention, MLP activations) when backward reaches it. Activation memory per block
-drops from about a dozen (B, T, C)-sized tensors to one, for the price of one extra forward of
-every block: about a third more compute. `use_reentrant=False` is PyTorch's recommended variant
-(works with torch.compile and with inputs that need no grad). Evaluation is unchanged.
-
-The trade, measured by tools/checkpoint_trade.py on a config where activations dominate (8 x 256,
-context 256, batch 16, 256-token vocabulary; 2-core CPU, eager): a training step's peak memory
-growth fell from 672 MB to 252 MB (-62%) and its time rose from 1258 to 1647 ms (+31%).
-
-Costs: time. Backward runs every block's forward again, about a third more compute per step
-(forward is about a third of forward plus backward), for activation memory that falls from about
-a dozen (B, T, C) tensors per block to one.
+Change: in training, each transformer block runs under `checkpoint(block, x, use_reentrant=False)`.
+Why: a block keeps only its input for backward, not about a dozen (B, T, C) activations, and
+recomputes the rest when backward reaches it: room for a larger batch or model.
+Cost: time: every block's forward runs twice, about a third more compute a step.
+Source: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"; torch.utils.checkpoint.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -1,54 +1,12 @@
-"""Step 14: fully sharded data parallel (FSDP2), state split across GPUs.
+"""Step 14 (after step 13): fully sharded data parallel (FSDP2), state split across GPUs.
 
-Steps 00-13 keep the whole training state on every GPU: fp32 weights, gradients and AdamW's two
-moments, 16 bytes per parameter before any activation: 2.6 GB for this ladder's gpt2-124m (163M
-parameters: its out_head is not tied to the embedding), 26 GB for gpt2-xl, which DDP therefore
-cannot train on 24 GB GPUs. FSDP2 (`torch.distributed.fsdp.fully_shard`: Zhao et al. 2023,
-"PyTorch FSDP"; ZeRO stage 3, Rajbhandari et al. 2020) splits every parameter on dim 0 across
-the W processes (a DTensor each): a rank keeps and updates only its shard of the weights,
-gradients and AdamW state, 16/W bytes per parameter. Launched like step 11 (torchrun; plain
-python is a world of one; nccl on CUDA, gloo on CPU), on the same global batch.
-
-What moves when. Before a block's forward its shards are all-gathered into full weights, which
-are freed after it and gathered again for its backward (on GPUs the gathers overlap the
-neighbouring block's compute); its full gradients are then reduce-scattered: each rank receives
-its own shard of them, averaged over the ranks as DDP averages. The root (embeddings, final
-norm, out_head) is gathered once per step and kept until the end of backward
-(`reshard_after_forward=False`): step 12's fused loss reads `out_head.weight` outside the
-model's forward, so it must be the gathered weight then; its gradient is reduce-scattered with
-the rest of the root's when backward ends. The cost: per step a rank moves the blocks' weights
-three times (all-gather for forward, for backward, and the reduce-scatter) where DDP's one
-all-reduce of the gradients is worth two, about 1.5x DDP's traffic (ZeRO-3), and it holds
-gathered copies (the root and two blocks) on top of its shards.
-
-When to pick it: when the model does not fit with DDP. On one GPU there is nothing to shard: it
-trades DDP's gradient buckets (4 B/param) for those gathered copies, and the record of a world
-of one says `step_active: false`. `python -m speed_ladder.measure.memory_model` predicts either
-per rank, and every run prints its prediction.
-
-Measured with tools/fsdp2_evidence.py (2 processes, gloo, 2-core CPU, eager; against DDP on
-step 13's model): on the `cpu` preset (60M parameters, 3 steps) a rank holds 480 MB of state
-against DDP's 960 MB, both exactly as predicted; its peak RSS fell from 2.20 to 1.83 GiB, 396 MB
-(predicted 389 MB: 480 MB of state and DDP's 240 MB of buckets saved, 331 MB of gathered root
-and blocks added). Per step a rank all-gathers 325 MB and reduce-scatters 240 MB where DDP
-all-reduces 240 MB (the cpu preset's weights are 65% root, gathered once). The losses equal
-step 13's bit for bit, on `tiny` and `cpu`.
-
-Choices. Each block is sharded, then the root (torchtitan's recipe). torch.compile goes per block
-(`block.compile()`): compiling the sharded model whole, as steps 08-13 do, silently runs it
-eager (FSDP2's hooks are not traced, and a graph break inside the loop over blocks makes dynamo
-skip the whole forward). Step 13's `checkpoint(block, x)` calls the sharded block; FSDP2
-gathers it again for the recompute. Every rank builds the same weights from the same seed
-before sharding (FSDP2 broadcasts nothing); only then do ranks other than 0 reseed for their
-own dropout masks (step 11). Mixed precision stays step 05's autocast (fp32
-shards and fp32 all-gathers, bf16 only where bf16 is fast) rather than FSDP2's
-MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32). Measured on `tiny` (8 steps, bf16
-autocast forced on in both): with autocast, step 14's losses equal DDP's exactly; the policy
-halves the all-gather (13.3 vs 26.6 MB per step) but moves the losses by up to 5.5e-4 (bf16
-LayerNorm weights and embeddings, a bf16 residual stream between blocks), and it forces bf16
-compute: 6x slower per step on this CPU, which has no native bf16 (4.1 s vs 0.67 s), where step
-05 keeps fp32. The sharded state is fp32 either way. On GPUs whose links are the bottleneck the
-policy's halved all-gather is the next thing to measure.
+Change: FSDP2's `fully_shard` on each block (compiled on its own), then the root, in place of DDP.
+Why: each of W processes keeps and updates 1/W of the weights, gradients and AdamW state, so a
+model too large for DDP on each GPU trains.
+Cost: weights gathered for forward and again for backward: about 1.5x DDP's traffic. A world of
+one shards nothing, and the step is inactive.
+Source: Zhao et al. 2023, "PyTorch FSDP"; Rajbhandari et al. 2020, "ZeRO" (stage 3).
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -1,34 +1,12 @@
-"""Step 15: bf16 working weights, fp32 master weights.
+"""Step 15 (after step 12): bf16 working weights, fp32 master weights.
 
-Steps 05-12 keep every weight in fp32 and let autocast cast it to bf16 for each matmul; what
-autocast does not cast stays fp32: the embeddings and the residual stream between blocks. Here
-the model itself is bf16 (`model.to(torch.bfloat16)`), so the residual stream is 2 bytes an
-element too, and AdamW updates fp32 copies of the weights, the "master weights" of
-mixed-precision training (Micikevicius et al. 2018, "Mixed Precision Training", section 3.1): an
-update smaller than half a bf16 step of its weight (2^-9 to 2^-8 of it) would otherwise round
-away, and AdamW's moments would be bf16 too. Once a step the bf16 gradients become fp32 ones,
-AdamW updates the masters in fp32, and the working weights are the masters rounded to bf16.
-Autocast stays on: it still computes softmax, LayerNorm and the loss in fp32.
-
-This step builds on step 12, not 14: 13 (checkpointing) and 14 (FSDP2) trade speed for memory
-and scale, and a speed rung does not inherit them (its diff is against step 12). Where step 05
-found bf16 slow (a GPU before Ampere, a CPU without native bf16), nothing changes: the model
-stays fp32, its own parameters are the masters, and the record says `step_active: false`.
-
-Why: on one H200 (gpt2-124m, batch 32) norms and activations took 12.1 of step 10's 80 ms a
-step (its device time by category) and 12% of step 12's profiled step (results/nvidia-h200-x1),
-twice bf16's bytes because the residual stream is fp32. Raschka's 01, which casts the whole
-model to bf16 (and keeps AdamW's state in bf16, among other differences), ran 1.15x step 10's
-tok/s in the same call (469.6K against 409.8K). This step
-expects 3-8 ms a step back while keeping fp32 master weights and moments (an estimate: no GPU
-has run it yet).
-
-Costs: forward and backward see weights rounded to bf16 (up to 2^-8 relative), and with several
-processes DDP averages bf16 gradients. The state is the same 16 bytes per parameter (bf16
-weight and gradient 2 + 2, fp32 master 4, AdamW's moments 8); at the update, between backward
-and the next forward, each gradient is briefly also an fp32 copy (4 B/param). Evaluation runs
-the bf16 model outside autocast (bf16 LayerNorm and attention, bf16 logits upcast for the loss):
-its losses are rounded more than step 12's, about 2^-8 of a logit.
+Change: the model itself in bf16; AdamW updates fp32 master copies of the weights, which are
+rounded back to bf16 after each update.
+Why: the embeddings and the residual stream, which autocast leaves fp32, move half the bytes.
+Cost: forward and backward see weights rounded to bf16. Where step 05 keeps fp32, nothing
+changes and the step is inactive. It builds on 12: a speed rung skips 13's and 14's trades.
+Source: Micikevicius et al. 2018, "Mixed Precision Training" (fp32 master weights).
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

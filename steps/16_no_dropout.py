@@ -1,29 +1,12 @@
-"""Step 16: no dropout.
+"""Step 16 (after step 15): no dropout.
 
-Every rung so far trains with dropout 0.1 (Raschka's GPT-2 config; GPT-1 used it, and the
-presets keep it): in training, each block drops a random tenth of its attention weights and of
-both residual branches, and the model a tenth of its input embeddings. Each needs random numbers
-and a mask per element, and attention with dropout needs a kernel that draws them inside it.
-Pretraining on far more text than the model can memorize does without it: nanoGPT's train.py
-sets `dropout = 0.0 # for pretraining 0 is good, for finetuning try 0.1+`, and llm.c's GPT-2 has
-no dropout. This step sets it to 0 whatever the preset says: **a changed model, declared**. Its
-losses are no longer step 15's (the parity rule says not comparable where the preset has
-dropout; on `tiny`, which has none, the same floats), and what it gains is work not done.
-
-Why: the masks go (one byte per element of every dropped activation, kept for backward), the
-attention kernels run without their random number generator, and on a CPU
-scaled_dot_product_attention can take its fused (flash) kernel at all, which refuses any dropout
-above 0 (step 07's note on a CPU). Measured on a 2-core AMD EPYC without native bf16 (cpu
-preset, `python -m speed_ladder run --steps 10,12,15,16 --repeats 3`,
-results/cpu-amd-epyc-f23-m1-2c-x1): 1.14x [1.12-1.24] step 15's tok/s (186 to 212), peak 2.09 to
-1.92 GiB. On one H200, attention took 12.4 of step 10's 80 ms a step (its device time by
-category); a GPU is expected to gain there and in the fused elementwise kernels: not yet
-measured. Where the preset has no dropout (`tiny`) the step changes nothing, and its record says
-so.
-
-Costs: the model: no regularization from dropout, which matters for small data and for
-fine-tuning (Srivastava et al. 2014). Middlemarch is small, so the validation loss may come out
-higher on long runs; the ladder's short measuring runs cannot tell.
+Change: dropout 0, whatever the preset says: a changed model, declared.
+Why: no random masks to draw, keep for backward and apply, and attention kernels run without
+their random number generator (on a CPU, SDPA's fused kernel at all).
+Cost: no regularization from dropout, which matters for small data and fine-tuning. Where the
+preset has no dropout nothing changes and the step is inactive.
+Source: nanoGPT (dropout 0.0 for pretraining) and llm.c, whose GPT-2 has no dropout.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

@@ -1,28 +1,12 @@
-"""Step 17: cuDNN attention.
+"""Step 17 (after step 16): cuDNN attention.
 
-Since step 07, scaled_dot_product_attention runs FlashAttention-2 on a GPU: PyTorch tries its
-backends in a fixed order and takes the first that accepts the call, and that order puts flash
-first and cuDNN's fused attention last (`torch._C._get_sdp_priority_order()` in torch 2.13 says
-flash, efficient, math, cudnn). cuDNN has its own flash-style kernels written for Hopper's tensor
-cores, which FlashAttention-2 predates; PyTorch 2.5's release notes say "On NVIDIA H100 GPUs this
-can provide up to 75% speed-up over FlashAttentionV2" and made it the default there; torch 2.13's
-order, above, has it last again. This step switches flash and memory-efficient attention off,
-so that SDPA takes cuDNN's kernel (math stays as the path of last resort, never taken for the
-training call: the step first asks torch whether cuDNN accepts exactly that call, then makes one
-such call, forward and backward). cuDNN's kernel draws no dropout masks, which is why this step
-comes after step 16.
-
-Where cuDNN cannot take the call (a CPU, a GPU or cuDNN without the kernel, fp32 where bf16 is
-off), nothing changes: step 07's kernel stays, and the record says `step_active: false`.
-
-Why: on one H200 (gpt2-124m, batch 32) attention took 12.4 of step 10's 80 ms a step (its device
-time by category, results/nvidia-h200-x1), the largest share after the matmuls and the loss.
-Expected: a few ms a step back on Hopper (an estimate from the release note: no GPU has run this
-step yet). On a CPU it changes nothing: tiny's losses are step 16's floats, and the cpu preset's
-part from them by one ulp, as two runs of step 16 do.
-
-Costs: none in memory (cuDNN keeps the same per-row softmax statistics for backward as flash);
-other summation order, so other bf16 rounding. Attention dropout is out of reach while it runs.
+Change: flash and memory-efficient SDPA switched off where cuDNN's fused attention takes the
+training call, so scaled_dot_product_attention runs cuDNN's kernel.
+Why: cuDNN's fused attention is written for Hopper's tensor cores, which FlashAttention-2 predates.
+Cost: other bf16 rounding, and no attention dropout (hence after step 16). Where cuDNN cannot take
+the call, step 07's kernel stays and the step is inactive.
+Source: PyTorch 2.5's release notes (cuDNN SDPA); NVIDIA's cuDNN docs.
+More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset

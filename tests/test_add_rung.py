@@ -125,7 +125,7 @@ def test_a_new_rung_is_its_file_and_one_entry(tmp_path):
     # the rung: the last step, its title and number, one harmless line
     src = (repo / LAST.rel).read_text()
     lines = src.splitlines(keepends=True)
-    lines[0] = f'"""Step {NEW}: a dummy rung.\n'
+    lines[0] = f'"""Step {NEW} (after step {LAST.num}): a dummy rung.\n'
     text = "".join(lines).replace(f'STEP = "{LAST.num}"', f'STEP = "{NEW}"', 1)
     text = text.replace(
         f'STEP = "{NEW}"\n', f'STEP = "{NEW}"\nDUMMY = True  # step {NEW}: a harmless line\n'
@@ -152,14 +152,15 @@ def test_a_new_rung_is_its_file_and_one_entry(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     res = _run([*tools, "check"], repo, env)
     assert res.returncode == 0, res.stdout + res.stderr
-    diff = (repo / "tests" / "golden" / f"{NEW}.diff").read_text()
+    diff = (repo / ladder.DIFFS / f"{NEW}.diff").read_text()
     changed = [ln for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
     assert len(changed) == 5, diff  # the title, STEP, and the harmless line
     for n in range(1, int(NEW)):
-        name = f"tests/golden/{n:02d}.diff"
+        name = f"{ladder.DIFFS.as_posix()}/{n:02d}.diff"
         assert (repo / name).read_bytes() == (ROOT / name).read_bytes(), name
     readme = (repo / "README.md").read_text()
-    assert f"| `{ENTRY['file']}` | {NEW} | {ENTRY['summary']} |" in readme
+    row = f"| {NEW} | {LAST.num} | {ENTRY['summary']} | `code --diff {LAST.rel} {ENTRY['file']}` |"
+    assert row in readme
     # commit the goldens and the README row, as the author would
     for args in (["git", "add", "-A"], [*git, "commit", "-qm", f"rung {NEW}"]):
         assert _run(args, repo, env).returncode == 0

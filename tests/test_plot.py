@@ -311,12 +311,12 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     from speed_ladder.report import ladder_page
 
     by = {s.num: s for s in discover(ROOT)}
-    assert ladder_page.change(by["02"], by["01"])[0].startswith(
+    assert ladder_page.change(by["02"], by["01"])[1].startswith(
         '+    torch.set_float32_matmul_precision("high")'
     )
-    assert ladder_page.why(ladder_page.paragraphs(by["02"])).startswith("On Ampere and newer")
-    assert ladder_page.costs(ladder_page.paragraphs(by["14"])).startswith("The cost: per step")
-    assert ladder_page.costs(["Step 99: x.", "Costs: more memory.", "Run ..."]) == "more memory."
+    texts = ladder_page.explanations(ROOT)  # docs/steps.md, a section per step
+    assert texts["02"].startswith("**Why it helps.** `torch.set_float32_matmul_precision")
+    assert "\n\n**What it costs.** Traffic:" in texts["14"]
     # an inactive, busy step with an interval, in a copy of the fixture tag
     import pandas as pd
 
@@ -332,7 +332,8 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     text = ladder_page.page_markdown(tags, tmp_path)
     assert text.count("\n## ") == len(LADDER)
     sec01 = text.split("## 01 ")[1].split("\n## ")[0]
-    assert "**The change** (lines tagged `# step 01`)" in sec01 and "**Why it helps.**" in sec01
+    assert "**The change** (its diff's code" in sec01 and "**Why it helps.**" in sec01
+    assert "`code --diff 00_orig.py steps/01_dynamic_causal_mask.py`" in sec01
     assert "| `cpu-fixture` | 1,200 | 1.20x [1.10-1.30] faster |" in sec01
     assert "| loss parity | status |" in sec01
     assert "| **off**: max \\|loss difference\\| 3.00e-03 > 0.002 (bf16) |" in sec01

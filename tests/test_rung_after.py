@@ -186,12 +186,13 @@ from speed_ladder.report import ladder_page
 page = ladder_page.page_markdown([tag], ROOT)
 section = page[page.index("## NEW · "):]
 assert "*after step 12* (not the file before it)" in section.splitlines()[2], section[:600]
-assert "[diff against step 12](tests/golden/NEW.diff)" in section
+assert "[diff against step 12](steps/diffs/NEW.diff)" in section
+assert "`code --diff steps/12_liger_fused_ce.py steps/NEW_dummy.py`" in section
 assert "+DUMMY = True  # step NEW: a harmless line" in section
 assert "| tag | tok/s | vs step 12 | peak memory vs step 12 |" in section
-assert "A step that says *after step NN*" in page
+assert "unless its section says *after step NN*" in page
 section14 = page[page.index("## 14 · "):page.index("## 15 · ")]
-assert "after step" not in section14 and "[diff against the previous step]" in section14
+assert "*after step" not in section14 and "[diff against step 13](steps/diffs/14.diff)" in section14
 print("rung NEW after 12 ok")
 """
 
@@ -208,7 +209,7 @@ def test_a_rung_after_12_is_paired_with_12_everywhere(tmp_path):
     _copy(repo)
     src = (repo / STEPS["12"]).read_text()
     lines = src.splitlines(keepends=True)
-    lines[0] = f'"""Step {NEW}: a dummy rung after 12.\n'
+    lines[0] = f'"""Step {NEW} (after step 12): a dummy rung after 12.\n'
     text = "".join(lines).replace('STEP = "12"', f'STEP = "{NEW}"', 1)
     text = text.replace(
         f'STEP = "{NEW}"\n', f'STEP = "{NEW}"\nDUMMY = True  # step {NEW}: a harmless line\n'
@@ -234,16 +235,17 @@ def test_a_rung_after_12_is_paired_with_12_everywhere(tmp_path):
     res = _run([*tools, "check"], repo, env)
     assert res.returncode == 0, res.stdout + res.stderr
     # the golden diff is against 12: the title, STEP and the harmless line, nothing of 13 or 14
-    diff = (repo / "tests" / "golden" / f"{NEW}.diff").read_text()
+    diff = (repo / ladder.DIFFS / f"{NEW}.diff").read_text()
     assert diff.startswith(f"--- {STEPS['12']}\n+++ {STEPS[NEW]}\n"), diff[:200]
     changed = [ln for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
     assert len(changed) == 5, diff
     for n in range(1, int(NEW)):
-        name = f"tests/golden/{n:02d}.diff"
+        name = f"{ladder.DIFFS.as_posix()}/{n:02d}.diff"
         assert (repo / name).read_bytes() == (ROOT / name).read_bytes(), name
     readme = (repo / "README.md").read_text()
-    assert f"| `{STEPS[NEW]}` | {NEW} | after 12: {ENTRY['summary']} |" in readme
-    assert f"| `{STEPS['14']}` | 14 | FSDP2" in readme  # the others unmarked
+    diff_12 = f"`code --diff {STEPS['12']} {STEPS[NEW]}`"
+    assert f"| {NEW} | **12** | {ENTRY['summary']} | {diff_12} |" in readme
+    assert "| 14 | 13 | FSDP2" in readme  # the others unmarked
     commit(f"rung {NEW}")
 
     # the registry, a summary, `check` and LADDER.md, in the copy

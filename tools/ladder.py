@@ -1,15 +1,17 @@
 """Maintain the ladder: golden diffs and fix propagation, by tool, never by hand-copying.
 
-python tools/ladder.py goldens            # rewrite tests/golden/NN.diff and README's ladder table
-python tools/ladder.py check              # exit 1 if a diff left its golden, or the table is stale
+python tools/ladder.py goldens            # rewrite steps/diffs/NN.diff and README's ladder table
+python tools/ladder.py check              # exit 1 if a diff left its file, or the table is stale
 python tools/ladder.py propagate 00_orig.py [--base REV]
     # carry the uncommitted change of one file (against REV, default HEAD) into every step that
     # builds on it (its `after`, transitively; by default every later step) with
     # `git merge-file` (a 3-way merge: later file, old file, new file), then copy step 10 / 11
     # onto the summary files. Conflicts are left marked for you to resolve.
 
-A rung's golden diff, tests/golden/NN.diff, is against the rung it builds on: the registry's
-`after` (speed_ladder/data/ladder.json), by default the file before it.
+A rung's diff, steps/diffs/NN.diff (the golden diff the tests hold each step to, and what
+LADDER.md links for learners), is against the rung it builds on: the registry's `after`
+(speed_ladder/data/ladder.json), by default the file before it. README's ladder table gives the
+same pair as a `code --diff BASE FILE` command.
 """
 
 import argparse
@@ -22,12 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from speed_ladder.errors import UserError  # noqa: E402
 from speed_ladder.files import ROOT  # noqa: E402
-from speed_ladder.ladder import descendants, discover, rungs  # noqa: E402
+from speed_ladder.ladder import DIFFS, descendants, discover, rungs  # noqa: E402
 from speed_ladder.ladder import step_of as _step_of  # noqa: E402
 from speed_ladder.ladder import unified as _unified  # noqa: E402
 from speed_ladder.report import ladder_table  # noqa: E402
 
-GOLDEN = ROOT / "tests" / "golden"
+GOLDEN = ROOT / DIFFS
 try:  # file: the rung it copies
     SUMMARIES = {r.summary_file: r.num for r in rungs() if r.summary_file}
 except UserError as e:  # a step file without its entry, a bad entry: one line

@@ -1,8 +1,9 @@
-"""The README's ladder table (file, step, what it changes), written from the registry
-(speed_ladder/data/ladder.json: each rung's `summary`) between two markers in README.md.
-`python tools/ladder.py goldens` writes it and `check` fails where it is stale, so a new rung's
-row comes with its entry. A rung that builds on another than the file before it (its `after`)
-says so first: "after 12: ..."."""
+"""The README's ladder table (step, the rung it builds on, what it changes, its diff command),
+written from the registry (speed_ladder/data/ladder.json: each rung's `summary` and `after`)
+between two markers in README.md. `python tools/ladder.py goldens` writes it and `check` fails
+where it is stale, so a new rung's row comes with its entry. Every row but the first gives the
+exact `code --diff BASE FILE` that shows its one idea; a rung that builds on another than the
+file before it (its `after`) has its base in bold, and a line under the table says so."""
 
 from pathlib import Path
 
@@ -14,11 +15,28 @@ BEGIN = "<!-- ladder:begin (python tools/ladder.py goldens writes this table) --
 END = "<!-- ladder:end -->"
 
 
+STEPS_DOC = "docs/steps.md"  # each step at length (docs/steps.md); LADDER.md shows it
+
+
+def diff_command(step: Step, base: Step | None) -> str:
+    """`code --diff BASE FILE`: the one idea of `step`, against the rung it builds on."""
+    return f"`code --diff {base.rel} {step.rel}`" if base else f"`{step.rel}` (the first rung)"
+
+
 def ladder_table(steps: list[Step]) -> str:
-    rows = ["| file | step | what it changes |", "|---|---|---|"]
-    for s, skip in zip(steps, skips(steps), strict=True):
-        after = f"after {s.after}: " if skip else ""
-        rows.append(f"| `{s.rel}` | {s.num} | {after}{s.summary} |")
+    by_num = {s.num: s for s in steps}
+    rows = ["| step | after | what it changes | diff against its base |", "|---|---|---|---|"]
+    skipping = skips(steps)
+    for s, skip in zip(steps, skipping, strict=True):
+        after = "–" if s.after is None else f"**{s.after}**" if skip else s.after
+        rows.append(f"| {s.num} | {after} | {s.summary} | {diff_command(s, by_num.get(s.after))} |")
+    rows += ["", f"Each step at length (why it helps, what it costs, where it comes from): "
+             f"[{STEPS_DOC}]({STEPS_DOC}); its code change and measured effect: "
+             "[LADDER.md](LADDER.md)."]  # fmt: skip
+    if any(skipping):
+        rows[-1] += (" A base in **bold** is not the file before: that rung builds on an earlier "
+                     "one (`after` in speed_ladder/data/ladder.json), and is diffed and measured "
+                     "against it.")  # fmt: skip
     return "\n".join(rows)
 
 
