@@ -354,13 +354,11 @@ def main():
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
 
-    # step 17: cuDNN's fused attention instead of FlashAttention-2, where cuDNN takes the training
-    # call (asked of torch for its shape, dtype and dropout, then tried once); SDPA then tries
-    # cuDNN, then math
-    no_cudnn = speed_ladder.cudnn_attention_unavailable(device, GPT_CONFIG, use_bf16)  # step 17
-    if not no_cudnn:  # step 17
-        torch.backends.cuda.enable_flash_sdp(False)  # step 17
-        torch.backends.cuda.enable_mem_efficient_sdp(False)  # step 17
+    # step 17: SDPA tries cuDNN's fused attention first, then flash, efficient and math
+    # (torch.nn.attention.sdpa_kernel(order, set_priority=True), for the rest of the run), where
+    # cuDNN takes the training call (asked of torch for its shape, dtype and dropout, then tried
+    # once); elsewhere step 07's kernel stays. The record's attention_kernel says which ran.
+    speed_ladder.cudnn_attention_first(device, GPT_CONFIG, use_bf16)  # step 17
     fused_ce = run.fused_linear_cross_entropy()  # step 12: Liger's, where it can run (the record)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
