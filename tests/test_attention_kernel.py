@@ -85,12 +85,17 @@ class Attend(torch.nn.Module):
         )
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("drop,kernel", [(0.0, "flash"), (0.1, "math")])
-def test_the_last_warmup_step_is_profiled_and_step_07_judged_on_what_ran(drop, kernel):
+def test_the_last_warmup_step_is_profiled_and_step_07_judged_on_what_ran(drop, kernel, compiled):
     """A CPU's flash kernel refuses dropout: the training call runs math, and step 07 says so,
-    though the evaluation between the steps (no dropout) runs flash: it is left out."""
+    though the evaluation between the steps (no dropout) runs flash: it is left out. Compiled,
+    the flash kernel stays an op of its own in the graph, and the math path becomes matmuls and
+    a softmax (no SDPA op at all)."""
     run = _Run("07", drop)
     model, x = Attend(drop), torch.randn(2, 2, 16, 16, requires_grad=True)
+    if compiled:
+        model = torch.compile(model)
     assert run.attention.kernel is None and not run.attention.at(0)  # step 1: not watched
     _train(model, x, run)
     assert run.attention.at(1)  # the last warm-up step, watched
@@ -98,6 +103,7 @@ def test_the_last_warmup_step_is_profiled_and_step_07_judged_on_what_ran(drop, k
     assert run.attention.at(2)  # its end: judged, before the window opens
     assert run.attention.kernel == kernel
     assert f"attention kernel: {kernel} (" in run.notes[0] and "warm-up step 2" in run.notes[0]
+    assert (ak.DECOMPOSED in run.notes[0]) is (compiled and kernel == "math"), run.notes[0]
     if kernel == "flash":
         assert run.inactive_reason is None
     else:
