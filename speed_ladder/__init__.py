@@ -25,9 +25,11 @@ from speed_ladder.presets import GPT2_VOCAB
 # The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
 # charts, plot_results.py) runs this file and must not need torch. The rungs' inactive checks
 # (`speed_ladder.tf32_unavailable`, ...) are the ones speed_ladder/data/ladder.json names, which
-# the harness asks (Run.set_model); a step decides with bf16_is_fast (05) and one check (17's).
+# the harness asks (Run.set_model); a step decides with bf16_is_fast (05), and step 17 puts
+# cuDNN's attention first with cudnn_attention_first.
 _NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device",
-                "bf16_is_fast": "measure.device", **inactive_helpers()}  # fmt: skip
+                "bf16_is_fast": "measure.device", "cudnn_attention_first": "attention_order",
+                **inactive_helpers()}  # fmt: skip
 
 
 def __getattr__(name: str):

@@ -3,8 +3,8 @@
 Change: `F.scaled_dot_product_attention(..., is_causal=True)` replaces scores, mask, softmax,
 dropout and the weighted sum.
 Why: on a GPU it runs FlashAttention-2, which never writes the (B, H, T, T) scores to memory.
-Cost: dropout draws from the kernel's own random stream. Where no fused kernel takes the call (a
-CPU with dropout) PyTorch runs its math path, step 06's work, and the step is inactive.
+Cost: dropout draws from the kernel's own random stream. Where the math path ran (a CPU with
+dropout), step 06's work, the record says so and the step is inactive.
 Source: Dao 2023, "FlashAttention-2"; PyTorch docs, scaled_dot_product_attention.
 More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 

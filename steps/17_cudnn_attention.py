@@ -1,10 +1,10 @@
 """Step 17 (after step 16): cuDNN attention.
 
-Change: flash and memory-efficient SDPA switched off where cuDNN's fused attention takes the
-training call, so scaled_dot_product_attention runs cuDNN's kernel.
+Change: cuDNN's fused attention is put first in scaled_dot_product_attention's order, so the
+training call runs it; the record's attention_kernel says which kernel ran.
 Why: cuDNN's fused attention is written for Hopper's tensor cores, which FlashAttention-2 predates.
-Cost: other bf16 rounding, and no attention dropout (hence after step 16). Where cuDNN cannot take
-the call, step 07's kernel stays and the step is inactive.
+Cost: other bf16 rounding, and no attention dropout (hence after step 16). Where cuDNN does not run,
+or was torch's choice already, the step is inactive.
 Source: PyTorch 2.5's release notes (cuDNN SDPA); NVIDIA's cuDNN docs.
 More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
@@ -338,13 +338,11 @@ def main():
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
 
-    # step 17: cuDNN's fused attention instead of FlashAttention-2, where cuDNN takes the training
-    # call (asked of torch for its shape, dtype and dropout, then tried once); SDPA then tries
-    # cuDNN, then math
-    no_cudnn = speed_ladder.cudnn_attention_unavailable(device, GPT_CONFIG, use_bf16)  # step 17
-    if not no_cudnn:  # step 17
-        torch.backends.cuda.enable_flash_sdp(False)  # step 17
-        torch.backends.cuda.enable_mem_efficient_sdp(False)  # step 17
+    # step 17: SDPA tries cuDNN's fused attention first, then flash, efficient and math
+    # (torch.nn.attention.sdpa_kernel(order, set_priority=True), for the rest of the run), where
+    # cuDNN takes the training call (asked of torch for its shape, dtype and dropout, then tried
+    # once); elsewhere step 07's kernel stays. The record's attention_kernel says which ran.
+    speed_ladder.cudnn_attention_first(device, GPT_CONFIG, use_bf16)  # step 17
     fused_ce = run.fused_linear_cross_entropy()  # step 12: Liger's, where it can run (the record)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])

@@ -7,6 +7,8 @@ CUDA rule in ladder.json), so the fast part checks only what a sweep cannot, mos
 first, and reads the sweep's records where it has just run what a test needs
 (tests/session_records.py, SPEED_LADDER_SESSION_RESULTS):
 - the MFU peak table resolves this GPU, and the batch rule leaves the preset to a big one;
+- which attention kernel steps 07 and 17 ran on tiny (their records' `attention_kernel`, against
+  torch's own choice) and whether step 17 changed it;
 - step 12's Liger loss and gradients against plain cross-entropy, and the numerics cases of
   tests/liger_cases.py (the CPU suite runs them through Triton's interpreter);
 - the peak memory of steps 12 and 13 below step 10's where activations dominate, and that Liger
@@ -172,11 +174,12 @@ def test_liger_loss_and_gradients_match_plain_cross_entropy(bf16):
 
 @pytest.mark.timeout(40)  # a few attention calls; cuDNN builds its plans at the first
 def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_flash():
-    """Step 17 switches flash and efficient SDPA off where its check says cuDNN takes the
-    training call. On Hopper with bf16 the check must say so (else the rung silently measures
-    nothing); then, at gpt2-124m's shapes (batch 4 of 12 heads x 1024 x 64, causal, as the model
-    lays q, k, v out), cuDNN's output and gradients are flash's within bf16 rounding, and SDPA
-    with flash and efficient off really runs cuDNN (the aten op the profiler sees)."""
+    """Step 17 puts cuDNN first in SDPA's order where its check says cuDNN takes the training
+    call. On Hopper with bf16 the check must say so (else the rung silently measures nothing);
+    then, at gpt2-124m's shapes (batch 4 of 12 heads x 1024 x 64, causal, as the model lays q, k,
+    v out), cuDNN's output and gradients are flash's within bf16 rounding, and SDPA under step
+    17's order (cuDNN, flash, efficient, math) really runs cuDNN (the aten op the profiler
+    sees)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -194,13 +197,15 @@ def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_f
     grad_out = torch.randn(b, h, t, d, device=GPU, dtype=torch.bfloat16)
 
     def attend(backends):
-        with sdpa_kernel(backends):
+        with sdpa_kernel(backends, set_priority=True):
             out = sdpa(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True)
         return out, torch.autograd.grad(out, (q, k, v), grad_out)
 
     flash, flash_grads = attend([SDPBackend.FLASH_ATTENTION])
+    step17 = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+              SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # fmt: skip
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        cudnn, cudnn_grads = attend([SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])
+        cudnn, cudnn_grads = attend(step17)
         torch.cuda.synchronize()
     ops = {e.name for e in prof.events()}
     assert "aten::_scaled_dot_product_cudnn_attention" in ops, sorted(ops)
@@ -208,6 +213,35 @@ def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_f
     assert rel_err(cudnn, flash) < 1e-2
     for got, want in zip(cudnn_grads, flash_grads, strict=True):
         assert rel_err(got, want) < 2e-2
+
+
+@pytest.mark.timeout(180)
+def test_records_say_which_attention_kernel_steps_07_and_17_ran(tmp_path):
+    """Each record's `attention_kernel` is what its last warm-up step ran: step 07's is the fused
+    kernel torch's own order chooses for tiny's training call (flash, or cuDNN where this torch
+    puts cuDNN first on this GPU: then the record says cudnn, not flash), and step 17's is cuDNN
+    where cuDNN takes the call; step 17 is active only where step 07's kernel was not cuDNN
+    already."""
+    from speed_ladder.measure.attention_kernel import dispatcher_choice
+
+    bf16 = dev.bf16_is_fast(GPU)[0]
+    tiny = ["--preset", "tiny", "--max-steps", 3, "--warmup-steps", 1]
+    rec07 = _ok(*run_on_cuda("steps/07_flash_attention_sdpa.py", tmp_path, *tiny, env=EAGER))
+    rec17 = _ok(*run_on_cuda("steps/17_cudnn_attention.py", tmp_path, *tiny, env=EAGER))
+    default = dispatcher_choice(GPU, PRESETS["tiny"], bf16)  # torch's own order, this process
+    assert rec07["attention_kernel"] == default, rec07["notes"]
+    assert rec07["attention_kernel"] in ("flash", "efficient", "cudnn")
+    assert rec07["step_active"] is True, rec07["inactive_reason"]
+    why = inactive.cudnn_attention_unavailable(GPU, PRESETS["tiny"], bf16)
+    if torch.cuda.get_device_capability(GPU) >= (9, 0) and bf16:
+        assert why is None, why
+    if why is not None:
+        assert rec17["attention_kernel"] == default and rec17["step_active"] is False
+        return
+    assert rec17["attention_kernel"] == "cudnn", rec17["notes"]
+    assert rec17["step_active"] is (default != "cudnn"), rec17["inactive_reason"]
+    if default == "cudnn":
+        assert "already torch's choice" in rec17["inactive_reason"]
 
 
 @pytest.mark.timeout(240)
@@ -305,6 +339,8 @@ def test_only_what_this_gpu_lacks_is_recorded_inactive(cuda_runs):
         expected.add("07")
     if inactive.cudnn_attention_unavailable(GPU, PRESETS["tiny"], bf16):
         expected.add("17")  # fp32 where bf16 is slow, or a cuDNN without the kernel
+    if _ok(*cuda_runs[rung("16").rel])["attention_kernel"] == "cudnn":
+        expected.add("17")  # torch's own order put cuDNN first already: 16 ran it too
     recorded = {}
     for script in STEPS:
         rec = _ok(*cuda_runs[script])

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 
 from speed_ladder import parity  # noqa: E402
-from speed_ladder.ladder import rung, rungs  # noqa: E402
+from speed_ladder.ladder import lineage, rung, rungs  # noqa: E402
 from speed_ladder.measure.inactive import LIGER_RAN  # noqa: E402
 from speed_ladder.records import FIELDS  # noqa: E402
 
@@ -154,6 +154,9 @@ def check_record(proc, recs, script):
     assert rec["tokens_per_step"] == rec["batch_size"] * rec["context_length"]
     assert len(rec["script_sha256"]) == 64
     assert rec["val_loss"] > 0 and rec["train_loss"] > 0
+    # tiny has no dropout: a CPU's flash kernel takes SDPA's training call, compiled or not
+    sdpa = rung(rec["step"]).memory.attention != "materialized"
+    assert rec["attention_kernel"] == ("flash" if sdpa else "materialized"), rec["notes"]
 
 
 @pytest.mark.parametrize("script", STEPS[1:])
@@ -261,6 +264,16 @@ def test_steps_on_cpu_say_why_they_do_nothing(ladder_runs):
     inactive = {k for k, r in recs.items() if r["step_active"] is False}
     assert inactive == expected, {k: recs[k]["inactive_reason"] for k in inactive}
     assert all((r["inactive_reason"] is None) == r["step_active"] for r in recs.values())
+    # what ran: step 17 finds flash, not cuDNN; each record names the rungs that did nothing
+    assert recs["17"]["inactive_reason"] == (
+        "flash attention ran, not cuDNN's (cuDNN attention is CUDA's: on cpu step 07's attention "
+        "kernel stays)"
+    )
+    for k, r in recs.items():
+        chain = [x.num for x in lineage(k)]
+        assert set(r["inactive_rungs"]) == {n for n in chain if n in inactive} | (
+            {"08"} if "08" in chain and k != "08" else set()  # 09-17 run eager here
+        ), (k, r["inactive_rungs"])
 
 
 def test_consecutive_diffs_match_goldens():

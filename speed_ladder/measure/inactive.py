@@ -3,10 +3,12 @@ this device, or None where it acts. The registry names each rung's check (`inact
 speed_ladder/data/ladder.json), and the harness asks it (`asked`, from Run.set_model) for the
 run's own step and every rung it builds on, with the facts its parameters name: `device`,
 `cfg` (the step's GPT_CONFIG), `bf16` (step 05's decision, `device.bf16_is_fast`), `step` (the
-rung asked about), `drop_rate` (the preset's) and `fused_loss` (step 12's, speed_ladder.fused_loss).
-Each reason is a note of the record (`step NN: reason`); the run's own step's makes its record
-say `step_active: false` (the summary, README table and charts then show the step as inactive
-here, never as a gain or a loss)."""
+rung asked about), `drop_rate` (the preset's), `fused_loss` (step 12's, speed_ladder.fused_loss)
+and `attention_kernel` (the SDPA kernel the training call ran, known after the warm-up:
+measure/attention_kernel.py, which asks the checks that take it then). Each reason is a note of
+the record (`step NN: reason`, and in its `inactive_rungs`); the run's own step's makes its
+record say `step_active: false` (the summary, README table and charts then show the step as
+inactive here, never as a gain or a loss)."""
 
 import inspect
 import os
@@ -60,27 +62,50 @@ def _attention_probe(device: torch.device, cfg: dict, bf16: bool):
     return x.transpose(1, 2), dtype, head, float(cfg.get("drop_rate") or 0.0)
 
 
+def _math_why(device: torch.device, cfg: dict, bf16: bool) -> str:
+    """Why torch has no fused attention kernel for the training call here, in a few words."""
+    _, dtype, head, drop = _attention_probe(device, cfg, bf16)
+    if drop > 0:
+        return f"dropout {drop:g} > 0 has no fused kernel on {device.type}"
+    return f"no fused kernel for {dtype} and head size {head} here"
+
+
 def sdpa_math_only(device: torch.device, cfg: dict, bf16: bool) -> str | None:
-    """Step 07: why scaled_dot_product_attention runs PyTorch's math path here (the same
-    (B, H, T, T) work as hand-written attention), or None where a fused kernel runs. Asked of
-    torch itself (torch._fused_sdp_choice) for the training call's shape, dtype and dropout.
-    On a CPU, a dropout above 0 is the usual cause: the CPU flash kernel's checks refuse it
-    ("Both fused kernels do not support non-zero dropout", aten sdp_utils_cpp.h)."""
+    """Why torch's dispatcher gives scaled_dot_product_attention's training call PyTorch's
+    math path here (the same (B, H, T, T) work as hand-written attention), or None where it
+    gives it a fused kernel. Asked of torch itself (torch._fused_sdp_choice) for the training
+    call's shape, dtype and dropout. On a CPU, a dropout above 0 is the usual cause: the CPU
+    flash kernel's checks refuse it ("Both fused kernels do not support non-zero dropout", aten
+    sdp_utils_cpp.h). What the dispatcher would choose; step 07's check is what ran."""
     if device.type not in ("cpu", "cuda"):
         return None  # MPS has its own attention kernel; torch offers no way to ask
     try:
         from torch.nn.attention import SDPBackend
 
-        q, dtype, head, drop = _attention_probe(device, cfg, bf16)
+        q, _, _, drop = _attention_probe(device, cfg, bf16)
         choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
     except Exception:  # an older or newer torch without this probe: say nothing
         return None
     if choice != int(SDPBackend.MATH):
         return None
-    why = f"dropout {drop:g} > 0 has no fused kernel on {device.type}" if drop > 0 else (
-        f"no fused kernel for {dtype} and head size {head} here"
-    )  # fmt: skip
+    why = _math_why(device, cfg, bf16)
     return f"scaled_dot_product_attention runs the math path ({why}): no flash attention"
+
+
+def sdpa_math_ran(device: torch.device, cfg: dict, bf16: bool, attention_kernel: str) -> str | None:
+    """Step 07: why scaled_dot_product_attention gave nothing over hand-written attention in
+    this run, judged on the kernel its training call ran (measure/attention_kernel.py), or None
+    where a fused kernel ran (flash, efficient, cuDNN; MPS's own)."""
+    from speed_ladder.measure.attention_kernel import FUSED
+
+    if attention_kernel in FUSED:
+        return None
+    if attention_kernel != "math":
+        return f"the attention kernel that ran is {attention_kernel}: no fused kernel seen"
+    why = _math_why(device, cfg, bf16) if sdpa_math_only(device, cfg, bf16) else (
+        "torch's dispatcher chose a fused kernel for the call, but math ran"
+    )  # fmt: skip
+    return f"math path ran ({why}): the (B, H, T, T) scores of step 06, no flash attention"
 
 
 def compile_disabled() -> str | None:
@@ -152,12 +177,22 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> 
     can. Asked of torch itself (torch._fused_sdp_choice with only cuDNN's backend on) for the
     training call's shape, dtype and dropout, as step 07's check, then one real call of that
     shape, forward and backward: it needs a CUDA GPU whose cuDNN has the kernel, bf16 (step 05
-    on) and no dropout (step 16)."""
+    on) and no dropout (step 16), and a torch whose `sdpa_kernel` sets an order (`set_priority`,
+    torch 2.6 on)."""
     if device.type != "cuda":
         return f"cuDNN attention is CUDA's: on {device.type} step 07's attention kernel stays"
+    import inspect
     import warnings
 
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
+
+    if "set_priority" not in inspect.signature(sdpa_kernel).parameters:
+        return (
+            f"torch {torch.__version__}'s sdpa_kernel cannot put cuDNN first (no set_priority, "
+            "torch 2.6 on): step 07's kernel stays"
+        )
+
+    from torch.nn.attention import SDPBackend
 
     try:
         q, dtype, head, drop = _attention_probe(device, cfg, bf16)
@@ -187,6 +222,26 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> 
     return None
 
 
+def cudnn_attention_no_change(attention_kernel: str) -> str | None:
+    """Step 17: why the training call's attention is not cuDNN's in place of the kernel step 16
+    runs, judged on the kernel that ran (measure/attention_kernel.py), or None where cuDNN ran
+    and torch's own order would have given the call another kernel (speed_ladder.attention_order
+    asks torch which, before it puts cuDNN first). Where torch's own order already puts cuDNN
+    first (recent PyTorch on Hopper with a new enough cuDNN), step 16 ran cuDNN too."""
+    from speed_ladder.attention_order import kernel_before, why_not_first
+
+    if attention_kernel != "cudnn":
+        why = why_not_first()  # what the step found before training (no second trial call)
+        why = f" ({why})" if why else ": SDPA did not take cuDNN, though it came first"
+        return f"{attention_kernel} attention ran, not cuDNN's{why}"
+    if kernel_before() == "cudnn":
+        return (
+            "cuDNN attention was already torch's choice for the training call (its own order "
+            "puts cuDNN first here): step 16 ran it too"
+        )
+    return None
+
+
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run
 
 
@@ -198,24 +253,28 @@ def interpreted(notes: list[str]) -> bool:
     return triton_interpreted() and any(n.startswith(LIGER_RAN) for n in notes)
 
 
-def asked(step: str, device: torch.device, cfg: dict, drop_rate, fused_loss) -> list[tuple]:
+def asked(
+    step: str, device, cfg: dict, drop_rate, fused_loss, attention_kernel=None, only=None
+) -> list[tuple]:
     """[(rung, reason or None, acted)] for rung `step` and every rung it builds on
     (ladder.lineage), the first rung first: each rung's registry check asked with the facts its
     parameters name (the module doc; `bf16` is asked of device.bf16_is_fast only where a check
     names it), the rung's fixed `why` in place of the check's words. A check whose fact the run
-    lacks (None: no fused loss built) is not asked, nor any where `step` is no rung here."""
+    lacks (None: no fused loss built, the kernel not known yet) is not asked, nor any where
+    `step` is no rung here; `only`: a fact's name, the checks that take it alone."""
     try:
         chain = ladder.lineage(step)
     except UserError:
         return []
-    facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate, "fused_loss": fused_loss}
+    facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate, "fused_loss": fused_loss,
+             "attention_kernel": attention_kernel}  # fmt: skip
     out = []
     for r in chain:
         if r.inactive is None:
             continue
         check = getattr(import_module(f"speed_ladder.{r.inactive.module}"), r.inactive.check)
         names = list(inspect.signature(check).parameters)
-        if any(facts.get(n, 0) is None for n in names):
+        if any(facts.get(n, 0) is None for n in names) or (only and only not in names):
             continue
         given = {**facts, "step": r.num}
         reason = check(**{n: bf16_is_fast(device)[0] if n == "bf16" else given[n] for n in names})

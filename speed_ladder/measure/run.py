@@ -13,7 +13,8 @@ tokens/s = tokens per step (all ranks) / median step time. Over the same window 
 (gpu_idle.py), and the record carries this machine's fingerprint (`machine`, machine.py). With
 --profile, N more steps after the window (without --max-steps: right after the warm-up) run
 under torch.profiler, never timed, and the record says where their time goes
-(speed_ladder.measure.profile).
+(speed_ladder.measure.profile); the last warm-up step's ops say which attention kernel ran
+(`attention_kernel`, measure/attention_kernel.py).
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
@@ -37,7 +38,7 @@ import torch
 from speed_ladder import machine, parity
 from speed_ladder.errors import UserError, on_failure, os_error_why
 from speed_ladder.files import ROOT, check_cache_dir, portable_path
-from speed_ladder.measure import cpu_load, profile
+from speed_ladder.measure import attention_kernel, cpu_load, profile
 from speed_ladder.measure import device as dev
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
 from speed_ladder.measure.clock import StepClock
@@ -67,6 +68,7 @@ class Run:
         self.is_rank0 = int(os.environ.get("RANK", "0")) == 0
         self.notes: list[str] = []
         self.inactive_reason: str | None = None  # why this step's own optimization did nothing
+        self.inactive_rungs: dict = {}  # {rung: why} of its chain's rungs that did nothing here
         self.fused_loss = None  # step 12's loss, where the step builds it
         self.device = dev.resolve(args.device)
         # every place this run writes, checked now rather than after the training
@@ -99,6 +101,7 @@ class Run:
         self.memory_prediction: dict = {}  # rank_memory.announce, before the first step
         self._window_peak = None  # (reserved, allocated) at the window's end, when work follows
         self.profiler = profile.from_args(args, self)  # --profile/--trace, else None
+        self.attention = attention_kernel.Watch(self)  # the SDPA kernel the training call ran
         on_failure.register(self.write_failure)  # from here on, a failure can be recorded
 
     # ------------------------------------------------------------ helpers for the step
@@ -117,16 +120,15 @@ class Run:
     def inactive(self, step: str, reason: str | None, acted: str | None = None) -> None:
         """What set_model found for rung `step` (measure/inactive.py, `asked`). `reason` None: its
         idea acts here, noted `step NN: acted` where `acted` says what ran. A text: it does
-        nothing in this run (TF32 on a CPU, Liger's fallback, ...), noted `step NN: reason`; when
-        `step` is this run's own, the record says `step_active: false` and `inactive_reason`, so
-        that a no-op is never read as a gain. Asked again, it adds nothing."""
-        if reason is None:
-            if acted is not None:
-                self.note(f"step {step}: {acted}")
-            return
-        self.note(f"step {step}: {reason}")
-        if step == self.step and self.inactive_reason is None:
-            self.inactive_reason = reason
+        nothing in this run (TF32 on a CPU, Liger's fallback, ...), noted `step NN: reason` and
+        in `inactive_rungs`; when `step` is the run's own, the record says `step_active: false`
+        and `inactive_reason`, so that a no-op is never read as a gain. Asked again: nothing."""
+        if reason is None and acted is not None:
+            self.note(f"step {step}: {acted}")
+        elif reason is not None:
+            self.note(f"step {step}: {reason}")
+            self.inactive_rungs.setdefault(step, reason)
+            self.inactive_reason = self.inactive_rungs.get(self.step)
 
     def model_overrides(self) -> dict:
         """The preset's model settings (speed_ladder/presets.py), which replace GPT-2 124M's in a
@@ -206,7 +208,7 @@ class Run:
         self._memory.pause()
         self._idle.pause()
         try:
-            with profile.excluded(self.profiler):  # nor profiled
+            with profile.excluded(self.profiler), self.attention.excluded():  # nor profiled
                 yield
         finally:
             dev.synchronize(self.device)
@@ -238,7 +240,7 @@ class Run:
     def _profile_or_window(self) -> bool:
         """At a step boundary: end the timed window, start the profiled steps (see profile.py)
         or the window when they are due; True if any did (the clock then restarts)."""
-        started = False
+        started = self.attention.at(self.steps_done)  # the last warm-up step: attention_kernel
         if self._window == "open" and self.steps_done == self.settings["max_steps"]:
             self._end_window()  # a measuring run's last timed step
             started = True
@@ -301,6 +303,8 @@ class Run:
             "machine": machine.of_device(self.device),
             "step_active": self.inactive_reason is None,
             "inactive_reason": self.inactive_reason,
+            "inactive_rungs": self.inactive_rungs,  # every rung of its chain that did nothing here
+            "attention_kernel": self.attention.kernel,  # flash, efficient, cudnn, math; or none
             "interpreted": interpreted(self.notes),  # Liger through Triton's interpreter
             "regime": parity.regime(self.device),  # fp32, tf32, bf16 (+ -compiled): parity.py
             "compiles": parity.compiles(),  # torch.compile's graphs, frames, seconds; or None

@@ -38,8 +38,9 @@ PAGE = "LADDER.md"
 MAX_LINES = 40  # of a step's change; the rest is in its diff
 MEASUREMENT = "docs/measurement.md"  # how the numbers are taken, linked from the page's head
 # A line of a step's diff that is the harness's plumbing, not the step's idea: a bare call of
-# the run or the package (`run.inactive(...)`), or the file's own STEP number.
-_HARNESS = re.compile(r"(?:run|speed_ladder)\.[\w.]+\(|STEP\s*=")
+# the run or the package (`run.set_model(...)`), or the file's own STEP number. A package call
+# tagged `# step NN` is a step's idea behind one call (step 17's attention order), and stays.
+_HARNESS = re.compile(r"(?:run\.[\w.]+\(|STEP\s*=|speed_ladder\.[\w.]+\((?!.*# step \d))")
 _SECTION = re.compile(r"^## (\d+)\b.*$", re.M)  # a step's heading in docs/steps.md
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 

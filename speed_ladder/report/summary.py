@@ -7,10 +7,12 @@ median), each step's own effect over the previous step with its interval and ver
 `gain_vs_prev`, `_lo`, `_hi`, `verdict`; `mem_vs_prev` ... `mem_verdict`; the noise floor and where
 it comes from), the peak reserved GiB (max and min over the runs; per rank for a distributed step,
 `peak_per_rank_gib`), the memory model's prediction beside it, MFU and losses. `step_active` /
-`inactive_reason` come from the records (a step that does nothing on this device); `other_load_max`
-and `busy_runs` say whether other processes were busy while it was measured (measure/cpu_load.py). A
-step whose runs say `interpreted: true` (Triton's interpreter ran step 12's Liger on a CPU) has
-status `interpreted` and no tok/s, memory or MFU. `parity` says whether its per-step losses keep the
+`inactive_reason` come from the records (a step that does nothing on this device), and so do
+`inactive_rungs` (the rungs it builds on that did nothing here) and `attention_kernel` (the SDPA
+kernel that ran: measure/attention_kernel.py); `other_load_max` and `busy_runs` say whether other
+processes were busy while it was measured (measure/cpu_load.py). A step whose runs say
+`interpreted: true` (Triton's interpreter ran step 12's Liger on a CPU) has status `interpreted`
+and no tok/s, memory or MFU. `parity` says whether its per-step losses keep the
 previous step's under its rung's rule in data/ladder.json (parity.py: `ok`, `off`, `not comparable`
 where the rule does not hold for this preset), round with round, the worst round counting;
 `parity_detail` says by how much, against which bound and in which rounds. An MFU outside (0, 100%]
@@ -59,6 +61,8 @@ SUMMARY_COLUMNS = [
     *gains.COLUMNS,
     "step_active",
     "inactive_reason",
+    "inactive_rungs",  # the earlier rungs of its chain that did nothing in its runs: "02 04 12"
+    "attention_kernel",  # the SDPA kernel its runs' training call ran (measure/attention_kernel.py)
     "other_load_max",
     "busy_runs",
     "peak_reserved_gib_min",
@@ -80,7 +84,8 @@ SUMMARY_COLUMNS += TIME_COLUMNS
 _NUMERIC = NUMBER_COLUMNS + ["noise_floor", "mem_noise_floor"]
 TEXT_COLUMNS = ["reason", "title", "status", "device_name", "preset", "torch_version",
                 "mfu_invalid", "prev_step", "verdict", "mem_verdict", "noise_source",
-                "inactive_reason", "peak_per_rank_gib", "hosts", *parity.COLUMNS]  # fmt: skip
+                "inactive_reason", "inactive_rungs", "attention_kernel", "peak_per_rank_gib",
+                "hosts", *parity.COLUMNS]  # fmt: skip
 _DIGITS = {
     "tokens_per_sec_median": 1,
     "tokens_per_sec_min": 1,
@@ -141,6 +146,19 @@ def _activity(row: dict, runs: list[dict]) -> None:
     off = next((r for r in runs if r.get("step_active") is False), None)
     row["step_active"] = False if off else True if flags and all(f is True for f in flags) else None
     row["inactive_reason"] = off.get("inactive_reason") if off else None
+
+
+def _ran(row: dict, runs: list[dict]) -> None:
+    """What the runs ran: `attention_kernel` ("flash"; "cudnn/flash" where runs differ) and
+    `inactive_rungs`, the earlier rungs of the step's chain whose idea did nothing in them (the
+    records' `inactive_rungs`, the step's own left out: that is `step_active`); empty for
+    records without them (older results)."""
+    kernels = {k for r in runs if isinstance(k := r.get("attention_kernel"), str)}
+    rungs = {
+        k for r in runs if isinstance(r.get("inactive_rungs"), dict) for k in r["inactive_rungs"]
+    }
+    row["attention_kernel"] = "/".join(sorted(kernels)) or None
+    row["inactive_rungs"] = " ".join(sorted(rungs - {row["step"]})) or None
 
 
 def hosts_text(runs: list[dict]) -> str | None:
@@ -218,6 +236,7 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
         _measured(row, used_runs(step, runs, repeats))
         _interpreted(row, used_runs(step, runs, repeats))
     _activity(row, used_runs(step, runs, repeats) or runs[-1:])
+    _ran(row, used_runs(step, runs, repeats) or runs[-1:])
     if row.get("mfu_invalid"):
         row["mfu"] = None
     last = runs[-1]
@@ -350,7 +369,7 @@ def read_summary(tag_dir: Path):
 
     path = Path(tag_dir) / SUMMARY
     try:
-        df = pd.read_csv(path, dtype={"step": str, "prev_step": str})
+        df = pd.read_csv(path, dtype={"step": str, "prev_step": str, "inactive_rungs": str})
     except pd.errors.EmptyDataError:
         raise UserError(f"{path}: empty; {REBUILD}") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:

@@ -29,7 +29,8 @@ MEASURED = ["runs", "tokens_per_sec_median", "tokens_per_sec_min", "tokens_per_s
             "val_loss", "other_load_max"]  # fmt: skip
 # `parity` (ok/off/not comparable) is checked; `parity_detail` is not: its words are
 # speed_ladder/data/ladder.json's, which may be reworded without changing a verdict
-TEXTS = ("status", "prev_step", "verdict", "mem_verdict", "noise_source", "parity")
+TEXTS = ("status", "prev_step", "verdict", "mem_verdict", "noise_source", "parity",
+         "inactive_rungs", "attention_kernel")  # fmt: skip
 SCALING = [c for c in gains.COLUMNS if c.startswith("scaling")]
 
 

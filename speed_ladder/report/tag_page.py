@@ -11,12 +11,17 @@ rank's peak beside the memory model's prediction. A GPU tag's table (its records
 the published A100 figure of each step beside it, with that step's gain in the published ladder
 (reference.py), and says under the table that those are Raschka's figures, not measured here. A
 row whose records measured another version of its step file than the checkout's (their
-`script_sha256` against the file's sha256 today) is marked, with one line under the table."""
+`script_sha256` against the file's sha256 today) is marked, with one line under the table. Two
+lines say what ran where it is not what the steps say (chain_notes): the rungs that did nothing
+here under the steps built on them (summary `inactive_rungs`: a step on Liger's fallback ran no
+Liger either), and the steps whose attention kernel is not their rung's (`attention_kernel`)."""
 
 import hashlib
 import os
 from pathlib import Path
 
+from speed_ladder import ladder
+from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT, atomic_write_bytes, is_within
 from speed_ladder.ladder import tag_processes
 from speed_ladder.records import read_jsonl
@@ -147,6 +152,53 @@ def parity_notes(rows: list[dict]) -> list[str]:
     return [x for line in lines for x in (line, "")]
 
 
+def spans(steps: list[str], order: list[str]) -> str:
+    """'steps 03–05, 07' / 'step 12': `steps` as runs of neighbours in the table's `order`."""
+    runs: list[list[int]] = []
+    for i in sorted(order.index(s) for s in steps):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    text = ", ".join(order[r[0]] + (f"–{order[r[-1]]}" if len(r) > 1 else "") for r in runs)
+    return ("steps " if len(steps) > 1 else "step ") + text
+
+
+EXPECTED = {"materialized": ("materialized",), "flash": ("flash", "efficient", "mps"),
+            "cudnn": ("cudnn",)}  # fmt: skip
+
+
+def chain_notes(rows: list[dict]) -> list[str]:
+    """Under the table: the rungs that did nothing here, each with the steps that build on it
+    (rows' `inactive_rungs`), and the steps whose attention kernel is not their rung's (rows'
+    `attention_kernel` against the registry's `attention`); none for records without them."""
+    order = [r["step"] for r in rows]
+    under: dict[str, list[str]] = {}
+    off: dict[tuple, list[str]] = {}
+    for r in rows:
+        for rung in (text(r.get("inactive_rungs")) or "").split():
+            under.setdefault(rung, []).append(r["step"])
+        kernel = text(r.get("attention_kernel"))
+        try:
+            wanted = ladder.rung(r["step"]).memory.attention
+        except UserError:  # a step this checkout does not have
+            continue
+        if kernel and kernel not in EXPECTED.get(wanted, (kernel,)):
+            off.setdefault((kernel, wanted), []).append(r["step"])
+    lines = []
+    if under:
+        said = "; ".join(f"step {rung} under {spans(steps, order)}"
+                         for rung, steps in sorted(under.items()))  # fmt: skip
+        lines += ["Built on rungs that did nothing here, so measured without their idea too "
+                  f"(summary.csv's `inactive_rungs`): {said}.", ""]  # fmt: skip
+    if off:
+        said = "; ".join(f"{kernel} in {spans(steps, order)} ({wanted} expected)"
+                         for (kernel, wanted), steps in off.items())  # fmt: skip
+        lines += ["Attention kernel not the step's own (summary.csv's `attention_kernel`): "
+                  f"{said}.", ""]  # fmt: skip
+    return lines
+
+
 def with_published(header: list[str]) -> list[str]:
     """A table's header lines with the published column after *vs previous step*."""
     names = header[0].split(" | ")  # "| step", "title", ..., "status |"
@@ -271,6 +323,7 @@ def tag_markdown(tag_dir: Path, base: Path, root: Path = ROOT, heading: str = "#
     if marks:
         lines += ["Inactive here (measured, but the step changes nothing on this device): "
                   + "; ".join(marks) + ".", ""]  # fmt: skip
+    lines += chain_notes([r for r in rows if r["step"] not in skipped])
     busy = [f"step {r['step']} ({busy_text(r).removeprefix('busy: ')})" for r in rows
             if busy_text(r)]  # fmt: skip
     if busy:

@@ -1,0 +1,176 @@
+"""Which scaled_dot_product_attention kernel a run's training call ran: the record's
+`attention_kernel`, `flash`, `efficient`, `cudnn` or `math` (`materialized` for the rungs that
+write attention by hand, before step 07; `mps` for Apple's own kernel). Taken from what ran,
+never from what was asked for: torch.profiler records the aten ops of the last warm-up step
+(never timed; stopped before the timed window starts and resets the peak memory; CPU ops only,
+no CUDA tracing), and the SDPA op among them names the kernel:
+
+- `aten::_scaled_dot_product_flash_attention` (CUDA) or `..._flash_attention_for_cpu`: flash
+- `aten::_scaled_dot_product_efficient_attention`: efficient
+- `aten::_scaled_dot_product_cudnn_attention`: cudnn
+- `aten::_scaled_dot_product_attention_math`, or no SDPA op at all in a step that calls SDPA:
+  math (torch.compile traces the math path into its graph as plain matmuls and a softmax, so
+  the compiled step runs no SDPA op; the fused kernels stay calls of their own in its graph).
+
+Evaluation and sampling inside `run.paused()` are left out (no gradient there, and no dropout:
+on a CPU the fused kernel takes them where the training call's dropout keeps it on math). With
+no warm-up step (`--warmup-steps 0`) torch's dispatcher is asked instead, for the training
+call's shape, dtype and dropout under the run's settings (`dispatcher_choice`), and a note says
+so. Once the kernel is known, the rungs whose inactive checks take it (step 07: a fused kernel
+ran; step 17: cuDNN ran where torch's own order would not have chosen it) are asked
+(measure/inactive.py, `asked`), so that the record's `step_active` says what ran."""
+
+import atexit
+from contextlib import nullcontext, suppress
+
+import torch
+
+from speed_ladder import ladder
+from speed_ladder.errors import UserError
+from speed_ladder.measure.breakdown import PAUSED_RANGE
+from speed_ladder.measure.device import bf16_is_fast
+from speed_ladder.measure.inactive import _attention_probe, asked
+
+# the aten op that says which kernel SDPA dispatched to
+OPS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math_for_mps": "mps",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
+FUSED = ("flash", "efficient", "cudnn", "mps", "overrideable")  # no (B, H, T, T) scores
+# torch.nn.attention.SDPBackend's names, as the dispatcher answers
+BACKENDS = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
+            "CUDNN_ATTENTION": "cudnn", "MATH": "math", "OVERRIDEABLE": "overrideable"}  # fmt: skip
+DECOMPOSED = "no SDPA op ran: the compiled graph computes attention as matmuls and a softmax"
+
+
+def kernel_of(names: list[str]) -> tuple[str | None, str]:
+    """(kernel, what says so) from the op names of one training step, in the order they ran:
+    the first fused kernel's op; else the math op; else, where ops ran but no SDPA op, math
+    (a compiled graph's); (None, why) where no op ran at all."""
+    ops = [n for n in names if n in OPS]
+    fused = [n for n in ops if OPS[n] != "math"]
+    if fused:
+        others = sorted({OPS[n] for n in fused} - {OPS[fused[0]]})
+        return OPS[fused[0]], fused[0] + (f" (also {', '.join(others)})" if others else "")
+    if ops:
+        return "math", ops[0]
+    return ("math", DECOMPOSED) if names else (None, "the profiler recorded no op")
+
+
+def dispatcher_choice(device: torch.device, cfg: dict, bf16: bool) -> str | None:
+    """The kernel torch's dispatcher chooses for the training call (its shape, dtype, dropout
+    and layout: inactive._attention_probe) under the settings in force now, or None where
+    torch cannot say (torch._fused_sdp_choice missing, or MPS)."""
+    if device.type not in ("cpu", "cuda"):
+        return None
+    try:
+        from torch.nn.attention import SDPBackend
+
+        q, _, _, drop = _attention_probe(device, cfg, bf16)
+        choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
+        return BACKENDS.get(SDPBackend(choice).name)
+    except Exception:  # noqa: BLE001 - an older or newer torch without this probe
+        return None
+
+
+def _attention_of(step: str) -> str | None:
+    """The rung's attention (ladder.json's `attention`), or None where `step` is no rung."""
+    try:
+        return ladder.rung(step).memory.attention
+    except (UserError, AttributeError):
+        return None
+
+
+class Watch:
+    """A run's attention kernel: profiles its last warm-up step (`at`, at each step boundary),
+    then asks the checks that take the kernel. `kernel` is the record's `attention_kernel`."""
+
+    def __init__(self, run):
+        self.run, self.prof, self.watched = run, None, 0
+        attention = _attention_of(run.step)
+        self.kernel = "materialized" if attention == "materialized" else None
+        self.pending = attention not in (None, "materialized")  # SDPA: the kernel to find
+
+    def at(self, done: int) -> bool:
+        """At the step boundary after step `done` (set_model's is 0): stop a watch that ran and
+        judge, or start one before the last warm-up step; True if it did either (the run's
+        clock then restarts after it)."""
+        if self.prof is not None:
+            self._stop()
+            return True
+        warmup = self.run.settings["warmup_steps"]
+        if not self.pending or done != max(warmup - 1, 0):
+            return False
+        if warmup == 0:  # no step to watch before the timed window: ask the dispatcher
+            self._decide(*self._dispatcher("no warm-up step to profile"))
+            return True
+        from torch.profiler import ProfilerActivity, profile
+
+        self.watched = done + 1
+        try:
+            self.prof = profile(activities=[ProfilerActivity.CPU])
+            self.prof.start()
+        except Exception as e:  # noqa: BLE001 - never lose a run to the profiler
+            self.prof = None
+            self._decide(*self._dispatcher(f"torch.profiler failed: {type(e).__name__}: {e}"))
+            return True
+        atexit.register(self._abandon)  # a run that fails in this step: a process left
+        return True  # profiling at its exit ends in a segmentation fault, not its own exit code
+
+    def _abandon(self) -> None:
+        if self.prof is not None:
+            prof, self.prof = self.prof, None
+            with suppress(Exception):
+                prof.stop()
+
+    def excluded(self):
+        """run.paused(): what runs inside (evaluation, sampling) is not the training call."""
+        from torch.autograd.profiler import record_function
+
+        return nullcontext() if self.prof is None else record_function(PAUSED_RANGE)
+
+    def _stop(self) -> None:
+        prof, self.prof = self.prof, None
+        atexit.unregister(self._abandon)
+        try:
+            prof.stop()
+            kernel, op = kernel_of(_training_ops(prof.events()))
+        except Exception as e:  # noqa: BLE001
+            kernel, op = None, f"torch.profiler failed: {type(e).__name__}: {e}"
+        if kernel is None:
+            self._decide(*self._dispatcher(op))
+        else:
+            self._decide(kernel, f"{op}, in warm-up step {self.watched}")
+
+    def _dispatcher(self, why: str) -> tuple[str | None, str]:
+        run = self.run
+        bf16 = ladder.rung(run.step).memory.bf16_autocast and bf16_is_fast(run.device)[0]
+        kernel = dispatcher_choice(run.device, run.cfg, bf16)
+        return kernel, f"{why}: torch's dispatcher's choice for the training call"
+
+    def _decide(self, kernel: str | None, how: str) -> None:
+        """The kernel found, noted, and the checks that take it asked (measure/inactive.py)."""
+        run, self.kernel, self.pending = self.run, kernel, False
+        run.note(f"attention kernel: {kernel or 'unknown'} ({how})")
+        facts = (run.step, run.device, run.cfg, run.settings["drop_rate"], run.fused_loss)
+        for step, reason, acted in asked(*facts, kernel or "unknown", only="attention_kernel"):
+            run.inactive(step, reason, acted)
+
+
+def _training_ops(events) -> list[str]:
+    """The profiled ops' names in the order they started, those inside run.paused() left out."""
+
+    def paused(e) -> bool:
+        while e is not None:
+            if e.name == PAUSED_RANGE:
+                return True
+            e = e.cpu_parent
+        return False
+
+    ordered = sorted(events, key=lambda e: e.time_range.start)
+    return [e.name for e in ordered if not (e.name in OPS and paused(e))]
