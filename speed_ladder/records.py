@@ -42,6 +42,8 @@ FIELDS = [
     "gpu_idle_share",  # the timed window's share with no kernel running (measure/gpu_idle.py)
     "gpu_idle_ms_per_step",
     "gpu_idle_source",  # how it was measured, or why it is null
+    "phase_ms",  # median ms of data, forward, backward, optimizer (measure/phases.py)
+    "data_share",  # data's median over the median step: the share of a step waiting on data
 ]
 
 

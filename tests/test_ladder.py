@@ -250,6 +250,19 @@ def test_every_run_of_the_ladder_crosses_an_epoch_boundary(tmp_path):
         assert windows // batch < MAX_STEPS, (n, windows, batch)
 
 
+def test_every_step_records_where_its_time_goes(ladder_runs):
+    """Each record splits its median step into data wait, forward, backward and optimizer
+    (measure/phases.py: hooks of the harness, no line of a step file; step 08 compiled), and the
+    four add up to its step time."""
+    for script in STEPS:
+        rec = ladder_runs[script][1][0]
+        ms = rec["phase_ms"]
+        assert list(ms) == ["data", "forward", "backward", "optimizer"], script
+        assert ms["data"] >= 0 and min(ms["forward"], ms["backward"], ms["optimizer"]) > 0, ms
+        assert sum(ms.values()) == pytest.approx(rec["step_time_ms"], rel=0.05), (script, ms)
+        assert 0 <= rec["data_share"] < 1
+
+
 def test_steps_on_cpu_say_why_they_do_nothing(ladder_runs):
     notes = {ladder.step_of(ROOT / s): ladder_runs[s][1][0]["notes"] for s in STEPS}
     assert any("step 02: TF32" in n and "no effect on cpu" in n for n in notes["02"])

@@ -7,7 +7,8 @@ new interval begins: the clock's start, the timed window's start (after its sync
 end of a `run.paused()` block. A pause first reads what is pending (`read(wait=True)`, the
 device just synchronized) and then restarts, so paused work lies between a step's end and the
 restart, inside no interval: never timed. Warm-up and profiled steps set the mark their
-successor starts from but keep no time.
+successor starts from but keep no time. The same marks begin and end each step's phases (data,
+forward, backward, optimizer: `phases`, phases.py), marked in between the same way.
 
 CUDA: the mark is a `torch.cuda.Event(enable_timing=True)` recorded on the current stream
 (nothing waits), and a step's time is `elapsed_time` between two consecutive marks, read when
@@ -48,6 +49,7 @@ import time
 import torch
 
 from speed_ladder.measure import device as dev
+from speed_ladder.measure.phases import Phases
 
 
 def _cuda_event():
@@ -67,6 +69,7 @@ class StepClock:
         self._mark = None  # the last step end (or restart): an event, or perf_counter seconds
         self._pending: list[tuple] = []  # CUDA: (start, end) events of timed steps, not read
         self._held: list[tuple] = []  # (loss tensor, the step's end event or None), not read
+        self.phases = Phases(self._now, device.type)  # each step's phases, on these marks
 
     def _now(self):
         if self.cuda:
@@ -80,6 +83,7 @@ class StepClock:
     def restart(self) -> None:
         """A new interval begins here (the start, the window's start, a pause's end)."""
         self._mark = self._now()
+        self.phases.clear()
 
     def step_end(self, loss: torch.Tensor, timed: bool) -> None:
         """A step ended: keep its loss, mark its end, and its interval if it is `timed`."""
@@ -93,6 +97,7 @@ class StepClock:
                 self._pending.append((self._mark, end))
             else:
                 self.times.append(end - self._mark)
+        self.phases.step_end(self._mark, end, timed)
         self._mark = end
 
     def read(self, wait: bool) -> None:
@@ -101,6 +106,8 @@ class StepClock:
         progress line) only the steps whose end event the GPU has passed, never waiting."""
         if self.cuda and wait and self._held:
             self._held[-1][1].synchronize()  # already passed after the caller's synchronize
+        if wait:
+            self.phases.read()
         n = len(self._pending) if wait else _passed(e for _, e in self._pending)
         self.times += [a.elapsed_time(b) / 1000 for a, b in self._pending[:n]]
         del self._pending[:n]

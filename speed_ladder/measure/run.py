@@ -175,6 +175,7 @@ class Run:
         self.peak, self.peak_source = dev.peak_flops(self.device)  # cached after the first run
         if self.profiler is not None:
             self.profiler.attach(model)
+        self.clock.phases.attach(model, self.fused_loss)  # data/forward/... hooks (phases.py)
         self._profile_or_window()
         self.clock.restart()
 
@@ -377,14 +378,14 @@ class Run:
             peak_mem_reserved_per_rank=m.reserved_per_rank,
             **busy,
             **self._idle.fields(sum(self.step_times) / len(self.step_times)),
+            **self.clock.phases.fields(self.note),  # phase_ms, data_share
         )
         if rec["gpu_idle_share"] is None and self.device.type == "cuda":
             self.note(f"GPU idle share: none ({rec['gpu_idle_source']})")
         if mfu_invalid is not None:
             rec["mfu_invalid"] = mfu_invalid
         if self.profiler is not None:
-            rec.update(self.profiler.fields())  # time_breakdown, trace
-            # (speed_ladder.measure.profile)
+            rec.update(self.profiler.fields())  # time_breakdown, trace (measure/profile.py)
         rec = {k: rec[k] for k in FIELDS} | {k: v for k, v in rec.items() if k not in FIELDS}
         gib = (m.reserved or 0) / 2**30
         self.print(

@@ -9,7 +9,8 @@
 Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00, min-max error
 bars), peak_memory.png (peak reserved GiB), mfu.png (MFU %), gain_vs_prev.png (each step's
 own effect over the previous step, with its interval and verdict) and, when some step was
-profiled (--profile), time_breakdown.png (where each step's time goes); a failed step is a
+profiled (--profile), time_breakdown.png (where each step's time goes) and, where its records
+have phases, phases.png (each step's data wait, forward, backward, optimizer); a failed step is a
 "failed (oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here".
 With several tags, results/comparison.png gives every tag's speedup over its own step 00 per
 step beside the reference's (comparison_chart.py), so that ladders of different hardware
@@ -46,6 +47,7 @@ from speed_ladder.report.charts import CHARTS, plot_tag
 from speed_ladder.report.comparison_chart import plot_comparison, plot_gpu_comparison
 from speed_ladder.report.gain_chart import GAIN_CHART, plot_gains
 from speed_ladder.report.ladder_page import PAGE, write_page
+from speed_ladder.report.phase_chart import plot_phases
 from speed_ladder.report.readme import update_readme
 from speed_ladder.report.reference import gpu_ladders
 from speed_ladder.report.summary import SUMMARY, find_tags, read_summary, rebuild, write_summary
@@ -58,13 +60,15 @@ TAG_CHARTS = (*CHARTS, GAIN_CHART)
 
 
 def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
-    """Each tag's four charts (and its time breakdown when profiled), and
+    """Each tag's four charts (its time breakdown when profiled, its phases where timed), and
     results/comparison.png of `all_tags` (default: these) when there are several, and
     results/gpu_vs_a100.png of their 1-process GPU tags; returns the files written."""
     tag_dirs = [Path(t) for t in tag_dirs]
     all_tags = tag_dirs if all_tags is None else list(all_tags)
     written = [
-        path for t in tag_dirs for path in [*plot_tag(t), plot_gains(t), *plot_time_breakdown(t)]
+        path
+        for t in tag_dirs
+        for path in [*plot_tag(t), plot_gains(t), *plot_time_breakdown(t), *plot_phases(t)]
     ]
     readable = []
     for t in all_tags:  # another tag's broken summary costs the comparison that tag only

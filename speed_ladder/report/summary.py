@@ -16,8 +16,9 @@ and no tok/s, memory or MFU. `parity` says whether its per-step losses keep the
 previous step's under its rung's rule in data/ladder.json (parity.py: `ok`, `off`, `not comparable`
 where the rule does not hold for this preset), round with round, the worst round counting;
 `parity_detail` says by how much, against which bound and in which rounds. An MFU outside (0, 100%]
-is never a number: `mfu` stays empty and `mfu_invalid` says why. Records without the newer fields
-(older results) leave their cells empty.
+is never a number: `mfu` stays empty and `mfu_invalid` says why. `phase_<name>_ms` and `data_share`:
+each step's data wait, forward, backward and optimizer (measure/phases.py), medians over the runs.
+Records without the newer fields (older results) leave their cells empty.
 """
 
 import math
@@ -30,6 +31,7 @@ from speed_ladder.files import RESULTS, atomic_write_bytes
 from speed_ladder.ladder import BASELINE, Step
 from speed_ladder.measure.cpu_load import is_busy
 from speed_ladder.measure.op_categories import CATEGORIES as TIME_CATEGORIES
+from speed_ladder.measure.phases import PHASE_COLUMNS, phase_columns
 from speed_ladder.records import mfu_problem
 from speed_ladder.report.rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
 from speed_ladder.report.validity import marked
@@ -80,7 +82,7 @@ NUMBER_COLUMNS = (
 )
 # where the time goes (--profile, measure/profile.py): each category's median share over the runs
 TIME_COLUMNS = [f"time_{c}" for c in TIME_CATEGORIES]
-SUMMARY_COLUMNS += TIME_COLUMNS
+SUMMARY_COLUMNS += TIME_COLUMNS + PHASE_COLUMNS  # and ms per phase (measure/phases.py)
 _NUMERIC = NUMBER_COLUMNS + ["noise_floor", "mem_noise_floor"]
 TEXT_COLUMNS = ["reason", "title", "status", "device_name", "preset", "torch_version",
                 "mfu_invalid", "prev_step", "verdict", "mem_verdict", "noise_source",
@@ -192,6 +194,7 @@ def _measured(row: dict, oks: list[dict]) -> None:
         busy_runs=sum(is_busy(v) for v in loads),
         hosts=hosts_text(oks),
         **time_breakdown_columns(oks),
+        **phase_columns(oks),
     )
     last = oks[-1]
     for key in ("predicted_state", "predicted_peak"):
@@ -212,7 +215,8 @@ def _interpreted(row: dict, oks: list[dict]) -> None:
     if not any(r.get("interpreted") is True for r in oks):
         return
     for col in ("tokens_per_sec_median", "tokens_per_sec_min", "tokens_per_sec_max", "mfu",
-                "peak_reserved_gib", "peak_reserved_gib_min", "peak_per_rank_gib"):  # fmt: skip
+                "peak_reserved_gib", "peak_reserved_gib_min", "peak_per_rank_gib",
+                *PHASE_COLUMNS):  # fmt: skip
         row[col] = None
     row.update(status="interpreted", reason=INTERPRETED)
 
@@ -293,9 +297,9 @@ def table_and_runs(steps, records, configs: dict, shas: dict, repeats: int, mach
     if single is not None and nproc > 1:
         gains.add_scaling(rows, used, single, nproc)
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    for col in _NUMERIC + TIME_COLUMNS:
+    for col in _NUMERIC + TIME_COLUMNS + PHASE_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    df = df.round(_DIGITS | dict.fromkeys(TIME_COLUMNS, 4))
+    df = df.round(_DIGITS | dict.fromkeys(TIME_COLUMNS + PHASE_COLUMNS, 4))
     df["runs"] = df["runs"].astype(int)
     df["busy_runs"] = df["busy_runs"].fillna(0).astype(int)
     df["world_size"] = df["world_size"].astype("Int64")

@@ -28,6 +28,7 @@ from speed_ladder.records import read_jsonl
 from speed_ladder.report import by_hand
 from speed_ladder.report.charts import CHARTS
 from speed_ladder.report.gain_chart import GAIN_CHART
+from speed_ladder.report.phase_chart import PHASE_CHART, data_line
 from speed_ladder.report.reference import (
     REFERENCE_CSV,
     is_gpu_tag,
@@ -348,6 +349,9 @@ def tag_markdown(tag_dir: Path, base: Path, root: Path = ROOT, heading: str = "#
     charts = list(TAG_CHARTS)
     if has_breakdown(df):  # profiled (--profile): where each step's time goes
         charts.append(("where the time goes", TIME_CHART))
+    if data_line(rows):  # where the runs timed each step's phases (measure/phases.py)
+        lines += [data_line(rows), ""]
+        charts.append(("each step's phases", PHASE_CHART))
     for name, png in charts:
         lines += [f"![{name}]({link(tag_dir / png, base)})", ""]
     return "\n".join(lines)
