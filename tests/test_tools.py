@@ -20,6 +20,7 @@ TOOL_ARGS = {
     "fsdp2_evidence.py": ["--steps", 2, "--variants", "fsdp2", "--data", VERDICT],
     "ladder.py": ["check"],  # reads only: goldens and propagate write the ladder's files
     "peer.py": ["--help"],  # its input stays outside the repo: tests/test_peer_tool.py runs it
+    "peer_compare.py": ["--help"],  # reads a GPU session's records: tests/test_peer_tool.py
 }
 
 
