@@ -2,23 +2,17 @@
 `results/<tag>/summary.csv` (atomically), read back, and printed for the terminal.
 
 Numbers appear only for steps whose last run was ok, over the last `--repeats` ok runs (one per
-round) on this machine: the median tok/s with its min and max, the speedup over step 00 (median over
-median), each step's own effect over the previous step with its interval and verdict (gains.py:
-`gain_vs_prev`, `_lo`, `_hi`, `verdict`; `mem_vs_prev` ... `mem_verdict`; the noise floor and where
-it comes from), the peak reserved GiB (max and min over the runs; per rank for a distributed step,
-`peak_per_rank_gib`), the memory model's prediction beside it, MFU and losses. `step_active` /
-`inactive_reason` come from the records (a step that does nothing on this device), and so do
-`inactive_rungs` (the rungs it builds on that did nothing here) and `attention_kernel` (the SDPA
-kernel that ran: measure/attention_kernel.py); `other_load_max` and `busy_runs` say whether other
-processes were busy while it was measured (measure/cpu_load.py). A step whose runs say
-`interpreted: true` (Triton's interpreter ran step 12's Liger on a CPU) has status `interpreted`
-and no tok/s, memory or MFU. `parity` says whether its per-step losses keep the
-previous step's under its rung's rule in data/ladder.json (parity.py: `ok`, `off`, `not comparable`
-where the rule does not hold for this preset), round with round, the worst round counting;
-`parity_detail` says by how much, against which bound and in which rounds. An MFU outside (0, 100%]
-is never a number: `mfu` stays empty and `mfu_invalid` says why. `phase_<name>_ms` and `data_share`:
-each step's data wait, forward, backward and optimizer (measure/phases.py), medians over the runs.
-Records without the newer fields (older results) leave their cells empty.
+round) on this machine: the median tok/s with its min and max, the speedup over step 00, each
+step's own effect over the previous step with its interval and verdict (gains.py), the peak
+reserved GiB (per rank for a distributed step) beside the memory model's prediction, MFU (never a
+number outside (0, 100%]: `mfu_invalid` says why) and losses. From the records: `step_active` /
+`inactive_reason`, `inactive_rungs` (the rungs it builds on that did nothing here),
+`attention_kernel` (measure/attention_kernel.py), `phase_<name>_ms` and `data_share`
+(measure/phases.py), `other_load_max` and `busy_runs` (measure/cpu_load.py). Runs of Liger under
+Triton's interpreter are `interpreted`, with no tok/s, memory or MFU. `parity` says whether the
+per-step losses keep the previous step's under its rung's rule (parity.py: `ok`, `off`, `not
+comparable`), round with round; `parity_detail` says by how much, against which bound, in which
+rounds. Records without the newer fields leave their cells empty.
 """
 
 import math
