@@ -121,8 +121,10 @@ def rule(step: str, prev_regime: str | None, cur_regime: str | None, device: str
     known = [g for g in (prev_regime, cur_regime) if g in regimes]
     loosest = max(known, key=lambda g: regimes[g]["atol"], default="fp32")
     atol, why = regimes[loosest]["atol"], f"{r['why']} ({loosest} regime)"
-    if r.get("atol", 0) > atol:
-        atol, why = r["atol"], r["why"]
+    own = r.get("atol", 0)  # the step's own bound: one number, or one per regime
+    own = own.get(loosest, 0) if isinstance(own, dict) else own
+    if own > atol:
+        atol, why = own, r["why"]
     return {"rule": "close", "atol": atol, "why": why}
 
 

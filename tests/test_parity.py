@@ -179,3 +179,17 @@ def test_the_dropout_reason_is_left_out_where_a_rung_and_its_base_train_without_
     assert parity.not_comparable("17", cpu, cpu) is None
     assert parity.not_comparable("16", cpu, cpu).startswith("not comparable with dropout 0.1: ")
     assert parity.not_comparable("14", cpu, cpu).startswith("not comparable with dropout 0.1: ")
+
+
+def test_a_steps_own_bound_can_hold_for_one_regime_only():
+    """Step 15's bf16 working weights part from step 12 by more than autocast's rounding where
+    bf16 is on (2.7e-3 over the cpu preset's 10 steps on a CPU with native bf16), so its rule
+    widens the bf16 regimes' bound; where bf16 is off the step runs step 12's floats and keeps
+    the fp32 bound."""
+    from speed_ladder import parity
+
+    for regime in ("bf16", "bf16-compiled"):
+        assert parity.rule("15", regime, regime)["atol"] == 0.01
+    for regime in ("fp32", "fp32-compiled"):
+        assert parity.rule("15", regime, regime)["atol"] == 1e-4
+    assert parity.rule("16", "bf16", "bf16")["atol"] is None  # exact: no own bound
