@@ -125,6 +125,18 @@ def fit_right(ax, texts, pad: float = 0.01) -> None:
         ax.set_xlim(x0, math.exp(need) if ax.get_xscale() == "log" else need)
 
 
+def step_bars_frame(ax, rows, ys, xlabel: str, handles, heading: str, what: str) -> None:
+    """The frame of a chart of one horizontal bar per step (the time breakdown, the phases): the
+    steps down the side, the x label and grid, the legend right of the axes, the title."""
+    ax.set_yticks(ys, [step_label(r) for r in rows], fontsize=9)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    ax.set_title(wrap(f"MEASURED by this project: {heading}", 110) + "\n" + wrap(what, 110),
+                 fontsize=10)  # fmt: skip
+
+
 def layout(fig, fits=()) -> None:
     """Lay the figure out so that no label leaves it: tight_layout, then each (axes, texts) of
     `fits` widened to hold its texts (`fit_right`), then tight_layout again for the new ticks,

@@ -18,8 +18,7 @@ from speed_ladder.report.chart_style import (
     no_value,
     pyplot,
     save,
-    step_label,
-    wrap,
+    step_bars_frame,
 )
 from speed_ladder.report.summary import describe, number, read_summary
 
@@ -72,19 +71,13 @@ def phase_figure(plt, rows: list[dict], heading: str):
         share = number(r.get("data_share"))
         label = f"{left:,.1f} ms" + ("" if share is None else f", data {share:.1%}")
         texts.append(label_after(ax, left, y, label, fontsize=8))
-    ax.set_yticks(ys, [step_label(r) for r in rows], fontsize=9)
-    ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(left=0)
-    ax.set_xlabel("ms per step (the median step's phases)")
-    ax.grid(axis="x", alpha=0.3)
     handles = [Patch(color=COLORS[p], label=LABELS[p]) for p in PHASES]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     what = (
         "where each step's time goes, by phase: the median timed step's, marked by hooks without "
         "a synchronize (CUDA events on a GPU, the host clock on a CPU)"
     )
-    ax.set_title(wrap(f"MEASURED by this project: {heading}", 110) + "\n" + wrap(what, 110),
-                 fontsize=10)  # fmt: skip
+    step_bars_frame(ax, rows, ys, "ms per step (the median step's phases)", handles, heading, what)
     layout(fig, [(ax, texts)])
     return fig
 

@@ -11,7 +11,7 @@ gets a label saying why, never a bar.
 from pathlib import Path
 
 from speed_ladder.measure.op_categories import CATEGORIES, LABELS
-from speed_ladder.report.chart_style import is_ok, layout, no_value, pyplot, save, step_label, wrap
+from speed_ladder.report.chart_style import is_ok, layout, no_value, pyplot, save, step_bars_frame
 from speed_ladder.report.summary import TIME_COLUMNS, describe, number, read_summary
 
 TIME_CHART = "time_breakdown.png"
@@ -72,19 +72,13 @@ def time_figure(plt, rows, heading: str):
             if w >= 7:
                 ax.text(left + w / 2, y, f"{w:.0f}%", va="center", ha="center", fontsize=8)
             left += w
-    ax.set_yticks(ys, [step_label(r) for r in rows], fontsize=9)
-    ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, 100)
-    ax.set_xlabel("share of the profiled steps' time (%)")
-    ax.grid(axis="x", alpha=0.3)
-    handles = [Patch(color=COLORS[c], label=LABELS[c]) for c in CATEGORIES]  # the bars' order
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    handles = [Patch(color=COLORS[c], label=LABELS[c]) for c in CATEGORIES]
     what = (
         "where the time goes per step (torch.profiler, --profile: device time on a GPU, self CPU "
         "time on a CPU)"
     )
-    ax.set_title(wrap(f"MEASURED by this project: {heading}", 110) + "\n" + wrap(what, 110),
-                 fontsize=10)  # fmt: skip
+    step_bars_frame(ax, rows, ys, "share of the profiled steps' time (%)", handles, heading, what)
     layout(fig)
     return fig
 
