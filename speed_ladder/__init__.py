@@ -4,6 +4,7 @@ No step changes it: every step measures the same way. A step script uses it as
 
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
+    amp = speed_ladder.mixed_precision(device)  # step 05 on: autocast's dtype, the loss scaler
     ...
     fused_ce = run.fused_linear_cross_entropy()  # step 12 on: Liger's loss, or linear + CE
     run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start, and
@@ -25,9 +26,9 @@ from speed_ladder.presets import GPT2_VOCAB
 # The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
 # charts, plot_results.py) runs this file and must not need torch. The rungs' inactive checks
 # (`speed_ladder.tf32_unavailable`, ...) are the ones speed_ladder/data/ladder.json names, which
-# the harness asks (Run.set_model); a step decides with bf16_is_fast (05) and one check (17's).
+# the harness asks (Run.set_model); a step calls mixed_precision (05) and one check (17's).
 _NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device",
-                "bf16_is_fast": "measure.device", **inactive_helpers()}  # fmt: skip
+                "mixed_precision": "measure.precision", **inactive_helpers()}  # fmt: skip
 
 
 def __getattr__(name: str):
