@@ -4,6 +4,7 @@ No step changes it: every step measures the same way. A step script uses it as
 
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
+    amp = speed_ladder.mixed_precision(device)  # step 05 on: autocast's dtype, the loss scaler
     ...
     fused_ce = run.fused_linear_cross_entropy()  # step 12 on: Liger's loss, or linear + CE
     run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start, and
@@ -25,10 +26,10 @@ from speed_ladder.presets import GPT2_VOCAB
 # The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
 # charts, plot_results.py) runs this file and must not need torch. The rungs' inactive checks
 # (`speed_ladder.tf32_unavailable`, ...) are the ones speed_ladder/data/ladder.json names, which
-# the harness asks (Run.set_model); a step decides with bf16_is_fast (05), and step 17 puts
-# cuDNN's attention first with cudnn_attention_first.
+# the harness asks (Run.set_model); a step calls mixed_precision (05), and step 17 puts cuDNN's
+# attention first with cudnn_attention_first.
 _NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device",
-                "bf16_is_fast": "measure.device", "cudnn_attention_first": "attention_order",
+                "mixed_precision": "measure.precision", "cudnn_attention_first": "attention_order",
                 **inactive_helpers()}  # fmt: skip
 
 

@@ -22,16 +22,16 @@ from speed_ladder.measure.inactive import cudnn_attention_unavailable
 _STATE: dict = {"why": "cuDNN was not put first in this run", "before": None, "order": None}
 
 
-def cudnn_attention_first(device: torch.device, cfg: dict, bf16: bool) -> str | None:
+def cudnn_attention_first(device: torch.device, cfg: dict, dtype: torch.dtype) -> str | None:
     """Put cuDNN's attention first in SDPA's order for this process, where cuDNN takes the
-    training call of a model of config `cfg` (bf16: step 05's autocast on); returns why not
+    training call of a model of config `cfg` (in step 05's autocast `dtype`); returns why not
     (nothing changed: step 07's kernel stays), or None."""
-    why = _STATE["why"] = cudnn_attention_unavailable(device, cfg, bf16)
+    why = _STATE["why"] = cudnn_attention_unavailable(device, cfg, dtype)
     if why is not None:
         return why
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    _STATE["before"] = dispatcher_choice(device, cfg, bf16)  # step 16's kernel
+    _STATE["before"] = dispatcher_choice(device, cfg, dtype)  # step 16's kernel
     order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
              SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # fmt: skip
     kept = sdpa_kernel(order, set_priority=True)

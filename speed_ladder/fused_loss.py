@@ -17,7 +17,16 @@ itself when the fallback ran).
   numerics only, the record then says `interpreted: true`; measure.inactive.liger_unavailable).
   Only its import is tried: a CUDA out-of-memory or a Triton error inside it is the run's result
   (status `oom` or `error`), never a fallback.
-- The fallback, where Liger cannot run (no CUDA GPU, liger-kernel or Triton not installed):
+- Not under fp16 (step 05's choice on a GPU without native bf16: V100, T4). Liger computes the
+  gradient of the loss in its forward pass, in the autocast dtype, before backward brings
+  GradScaler's scale: the gradient of a mean over B*T targets is (p - y) / (B*T) per logit,
+  about 6e-10 for a non-target logit of gpt2-124m at batch 32 (p ~ 1/V), far below fp16's
+  smallest number (6e-8), so it flushes to zero, and the scale applied afterwards brings
+  nothing back. Measured on a CPU through Triton's interpreter (8192 rows, V = 8192, fp16
+  autocast, loss scale 2^16): the hidden state's gradient was 1.6e-2 off fp32's (relative
+  norm), 0.9% of it zero, against 3.2e-4 and none for linear + cross-entropy under the same
+  autocast and scale. Step 12 then runs the fallback and says so.
+- The fallback, where Liger cannot run (no CUDA GPU, liger-kernel or Triton not installed, fp16):
   `F.cross_entropy(F.linear(hidden, weight), targets)`, compiled as step 08 compiles the loss.
   It is what step 11 computes (the output layer, then the cross-entropy of the full logits,
   in the same precision under the same autocast), so where Liger cannot run step 12 changes
@@ -28,6 +37,12 @@ import torch
 import torch.nn.functional as F
 
 from speed_ladder.measure.inactive import liger_unavailable
+from speed_ladder.measure.precision import decided
+
+LIGER_FP16 = (
+    "step 05 computes in fp16 here: Liger computes the loss's gradient in its forward pass, in "
+    "fp16, before GradScaler's scale reaches it, and most of it would flush to zero"
+)
 
 
 @torch.compile  # as step 08 compiles the steps' loss, a graph of its own
@@ -48,9 +63,12 @@ class LinearCrossEntropy(torch.nn.Module):
 
 
 def fused_linear_cross_entropy(device: torch.device) -> torch.nn.Module:
-    """Liger's fused loss where it can run on `device` and liger-kernel imports, else the
-    fallback; its `fallback_reason` says which (None: Liger's)."""
+    """Liger's fused loss where it can run on `device` and liger-kernel imports, and the step's
+    autocast (step 05's, decided before: precision.decided) is not fp16; else the fallback. Its
+    `fallback_reason` says which (None: Liger's)."""
     why = liger_unavailable(device)
+    if why is None and decided(device.type) == "fp16":
+        why = LIGER_FP16
     if why is None:
         try:  # liger_kernel.transformers imports the transformers package only where installed
             from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss

@@ -11,13 +11,16 @@ keeps (`regime`):
 - `fp32`: IEEE fp32 matmuls (a CPU; a GPU before step 02 or without TF32);
 - `tf32`: fp32 matmuls on TF32 tensor cores (CUDA, compute capability >= 8.0, step 02 on);
 - `bf16`: step 05's bf16 autocast is on (where bf16 is native, or forced by SPEED_LADDER_BF16);
+- `fp16`: step 05's fp16 autocast with loss scaling is on (a CUDA GPU with fp16 tensor cores
+  but no native bf16: V100, T4; or forced by SPEED_LADDER_AMP=fp16);
 - any of them with `-compiled`: torch.compile generated the training graph (step 08 on).
 
 On a CPU (and MPS) a step's rule is `exact` (the same floats) or `close`; a close step's
 tolerance is the looser of the two runs' regimes' (`regimes` in the manifest), or its own
 `atol` where the step itself changes the numbers more (bf16 on, a new init, a larger batch).
 On CUDA every rule is close, with a tolerance per step and preset (`cuda`): atomics make no
-rerun exact.
+rerun exact. They were measured with TF32 and bf16: a CUDA run in fp16 (a GPU without native
+bf16) is `not comparable` until a GPU without native bf16 measures its own.
 
 Rounding differences grow with the run, so a close rule holds for the presets and run lengths
 it was measured on (`uncovered`): on a CPU tiny's 4 steps and the cpu preset's 13
@@ -45,13 +48,13 @@ MANIFEST = Path(__file__).parent / "data" / "loss_parity.json"
 
 def regime(device) -> str:
     """The regime this process computed in (see the module docstring): `fp32`, `tf32`, `bf16`,
-    with `-compiled` when torch.compile compiled a graph here."""
+    `fp16`, with `-compiled` when torch.compile compiled a graph here."""
     import torch
 
-    from speed_ladder.measure.device import bf16_decided
+    from speed_ladder.measure.precision import decided
 
-    if bf16_decided(device.type):
-        base = "bf16"
+    if decided(device.type) in ("bf16", "fp16"):  # step 05's autocast
+        base = decided(device.type)
     elif device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
         major = torch.cuda.get_device_properties(device).major
         base = "tf32" if major >= 8 else "fp32"
@@ -168,6 +171,9 @@ def drop_rate(preset) -> float | None:
 def not_comparable(step: str, prev_rec: dict, cur_rec: dict) -> str | None:
     """Why step `step`'s rule does not apply to these two runs (see the module docstring), or
     None when it does."""
+    regimes = [str(r.get("regime") or "") for r in (prev_rec, cur_rec)]
+    if cur_rec.get("device") == "cuda" and any(g.startswith("fp16") for g in regimes):
+        return f"not comparable in fp16 on CUDA: {manifest()['cuda']['fp16']}"
     r = _rung_rule(step, "cpu") if any(s.num == step for s in ladder.rungs()) else {}
     presets = {p for p in (prev_rec.get("preset"), cur_rec.get("preset")) if isinstance(p, str)}
     only = r.get("presets")

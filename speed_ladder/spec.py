@@ -1,5 +1,5 @@
 """`RunSpec`: one run's settings, resolved once, by `resolve_spec`, from the flags, the preset, the
-device (its type, a CUDA GPU's memory, native bf16) and the batch rule. The sweep resolves it
+device (its type, a CUDA GPU's memory and autocast dtype) and the batch rule. The sweep resolves it
 before it plans (preflight.py: the run length, the memory each run needs) and the step's `Run`
 resolves it with the same function from the same flags on the same device, so the run the
 sweep predicts is the run the step does; the record keeps it (`spec`).
@@ -12,9 +12,10 @@ sweep predicts is the run the step does; the record keeps it (`spec`).
   `large_batch_size` together until the heaviest step fits, by speed_ladder.measure.memory_model's
   prediction for this GPU's memory, with a margin. Every step makes the same choice on the same
   GPU, so the ladder's speedups compare, and step 10 keeps its 4x. `--batch-size` turns it off.
-- **bf16** (`RunSpec.bf16`): step 05's rule where it is known without measuring: forced by
-  $SPEED_LADDER_BF16, or a CUDA GPU's native bf16; None on a CPU or MPS, where the step
-  measures it (device.bf16_is_fast, cached) and memory_model.act_bytes_of asks the same.
+- **Step 05's autocast** (`RunSpec.amp`: bf16, fp16 or fp32) where it is known without
+  measuring: forced by $SPEED_LADDER_AMP or $SPEED_LADDER_BF16, or a CUDA GPU's (native bf16,
+  else fp16 on tensor cores: measure.gpus.autocast_for); None on a CPU or MPS, where the step
+  measures it (measure.precision.choice, cached) and memory_model.act_bytes_of asks the same.
 
 speed_ladder.measure.memory_model is imported where it is used: speed_ladder/__init__.py imports
 this module (through run.py), and `python -m speed_ladder.measure.memory_model` must find that
@@ -46,10 +47,15 @@ class RunSpec:
     settings: dict
     batch_rule: dict | None  # how the batch was lowered to fit this GPU, or None
     gpu_bytes: int | None  # CUDA: one GPU's memory (the batch rule's input)
-    bf16: bool | None  # step 05's autocast where known without measuring (None: measured)
+    amp: str | None  # step 05's autocast where known without measuring (None: measured)
     seed: int | None
     data: str | None  # the text by name and sha256 (files.data_id); None: the default
     batch_size_override: int | None  # --batch-size
+
+    @property
+    def half(self) -> bool | None:
+        """Step 05's autocast computes in 16 bits (bf16 or fp16); None: measured by the step."""
+        return None if self.amp is None else self.amp != "fp32"
 
     def batch(self, step: str) -> int:
         """Sequences per step and process of a ladder step: its rung's batch (ladder.json)."""
@@ -61,7 +67,7 @@ class RunSpec:
         return {"preset": self.preset, "device": self.device,
                 **{k: self.settings[k] for k in keys}, "seed": self.seed,
                 "batch_size_override": self.batch_size_override, "data": self.data,
-                "bf16": self.bf16, "gpu_bytes": self.gpu_bytes}  # fmt: skip
+                "amp": self.amp, "gpu_bytes": self.gpu_bytes}  # fmt: skip
 
 
 # What identifies a sweep's run, with its processes: the one definition (sweep_config)
@@ -114,22 +120,23 @@ def preset_name(flag: str | None, device_type: str) -> tuple[str, str]:
     return ("gpt2-124m" if device_type == "cuda" else "cpu"), f"default for {device_type}"
 
 
-def bf16_known(device_type: str, native: bool | None) -> bool | None:
-    """Step 05's answer where it needs no measuring: $SPEED_LADDER_BF16, else a CUDA GPU's
-    native bf16 (`native`); None on a CPU or MPS (device.bf16_is_fast measures it)."""
-    from speed_ladder.measure.device import bf16_forced
+def amp_known(device_type: str, gpu_amp: str | None) -> str | None:
+    """Step 05's autocast where it needs no measuring: $SPEED_LADDER_AMP, $SPEED_LADDER_BF16
+    (bf16 or fp32), else a CUDA GPU's (`gpu_amp`); None on a CPU or MPS (measured there)."""
+    from speed_ladder.measure.device import amp_forced, bf16_forced
 
-    forced = bf16_forced()
-    if forced is not None:
-        return forced
-    return bool(native) if device_type == "cuda" and native is not None else None
+    if amp_forced() is not None:
+        return amp_forced()
+    if bf16_forced() is not None:
+        return "bf16" if bf16_forced() else "fp32"
+    return gpu_amp if device_type == "cuda" else None
 
 
-def resolve_spec(values: dict, device_type: str, gpu: tuple[int, bool] | None = None) -> RunSpec:
+def resolve_spec(values: dict, device_type: str, gpu: tuple[int, str] | None = None) -> RunSpec:
     """The RunSpec of a run with these flag values (a step's args as a dict, or the sweep's
-    measuring values) on a device of `device_type`; gpu: (total memory in bytes, native bf16)
-    of a CUDA device, for the batch rule and bf16. The batch rule applies where --batch-size
-    is not given."""
+    measuring values) on a device of `device_type`; gpu: (total memory in bytes, its autocast:
+    bf16, fp16 or fp32) of a CUDA device, for the batch rule and `amp`. The batch rule applies
+    where --batch-size is not given."""
     name, why = preset_name(values.get("preset"), device_type)
     p = dict(PRESETS[name])
     for key in ("epochs", "max_steps", "warmup_steps"):
@@ -156,7 +163,7 @@ def resolve_spec(values: dict, device_type: str, gpu: tuple[int, bool] | None = 
         settings=p,
         batch_rule=p["batch_rule"],
         gpu_bytes=gpu[0] if gpu is not None else None,
-        bf16=bf16_known(device_type, gpu[1] if gpu is not None else None),
+        amp=amp_known(device_type, gpu[1] if gpu is not None else None),
         seed=values.get("seed"),
         data=data_id(values.get("data")),
         batch_size_override=override,
@@ -164,16 +171,17 @@ def resolve_spec(values: dict, device_type: str, gpu: tuple[int, bool] | None = 
 
 
 # ---------------------------------------------------------------- a batch that fits this GPU
-def _heaviest(shape: dict, batch: int, large: int, bf16: bool) -> tuple[str, int]:
+def _heaviest(shape: dict, batch: int, large: int, half: bool) -> tuple[str, int]:
     """(step, predicted bytes) of the ladder's heaviest step on one GPU at these batches: fp32
-    until step 05 (and after, without native bf16), materialized attention until step 07, the
-    padded vocabulary from step 09, the large batch from step 10, DDP's buckets from 11."""
+    until step 05 (and after, on a GPU with neither bf16 nor fp16 tensor cores), materialized
+    attention until step 07, the padded vocabulary from step 09, the large batch from step 10,
+    DDP's buckets from 11."""
     from speed_ladder.measure import memory_model
 
     worst = (ladder.BASELINE, 0)
     for r in ladder.rungs():
         m = r.memory
-        act = 2 if bf16 and m.bf16_autocast else 4
+        act = 2 if half and m.bf16_autocast else 4
         b = r.batch({"batch_size": batch, "large_batch_size": large})
         vocab = memory_model.VOCAB if m.padded_vocab else GPT2_VOCAB
         p = memory_model.predict(shape, 1, r.num, b, act, flash=m.flash, vocab=vocab)
@@ -186,9 +194,9 @@ def large_from() -> str:
     return ladder.first(lambda r: r.memory.large_batch).num
 
 
-def fit_batch(name: str, p: dict, gpu_bytes: int, bf16: bool) -> dict | None:
+def fit_batch(name: str, p: dict, gpu_bytes: int, amp: str) -> dict | None:
     """The batch rule (see the module doc): None where the preset's batches fit a GPU of
-    `gpu_bytes` (bf16: whether it has native bf16, as step 05 decides); else what was chosen and
+    `gpu_bytes` (amp: step 05's autocast there, bf16, fp16 or fp32); else what was chosen and
     why, for the record (`batch_rule`). Where no batch fits (the state alone is too big: the
     GPT-2 family's larger presets on small GPUs, for FSDP2 on several), the preset's is kept."""
     from speed_ladder.measure import memory_model
@@ -196,7 +204,7 @@ def fit_batch(name: str, p: dict, gpu_bytes: int, bf16: bool) -> dict | None:
     GIB = memory_model.GIB
 
     def need(batch, large):
-        step, b = _heaviest(p, batch, large, bf16)
+        step, b = _heaviest(p, batch, large, amp != "fp32")
         return step, b * FIT_MARGIN + memory_model.CUDA_OVERHEAD
 
     batch, large = p["batch_size"], p["large_batch_size"]

@@ -1,10 +1,10 @@
 """Step 05 (after step 04): bfloat16 mixed precision (autocast).
 
-Change: forward and loss run under `torch.autocast(dtype=torch.bfloat16)` where bf16 is fast
-(`speed_ladder.bf16_is_fast`); weights, gradients and AdamW's state stay fp32.
-Why: matmuls and attention take bf16 inputs: half the bytes, the tensor cores' fast path.
-Cost: precision (8 bits of mantissa). Where bf16 is not native (GPUs before Ampere, CPUs without
-AVX512_BF16 or AMX) it would be slower, so the step stays fp32 and is inactive.
+Change: forward and loss run under `torch.autocast`, in bf16 where bf16 is native and in fp16
+with loss scaling (GradScaler) on GPUs without it; weights, gradients and AdamW's state stay fp32.
+Why: matmuls and attention take 16-bit inputs: half the bytes, the tensor cores' fast path.
+Cost: precision (bf16: 8 bits of mantissa; fp16: a narrow range, hence the scaler). Where neither
+is native (a CPU without AVX512_BF16 or AMX) the step stays fp32 and is inactive.
 Source: PyTorch AMP docs; Micikevicius et al. 2018, "Mixed Precision Training".
 More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
@@ -278,7 +278,8 @@ def main():
         shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
     )  # fmt: skip
 
-    use_bf16 = speed_ladder.bf16_is_fast(device)[0]  # step 05: bf16 only where it is faster
+    # step 05: bf16 where it is native; fp16 with loss scaling on GPUs without it (V100, T4)
+    amp = speed_ladder.mixed_precision(device)
     model = GPTModel(GPT_CONFIG).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -297,11 +298,12 @@ def main():
             input_batch = input_batch.to(device, non_blocking=True)  # (B, T); step 04
             target_batch = target_batch.to(device, non_blocking=True)  # (B, T); step 04
             optimizer.zero_grad()
-            # step 05: bf16 matmuls/attention, fp32 weights, grads and optimizer state
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            # step 05: bf16 (or fp16) matmuls/attention, fp32 weights, grads and optimizer state
+            with torch.autocast(device.type, dtype=amp.dtype, enabled=amp.enabled):
                 loss = calc_loss_batch(input_batch, target_batch, model)
-            loss.backward()
-            optimizer.step()
+            amp.scaler.scale(loss).backward()  # step 05: fp16: loss scaled up, no grad underflow
+            amp.scaler.step(optimizer)  # step 05: grads unscaled; a step with an inf/NaN skipped
+            amp.scaler.update()  # step 05: the scale adapts; bf16/fp32: the scaler does nothing
             run.step_done(loss, tokens=input_batch.numel())
 
             if run.eval_due():

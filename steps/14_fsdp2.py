@@ -298,7 +298,8 @@ def main():
         shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
     )  # fmt: skip
 
-    use_bf16 = speed_ladder.bf16_is_fast(device)[0]  # step 05: bf16 only where it is faster
+    # step 05: bf16 where it is native; fp16 with loss scaling on GPUs without it (V100, T4)
+    amp = speed_ladder.mixed_precision(device)
     model = GPTModel(GPT_CONFIG).to(device)
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # step 14: all ranks, 1-D
@@ -332,13 +333,14 @@ def main():
             input_batch = input_batch.to(device, non_blocking=True)  # (B, T); step 04
             target_batch = target_batch.to(device, non_blocking=True)  # (B, T); step 04
             optimizer.zero_grad()
-            # step 05: bf16 matmuls/attention, fp32 weights, grads and optimizer state
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            # step 05: bf16 (or fp16) matmuls/attention, fp32 weights, grads and optimizer state
+            with torch.autocast(device.type, dtype=amp.dtype, enabled=amp.enabled):
                 hidden = model(input_batch, return_hidden=True)  # (B, T, C); step 12: no logits
                 # step 12: out_head and the loss in one op, chunk by chunk (outside compile)
                 loss = fused_ce(out_head.weight, hidden.flatten(0, 1), target_batch.flatten())
-            loss.backward()
-            optimizer.step()
+            amp.scaler.scale(loss).backward()  # step 05: fp16: loss scaled up, no grad underflow
+            amp.scaler.step(optimizer)  # step 05: grads unscaled; a step with an inf/NaN skipped
+            amp.scaler.update()  # step 05: the scale adapts; bf16/fp32: the scaler does nothing
             run.step_done(loss, tokens=input_batch.numel())
 
             if run.eval_due():

@@ -264,14 +264,15 @@ class MasterWeights:  # step 15
             model.to(dtype)  # the working weights: the residual stream and embeddings too
             self.working = list(model.parameters())  # read after the cast
 
-    def step(self, optimizer):
-        """optimizer.step() on the fp32 masters with the working gradients, rounded back."""
+    def step(self, optimizer, scaler):
+        """scaler.step(optimizer) (step 05's) on the fp32 masters with the working gradients,
+        rounded back."""
         if self.master is self.working:  # bf16 off: the model's own parameters
-            return optimizer.step()
+            return scaler.step(optimizer)
         for m, w in zip(self.master, self.working, strict=True):
             m.grad = None if w.grad is None else w.grad.float()  # fp32 gradients for AdamW
             w.grad = None  # the bf16 ones freed
-        optimizer.step()
+        scaler.step(optimizer)
         with torch.no_grad():
             torch._foreach_copy_(self.working, self.master)  # the update, rounded to bf16
 
@@ -317,10 +318,11 @@ def main():
         shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
     )  # fmt: skip
 
-    use_bf16 = speed_ladder.bf16_is_fast(device)[0]  # step 05: bf16 only where it is faster
+    # step 05: bf16 where it is native; fp16 with loss scaling on GPUs without it (V100, T4)
+    amp = speed_ladder.mixed_precision(device)
     model = GPTModel(GPT_CONFIG).to(device)
-    # step 15: bf16 weights and activations, fp32 masters for AdamW (where step 05 found bf16 fast)
-    weights = MasterWeights(model, torch.bfloat16 if use_bf16 else None)
+    # step 15: bf16 weights and activations, fp32 masters for AdamW (where step 05 chose bf16)
+    weights = MasterWeights(model, torch.bfloat16 if amp.dtype == torch.bfloat16 else None)
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward; a
@@ -342,7 +344,7 @@ def main():
     # (torch.nn.attention.sdpa_kernel(order, set_priority=True), for the rest of the run), where
     # cuDNN takes the training call (asked of torch for its shape, dtype and dropout, then tried
     # once); elsewhere step 07's kernel stays. The record's attention_kernel says which ran.
-    speed_ladder.cudnn_attention_first(device, GPT_CONFIG, use_bf16)  # step 17
+    speed_ladder.cudnn_attention_first(device, GPT_CONFIG, amp.dtype)  # step 17
     fused_ce = run.fused_linear_cross_entropy()  # step 12: Liger's, where it can run (the record)
 
     run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
@@ -355,13 +357,14 @@ def main():
             input_batch = input_batch.to(device, non_blocking=True)  # (B, T); step 04
             target_batch = target_batch.to(device, non_blocking=True)  # (B, T); step 04
             optimizer.zero_grad()
-            # step 05: bf16 matmuls/attention, fp32 weights, grads and optimizer state
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            # step 05: bf16 (or fp16) matmuls/attention, fp32 weights, grads and optimizer state
+            with torch.autocast(device.type, dtype=amp.dtype, enabled=amp.enabled):
                 hidden = model(input_batch, return_hidden=True)  # (B, T, C); step 12: no logits
                 # step 12: out_head and the loss in one op, chunk by chunk (outside compile)
                 loss = fused_ce(out_head.weight, hidden.flatten(0, 1), target_batch.flatten())
-            loss.backward()
-            weights.step(optimizer)  # step 15: fp32 gradients, fp32 update, bf16 weights
+            amp.scaler.scale(loss).backward()  # step 05: fp16: loss scaled up, no grad underflow
+            weights.step(optimizer, amp.scaler)  # step 15: fp32 grads, fp32 update, bf16 weights
+            amp.scaler.update()  # step 05: the scale adapts; bf16/fp32: the scaler does nothing
             run.step_done(loss, tokens=input_batch.numel())
 
             if run.eval_due():

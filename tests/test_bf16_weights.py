@@ -11,6 +11,9 @@ import torch
 from conftest import load_step
 
 STEP = "15_bf16_weights"
+# step 05's scaler where it computes in bf16 or fp32: scale() and update() do nothing, step()
+# is optimizer.step() (speed_ladder.measure.precision)
+NO_SCALING = torch.amp.GradScaler("cpu", enabled=False)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def train(model, weights, opt, steps=3):
         opt.zero_grad()
         x = torch.randn(5, 8, dtype=next(model.parameters()).dtype)
         model(x).float().square().mean().backward()
-        weights.step(opt)
+        weights.step(opt, NO_SCALING)
 
 
 def test_bf16_model_fp32_masters(step15):
@@ -61,7 +64,7 @@ def test_updates_too_small_for_bf16_accumulate_in_the_master(step15):
     for _ in range(200):
         opt.zero_grad()
         model(torch.ones(1, 1, dtype=torch.bfloat16)).float().sum().backward()  # grad 1.0
-        weights.step(opt)
+        weights.step(opt, NO_SCALING)
     assert weights.master[0].item() == pytest.approx(1 - 200 * 2**-10, abs=1e-6)
     assert model.weight.item() == pytest.approx(0.8047, abs=2**-7)  # bf16 of the master
     # the same updates on a bf16 weight itself are lost: 1.0 - 2^-10 rounds back to 1.0
@@ -82,7 +85,7 @@ def test_bf16_off_is_step_12(step15):
     opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2)
 
     class Plain:
-        def step(self, opt):
+        def step(self, opt, scaler):
             opt.step()
 
     train(a, weights, opt_a)
@@ -111,9 +114,30 @@ def test_the_update_never_waits_for_the_device(step15, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "item", counting("item", torch.Tensor.item))
     monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", torch.Tensor.tolist))
     monkeypatch.setattr(torch.cuda, "synchronize", counting("sync", torch.cuda.synchronize))
-    weights.step(opt)
+    weights.step(opt, NO_SCALING)
     assert calls == []
     assert all(
         torch.equal(w, m.to(torch.bfloat16))
         for w, m in zip(model.parameters(), weights.master, strict=True)
     )
+
+
+def test_in_fp16_the_weights_stay_fp32_and_step_05s_scaler_steps_them(step15):
+    """fp16 (step 05 on a GPU without native bf16): no bf16 weights (dtype None), and the step
+    is the scaler's: gradients unscaled, a step with an inf gradient skipped."""
+    model = tiny_model()
+    weights = step15.MasterWeights(model, None)
+    opt = torch.optim.AdamW(weights.master, lr=1e-2, fused=True)
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.randn(5, 8)
+    for poison, moves in ((False, True), (True, False)):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).float().square().mean() * (float("inf") if poison else 1.0)
+        scaler.scale(loss).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        weights.step(opt, scaler)
+        scaler.update()
+        moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+        assert moved is moves
+    assert scaler.get_scale() == 2.0**15

@@ -43,7 +43,7 @@ import ladder  # noqa: E402
 from speed_ladder import parity  # noqa: E402
 from speed_ladder.ladder import rung  # noqa: E402
 from speed_ladder.measure import device as dev  # noqa: E402
-from speed_ladder.measure import inactive  # noqa: E402
+from speed_ladder.measure import inactive, precision  # noqa: E402
 from speed_ladder.presets import PRESETS  # noqa: E402
 
 STEPS = [p.relative_to(ROOT).as_posix() for p in ladder.ladder()]
@@ -110,8 +110,8 @@ def test_the_peak_table_resolves_this_gpu():
 def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
     from speed_ladder.spec import fit_batch
 
-    total, bf16 = dev.gpu_memory(GPU)
-    rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], total, bf16)
+    total, amp = dev.gpu_memory(GPU)
+    rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], total, amp)
     if total >= 40e9:
         assert rule is None, rule
     else:
@@ -185,7 +185,7 @@ def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_f
 
     cfg = PRESETS["gpt2-124m"] | {"drop_rate": 0.0}  # step 16's model
     bf16 = dev.bf16_is_fast(GPU)[0]
-    why = inactive.cudnn_attention_unavailable(GPU, cfg, bf16)
+    why = inactive.cudnn_attention_unavailable(GPU, cfg, torch.bfloat16 if bf16 else torch.float32)
     if torch.cuda.get_device_capability(GPU) >= (9, 0) and bf16:
         assert why is None, why
     if why:
@@ -321,23 +321,31 @@ def test_every_script_writes_an_ok_record_on_cuda(cuda_runs, script):
 def test_loss_matches_previous_step_on_cuda(cuda_runs, script):
     base = rung(ladder.step_of(ROOT / script)).after  # the rung it builds on (15: 12)
     prev, cur = _ok(*cuda_runs[rung(base).rel]), _ok(*cuda_runs[script])
-    # speed_ladder/data/ladder.json's CUDA tolerance for tiny's 4 steps (parity.judge)
-    ok, how = parity.check(ladder.step_of(ROOT / script), prev, cur)
-    assert ok, f"{how} ({cur['losses']} vs {prev['losses']})"
+    # speed_ladder/data/ladder.json's CUDA tolerance for tiny's 4 steps (parity.judge); none is
+    # measured for fp16 (a GPU without native bf16): not comparable there, and said so
+    state, _, how = parity.judge(ladder.step_of(ROOT / script), prev, cur)
+    if state == parity.NOT_COMPARABLE and "fp16" in how:
+        pytest.skip(how)
+    assert state == parity.OK, f"{how} ({cur['losses']} vs {prev['losses']})"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # the first bears cuda_runs: 17 runs
 def test_only_what_this_gpu_lacks_is_recorded_inactive(cuda_runs):
-    bf16 = dev.bf16_is_fast(GPU)[0]
+    amp = precision.choice(GPU)[0]  # step 05's: bf16, fp16 (V100, T4) or fp32
+    dtype = precision.DTYPES[amp]
     expected = {"11", "14", "16"}  # a world of one under plain python; tiny has no dropout
     if inactive.tf32_unavailable(GPU):
         expected.add("02")
-    if not bf16:
-        expected |= {"05", "15"}  # 15's bf16 weights follow step 05's answer
-    if inactive.sdpa_math_only(GPU, PRESETS["tiny"], bf16):
+    if amp == "fp32":
+        expected.add("05")
+    if amp != "bf16":
+        expected.add("15")  # 15's bf16 weights follow step 05's answer
+    if amp == "fp16":
+        expected.add("12")  # Liger's in-forward gradients cannot take GradScaler's scale
+    if inactive.sdpa_math_only(GPU, PRESETS["tiny"], dtype):
         expected.add("07")
-    if inactive.cudnn_attention_unavailable(GPU, PRESETS["tiny"], bf16):
+    if inactive.cudnn_attention_unavailable(GPU, PRESETS["tiny"], dtype):
         expected.add("17")  # fp32 where bf16 is slow, or a cuDNN without the kernel
     if _ok(*cuda_runs[rung("16").rel])["attention_kernel"] == "cudnn":
         expected.add("17")  # torch's own order put cuDNN first already: 16 ran it too

@@ -12,7 +12,7 @@ import torch
 
 from speed_ladder.errors import UserError
 from speed_ladder.measure import device as dev
-from speed_ladder.measure import inactive
+from speed_ladder.measure import gpus, inactive, precision
 
 GB = 10**9
 
@@ -114,20 +114,98 @@ def test_bf16_is_decided_once_and_the_record_reads_that_decision(fake_gpu, monke
     from speed_ladder import parity
 
     monkeypatch.setattr(dev, "_BF16", {})
+    monkeypatch.setattr(precision, "_DECIDED", {})
     monkeypatch.setenv(dev.BF16_ENV, "auto")
-    assert dev.bf16_decided("cuda") is None  # nothing asked yet
+    assert precision.decided("cuda") is None  # nothing asked yet
     gpu = fake_gpu(props("NVIDIA A100-SXM4-80GB", 8, 0))
     asked, rule = [], dev._bf16_rule
     monkeypatch.setattr(
         dev, "_bf16_rule", lambda d, forced: asked.append(forced) or rule(d, forced)
     )
-    assert dev.bf16_is_fast(gpu)[0] is True and dev.bf16_is_fast(gpu)[0] is True
-    assert asked == [None] and dev.bf16_decided("cuda") is True
-    assert parity.regime(gpu).startswith("bf16")
+    assert precision.mixed_precision(gpu).dtype == torch.bfloat16
+    assert dev.bf16_is_fast(gpu)[0] is True and asked == [None]  # measured once
+    assert precision.decided("cuda") == "bf16" and parity.regime(gpu).startswith("bf16")
     monkeypatch.setenv(dev.BF16_ENV, "0")  # what it depends on changed: decided again
-    assert dev.bf16_is_fast(gpu)[0] is False and asked == [None, False]
-    assert dev.bf16_decided("cuda") is False and dev.bf16_decided("cpu") is None
-    assert not parity.regime(gpu).startswith("bf16")
+    assert precision.decided("cuda") is None  # the decision was under other variables
+    assert precision.mixed_precision(gpu).kind == "fp32" and asked == [None, False]
+    assert precision.decided("cuda") == "fp32" and precision.decided("cpu") is None
+    assert parity.regime(gpu) in ("fp32", "tf32")  # TF32 where step 02 asked for it
+
+
+# ---------------------------------------------------------------- step 05's autocast
+@pytest.mark.parametrize(
+    "p,rocm,kind,words",
+    [
+        (props("Tesla T4", 7, 5), False, "fp16", ["7.5 < 8.0", "7.5 has fp16 tensor cores"]),
+        (props("Tesla V100-SXM2-16GB", 7, 0), False, "fp16", ["7.0 has fp16 tensor cores"]),
+        (props("NVIDIA A100-SXM4-80GB", 8, 0), False, "bf16", ["8.0 >= 8.0"]),
+        (props("NVIDIA H100 80GB HBM3", 9, 0), False, "bf16", ["9.0 >= 8.0"]),
+        (props("Tesla P100-PCIE-16GB", 6, 0), False, "fp32", ["6.0 < 7.0 has no fp16 tensor"]),
+        (props("NVIDIA GeForce GTX 1080", 6, 1), False, "fp32", ["6.1 < 7.0"]),
+        (props("AMD Radeon Pro VII", 9, 0, arch="gfx906"), True, "fp32", ["no fp16 rule"]),
+    ],
+)  # fmt: skip
+def test_step_05_computes_in_bf16_where_native_else_in_fp16_with_a_loss_scaler(
+    p, rocm, kind, words, fake_gpu, monkeypatch
+):
+    """T4 and V100 (no bf16 tensor cores, fp16 ones): fp16 autocast and an enabled GradScaler;
+    A100 and H100: bf16 and a scaler that does nothing; older GPUs: fp32. torch says bf16 is
+    supported on all of them (emulated below 8.0): it must not decide."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setenv(dev.BF16_ENV, "auto")
+    monkeypatch.delenv(dev.AMP_ENV, raising=False)
+    gpu = fake_gpu(p, rocm=rocm)
+    amp = precision.mixed_precision(gpu)
+    assert (amp.kind, amp.dtype, amp.enabled) == (kind, precision.DTYPES[kind], kind != "fp32")
+    assert amp.scaler.is_enabled() is (kind == "fp16")
+    for w in words:
+        assert w in amp.why, amp.why
+    assert precision.decided("cuda") == kind  # the record's regime
+    assert gpus.autocast_for(p, rocm) == kind  # what the sweep's RunSpec resolves (gpu_memory)
+    monkeypatch.setenv(dev.AMP_ENV, "fp16")  # SPEED_LADDER_AMP forces any of them, and says so
+    assert precision.mixed_precision(gpu).kind == "fp16"
+    monkeypatch.setenv(dev.AMP_ENV, "fp32")
+    assert precision.choice(gpu) == ("fp32", "forced by SPEED_LADDER_AMP=fp32")
+    monkeypatch.setenv(dev.AMP_ENV, "bf16")
+    assert precision.choice(gpu)[0] == "bf16" and dev.bf16_is_fast(gpu)[0] is True
+    monkeypatch.setenv(dev.AMP_ENV, "half")
+    with pytest.raises(UserError, match="SPEED_LADDER_AMP='half': use bf16, fp16, fp32 or auto"):
+        precision.choice(gpu)
+    monkeypatch.delenv(dev.AMP_ENV)
+    monkeypatch.setenv(dev.BF16_ENV, "0")  # the tests' fp32 regime: no fp16 either
+    assert precision.choice(gpu) == ("fp32", "forced off by SPEED_LADDER_BF16")
+
+
+def test_a_t4_runs_the_later_rungs_in_fp16_or_says_why_not(fake_gpu, monkeypatch):
+    """On a GPU without native bf16, the fp16 choice holds in every later rung: the record's
+    regime says fp16; step 05 is active; step 15 (bf16 weights) and step 12 (Liger, whose
+    gradients are computed before GradScaler's scale) say why they do nothing; activations are
+    2 bytes in the memory model; the attention checks probe fp16."""
+    from speed_ladder import fused_loss, parity
+    from speed_ladder.measure import memory_model
+
+    monkeypatch.setenv(dev.BF16_ENV, "auto")
+    monkeypatch.delenv(dev.AMP_ENV, raising=False)
+    gpu = fake_gpu(props("Tesla T4", 7, 5, 40))
+    precision.mixed_precision(gpu)
+    assert parity.regime(gpu) == "fp16"  # no TF32 either: compute capability 7.5
+    assert inactive.autocast_off(gpu) is None
+    assert inactive.bf16_off(gpu).startswith("step 05 runs fp16 on this cuda: Tesla T4")
+    loss = fused_loss.fused_linear_cross_entropy(gpu)
+    assert loss.fallback_reason.endswith(f"({fused_loss.LIGER_FP16})")
+    assert memory_model.act_bytes_of("05", None, "cuda") == 2
+    seen = []
+
+    def probe(device, cfg, dtype):  # what the checks ask torch about, in autocast's dtype
+        seen.append(dtype)
+        raise RuntimeError("no tensors on a simulated GPU")  # the check then says nothing
+
+    monkeypatch.setattr(inactive, "_attention_probe", probe)
+    from speed_ladder.presets import PRESETS
+
+    asked = inactive.asked("07", gpu, PRESETS["tiny"], 0.0, None, attention_kernel="math")
+    (fact,) = [a for a in asked if a[0] == "07"]
+    assert fact[1].startswith("math path ran") and seen == [torch.float16], (fact, seen)
 
 
 # ---------------------------------------------------------------- more processes than GPUs
@@ -154,23 +232,25 @@ A100_40, A100_80 = 42_505_273_344, 85_051_572_224
 
 
 @pytest.mark.parametrize(
-    "memory,bf16,batches",
+    "memory,amp,batches",
     [
-        (RTX_4090, True, (4, 16)),  # 24 GB: step 00 (fp32, batch 8) would need ~26 GB
-        (L4, True, (4, 16)),
-        (V100_16, False, (2, 8)),  # 16 GB, no bf16: fp32 throughout
-        # 14.7 GiB: batch 2 (8) needs 14.4 at step 10 (3 fp32 logit tensors); 15.1 while steps
-        # 11-13 kept DDP's gradient buckets in a world of one (before step 11 wrapped only N > 1)
-        (T4, False, (2, 8)),
-        (A100_40, True, None),  # the preset fits: no rule
-        (A100_80, True, None),
+        (RTX_4090, "bf16", (4, 16)),  # 24 GB: step 00 (fp32, batch 8) would need ~26 GB
+        (L4, "bf16", (4, 16)),
+        (V100_16, "fp16", (2, 8)),  # 16 GB, no bf16: fp16 from step 05
+        (V100_16, "fp32", (2, 8)),  # fp32 throughout (SPEED_LADDER_AMP=fp32)
+        # 14.7 GiB: batch 2 (8) needs 12.1 at step 10 in fp16 (14.4 in fp32: 3 fp32 logit
+        # tensors); 15.1 in fp32 while steps 11-13 kept DDP's gradient buckets in a world of one
+        # (before step 11 wrapped only N > 1)
+        (T4, "fp16", (2, 8)),
+        (A100_40, "bf16", None),  # the preset fits: no rule
+        (A100_80, "bf16", None),
     ],
 )
-def test_the_batch_rule_picks_a_batch_that_fits_and_keeps_step_10s_4x(memory, bf16, batches):
+def test_the_batch_rule_picks_a_batch_that_fits_and_keeps_step_10s_4x(memory, amp, batches):
     from speed_ladder.presets import PRESETS
     from speed_ladder.spec import fit_batch
 
-    rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], memory, bf16)
+    rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], memory, amp)
     if batches is None:
         assert rule is None
         return
@@ -184,7 +264,7 @@ def test_where_no_batch_fits_the_preset_is_kept_and_said():
     from speed_ladder.presets import PRESETS
     from speed_ladder.spec import fit_batch
 
-    rule = fit_batch("gpt2-xl", PRESETS["gpt2-xl"], RTX_4090, True)  # 26 GB of state alone
+    rule = fit_batch("gpt2-xl", PRESETS["gpt2-xl"], RTX_4090, "bf16")  # 26 GB of state alone
     assert (rule["batch"], rule["large_batch"]) == (1, 4)
     assert "nor at batch 1" in rule["reason"]
 
@@ -247,7 +327,7 @@ def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch,
     values = preflight.measuring_values(dict(vars(_run_args()), device="cuda"), "cuda")
     planned = sweep.run_spec(values, "cuda")  # what the sweep's plan holds
     assert (planned.batch("00"), planned.batch("10")) == (batch, 4 * batch)
-    assert planned.bf16 is (major >= 8)
+    assert planned.amp == ("bf16" if major >= 8 else "fp16")
     ladder = {s.num: s for s in discover(ROOT)}
     monkeypatch.setenv(rank_memory.PREDICTED_ENV, "1")  # as the sweep launches a step
     for step in ("00", "05", "10"):
@@ -290,9 +370,9 @@ def test_sdpa_on_a_cpu_with_dropout_runs_the_math_path():
     from speed_ladder.presets import PRESETS
 
     cpu = torch.device("cpu")
-    why = inactive.sdpa_math_only(cpu, PRESETS["cpu"], bf16=False)  # dropout 0.1
+    why = inactive.sdpa_math_only(cpu, PRESETS["cpu"], torch.float32)  # dropout 0.1
     assert "math path" in why and "dropout 0.1" in why
-    assert inactive.sdpa_math_only(cpu, PRESETS["tiny"], bf16=False) is None  # dropout 0: flash
+    assert inactive.sdpa_math_only(cpu, PRESETS["tiny"], torch.float32) is None  # dropout 0: flash
 
 
 def test_cudnn_attention_is_asked_of_torch_for_the_training_call(fake_gpu, monkeypatch):
@@ -303,7 +383,9 @@ def test_cudnn_attention_is_asked_of_torch_for_the_training_call(fake_gpu, monke
     from speed_ladder.presets import PRESETS
 
     cfg = PRESETS["gpt2-124m"] | {"drop_rate": 0.0}
-    assert "CUDA's" in inactive.cudnn_attention_unavailable(torch.device("cpu"), cfg, True)
+    assert "CUDA's" in inactive.cudnn_attention_unavailable(
+        torch.device("cpu"), cfg, torch.bfloat16
+    )
     gpu = fake_gpu(props("NVIDIA H100 80GB HBM3", 9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     zeros = torch.zeros
@@ -328,18 +410,18 @@ def test_cudnn_attention_is_asked_of_torch_for_the_training_call(fake_gpu, monke
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", trial)
     answer(SDPBackend.CUDNN_ATTENTION)
-    assert inactive.cudnn_attention_unavailable(gpu, cfg, True) is None
+    assert inactive.cudnn_attention_unavailable(gpu, cfg, torch.bfloat16) is None
     assert asked == [((1, 12, 1024, 64), torch.bfloat16, True, 0.0, True, False)]
     # (B, T, H, Q) transposed, as the model lays q, k, v out; with cuDNN alone
     assert called == [((1, 12, 1024, 64), (786432, 64, 768, 1), False)]
     assert torch.backends.cuda.flash_sdp_enabled()  # only inside the probe
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **k: trial(*a, **k, fail=True))  # fmt: skip
-    why = inactive.cudnn_attention_unavailable(gpu, cfg, True)
+    why = inactive.cudnn_attention_unavailable(gpu, cfg, torch.bfloat16)
     assert why == ("cuDNN attention failed a trial call here (cuDNN Frontend error: No execution "
                    "plans support the graph.): step 07's kernel stays")  # fmt: skip
     answer(SDPBackend.ERROR)
-    why = inactive.cudnn_attention_unavailable(gpu, cfg, False)
+    why = inactive.cudnn_attention_unavailable(gpu, cfg, torch.float32)
     assert why.startswith("cuDNN attention refuses the training call here (compute capability")
     assert "torch.float32" in why and "step 07's kernel stays" in why
 

@@ -207,7 +207,7 @@ def test_bf16_step_runs_bf16_where_the_device_is_fast(tmp_path):
                        matmul_peak.PEAK_ENV: None})  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]
         out[script[6:8]] = records(res)[0]
-    assert not any("bf16 autocast off" in n for n in out["05"]["notes"])
+    assert not any("mixed precision off" in n for n in out["05"]["notes"])
     diffs = [abs(a - b) for a, b in zip(out["04"]["losses"], out["05"]["losses"], strict=True)]
     assert 0 < max(diffs) <= 0.02
 
@@ -250,12 +250,15 @@ def test_the_harness_asks_each_rungs_check_for_it_and_every_rung_built_on_it(mon
     fallback = SimpleNamespace(fallback_reason="PyTorch linear + cross-entropy ran (a test)")
     cpu = torch.device("cpu")
     for r in ladder.rungs():
-        asked = inactive.asked(r.num, cpu, cfg, 0.0, fallback)
+        asked = inactive.asked(r.num, cpu, cfg, 0.0, fallback, attention_kernel="flash")
         assert [a[0] for a in asked] == [s.num for s in ladder.lineage(r.num) if s.inactive]
         assert "run.inactive(" not in r.path.read_text(), r.rel
-    on_cpu = dict((n, why) for n, why, _ in inactive.asked("17", cpu, cfg, 0.0, fallback))
+    asked = inactive.asked("17", cpu, cfg, 0.0, fallback, attention_kernel="flash")
+    on_cpu = dict((n, why) for n, why, _ in asked)
     assert on_cpu["12"] == fallback.fallback_reason and on_cpu["16"].startswith("the preset")
     assert on_cpu["15"] == ladder.rung("15").inactive.why  # its fixed reason
     assert "forced off by SPEED_LADDER_BF16" in on_cpu["05"] and on_cpu["07"] is None
-    assert inactive.asked("17", cpu, cfg, 0.0, None)[-1][0] == "17"  # no loss built: 12 not asked
-    assert "12" not in [a[0] for a in inactive.asked("17", cpu, cfg, 0.0, None)]
+    no_loss = inactive.asked("17", cpu, cfg, 0.0, None, attention_kernel="flash")
+    assert no_loss[-1][0] == "17" and "12" not in [a[0] for a in no_loss]  # no loss: 12 not asked
+    # before the warm-up has shown the kernel, the checks that judge on it (07, 17) wait
+    assert {"07", "17"}.isdisjoint(a[0] for a in inactive.asked("17", cpu, cfg, 0.0, fallback))

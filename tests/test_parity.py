@@ -181,6 +181,29 @@ def test_the_dropout_reason_is_left_out_where_a_rung_and_its_base_train_without_
     assert parity.not_comparable("14", cpu, cpu).startswith("not comparable with dropout 0.1: ")
 
 
+def test_fp16_is_held_to_its_own_regime_on_a_cpu_and_not_judged_on_cuda():
+    """fp16 autocast with loss scaling (step 05 on a GPU without native bf16; forced on a CPU
+    by SPEED_LADDER_AMP=fp16): on a CPU its regime's tolerance (5e-4, finer than bf16's 2e-3);
+    on CUDA every tolerance was measured with TF32 and bf16, so an fp16 pair is `not
+    comparable`, with the reason, never `ok` or `off` (step 05 against step 04's fp32 too)."""
+    assert parity.regime_atol("fp16") == parity.regime_atol("fp16-compiled") == 5e-4
+    assert parity.judge("05", rec("04"), rec("05", 1e-3, "fp16"))[0] == "ok"  # step 05's 0.02
+    state, _, detail = parity.judge("06", rec("05", 0, "fp16"), rec("06", 3e-4, "fp16"))
+    assert state == "ok" and "<= 0.0005" in detail and "(fp16 regime)" in detail
+    assert parity.judge("06", rec("05", 0, "fp16"), rec("06", 1e-3, "fp16"))[0] == "off"
+    cuda = dict(device="cuda", preset="tiny")
+    pairs = [
+        (rec("04", **cuda), rec("05", 1e-3, "fp16", **cuda)),
+        (rec("05", 0, "fp16", **cuda), rec("06", 0.5, "fp16", **cuda)),
+        (rec("07", 0, "fp16", **cuda), rec("08", 0, "fp16-compiled", **cuda)),
+    ]
+    for prev, cur in pairs:
+        state, _, detail = parity.judge(cur["step"], prev, cur)
+        assert state == "not comparable" and "not comparable in fp16 on CUDA" in detail, detail
+    bf16 = dict(device="cuda", preset="tiny", regime="bf16")
+    assert parity.judge("06", rec("05", **bf16), rec("06", 1e-3, **bf16))[0] == "ok"
+
+
 def test_a_steps_own_bound_can_hold_for_one_regime_only():
     """Step 15's bf16 working weights part from step 12 by more than autocast's rounding where
     bf16 is on (2.7e-3 over the cpu preset's 10 steps on a CPU with native bf16), so its rule

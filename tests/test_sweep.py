@@ -675,7 +675,7 @@ def test_preflight_run_length_duration_and_memory(monkeypatch):
     assert preflight.compile_seconds(ladder["10"], recs, dict(cfg, preset="cpu"), "m") is None
     assert preflight.compile_seconds(ladder["10"], [rec("08", None)], cfg, "m") is None
     # memory: the prediction's line, and a warning when it cannot fit
-    gpu = lambda gib: (gib * 2**30, True)  # noqa: E731
+    gpu = lambda gib: (gib * 2**30, "bf16")  # noqa: E731
     xl = resolve_spec({"preset": "gpt2-xl"}, "cuda", gpu(24))
     pred = preflight.predict(ladder["10"], xl, 1)
     text, warning = preflight.memory_line(pred, "cuda", 24 * 2**30, 1)

@@ -27,8 +27,8 @@ import torch
 
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
+from speed_ladder.measure import precision
 from speed_ladder.measure.breakdown import PAUSED_RANGE
-from speed_ladder.measure.device import bf16_is_fast
 from speed_ladder.measure.inactive import _attention_probe, asked
 
 # the aten op that says which kernel SDPA dispatched to
@@ -62,7 +62,7 @@ def kernel_of(names: list[str]) -> tuple[str | None, str]:
     return ("math", DECOMPOSED) if names else (None, "the profiler recorded no op")
 
 
-def dispatcher_choice(device: torch.device, cfg: dict, bf16: bool) -> str | None:
+def dispatcher_choice(device: torch.device, cfg: dict, dtype: torch.dtype) -> str | None:
     """The kernel torch's dispatcher chooses for the training call (its shape, dtype, dropout
     and layout: inactive._attention_probe) under the settings in force now, or None where
     torch cannot say (torch._fused_sdp_choice missing, or MPS)."""
@@ -71,7 +71,7 @@ def dispatcher_choice(device: torch.device, cfg: dict, bf16: bool) -> str | None
     try:
         from torch.nn.attention import SDPBackend
 
-        q, _, _, drop = _attention_probe(device, cfg, bf16)
+        q, _, _, drop = _attention_probe(device, cfg, dtype)
         choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
         return BACKENDS.get(SDPBackend(choice).name)
     except Exception:  # noqa: BLE001 - an older or newer torch without this probe
@@ -149,8 +149,9 @@ class Watch:
 
     def _dispatcher(self, why: str) -> tuple[str | None, str]:
         run = self.run
-        bf16 = ladder.rung(run.step).memory.bf16_autocast and bf16_is_fast(run.device)[0]
-        kernel = dispatcher_choice(run.device, run.cfg, bf16)
+        on = ladder.rung(run.step).memory.bf16_autocast  # step 05's autocast (bf16 or fp16)
+        dtype = precision.DTYPES[precision.choice(run.device)[0]] if on else torch.float32
+        kernel = dispatcher_choice(run.device, run.cfg, dtype)
         return kernel, f"{why}: torch's dispatcher's choice for the training call"
 
     def _decide(self, kernel: str | None, how: str) -> None:

@@ -272,22 +272,38 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
     )
 
 
-def gpu_memory(device: torch.device) -> tuple[int, bool] | None:
-    """(total memory in bytes, native bf16) of a CUDA device, for the batch rule
-    (spec.fit_batch); None on other devices."""
+def gpu_memory(device: torch.device) -> tuple[int, str] | None:
+    """(total memory in bytes, step 05's autocast there: bf16, fp16 or fp32) of a CUDA device,
+    for the batch rule (spec.fit_batch); None on other devices."""
     if device.type != "cuda":
         return None
     props = torch.cuda.get_device_properties(device)
-    return props.total_memory, gpus.bf16_for(props, is_rocm())[0]
+    return props.total_memory, gpus.autocast_for(props, is_rocm())
 
 
 BF16_ENV = "SPEED_LADDER_BF16"  # 1/on or 0/off: step 05's rule forced, e.g. by the tests
-# bf16_is_fast's memo, which bf16_decided reads: device type -> (what it depends on, the answer)
+AMP_ENV = "SPEED_LADDER_AMP"  # bf16, fp16 or fp32: step 05's autocast forced (measure/precision.py)
+AMP_KINDS = ("bf16", "fp16", "fp32")
+# bf16_is_fast's memo: device type -> (what it depends on, the answer)
 _BF16: dict[str, tuple[tuple, tuple[bool, str]]] = {}
 
 
+def amp_forced() -> str | None:
+    """$SPEED_LADDER_AMP (bf16, fp16 or fp32), or None when unset (or `auto`)."""
+    raw = os.environ.get(AMP_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if raw in AMP_KINDS:
+        return raw
+    raise UserError(f"{AMP_ENV}={raw!r}: use {', '.join(AMP_KINDS)} or auto")
+
+
 def bf16_forced() -> bool | None:
-    """$SPEED_LADDER_BF16 as True/False, or None when unset (or `auto`)."""
+    """bf16 forced on or off: by $SPEED_LADDER_AMP where set (on for bf16 only), else by
+    $SPEED_LADDER_BF16 as True/False; None when neither forces it (unset, or `auto`)."""
+    amp = amp_forced()
+    if amp is not None:
+        return amp == "bf16"
     raw = os.environ.get(BF16_ENV, "").strip().lower()
     if raw in ("", "auto"):
         return None
@@ -299,12 +315,12 @@ def bf16_forced() -> bool | None:
 
 
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
-    """Whether bf16 matmuls beat fp32 here, with the evidence (used by the bf16 step), unless
-    $SPEED_LADDER_BF16 forces the answer: the CPU tests run both numeric regimes on any CPU
-    (emulated bf16 is slow, but `tiny` is small). Decided once per device type in a process,
-    again only if what it depends on changed ($SPEED_LADDER_BF16, the device's name,
-    $SPEED_LADDER_PEAK_FLOPS): the step, the memory model (act_bytes_of) and the record
-    (bf16_decided) see one answer.
+    """Whether bf16 matmuls beat fp32 here, with the evidence (step 05's rule, through
+    speed_ladder.measure.precision), unless $SPEED_LADDER_AMP or $SPEED_LADDER_BF16 forces the
+    answer: the CPU tests run every numeric regime on any CPU (emulated bf16 is slow, but `tiny`
+    is small). Decided once per device type in a process, again only if what it depends on
+    changed (those variables, the device's name, $SPEED_LADDER_PEAK_FLOPS): the step, the
+    memory model (act_bytes_of) and the record (precision.decided) see one answer.
 
     CUDA: compute capability >= 8.0 (Ampere on), where bf16 runs on tensor cores; not
     torch.cuda.is_bf16_supported(), which says True on a V100 or T4 too, where bf16 is emulated
@@ -312,23 +328,17 @@ def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
     """
     forced = bf16_forced()
     fixed = os.environ.get("SPEED_LADDER_PEAK_FLOPS")  # matmul_peak.PEAK_ENV (it imports us)
-    depends = (forced, None, None) if forced is not None else (None, name(device), fixed)
+    depends = (forced, amp_forced()) if forced is not None else (name(device), fixed)
     memo = _BF16.get(device.type)
     if memo is None or memo[0] != depends:
         memo = _BF16[device.type] = depends, _bf16_rule(device, forced)
     return memo[1]
 
 
-def bf16_decided(device_type: str) -> bool | None:
-    """What bf16_is_fast answered for this device type in this process: the regime a step's
-    autocast computed in (parity.regime); None when nothing asked."""
-    memo = _BF16.get(device_type)
-    return None if memo is None else memo[1][0]
-
-
 def _bf16_rule(device: torch.device, forced: bool | None) -> tuple[bool, str]:
     if forced is not None:
-        ok, why = forced, f"forced {'on' if forced else 'off'} by {BF16_ENV}"
+        by = f"{AMP_ENV}={amp_forced()}" if amp_forced() is not None else BF16_ENV
+        ok, why = forced, f"forced {'on' if forced else 'off'} by {by}"
     elif device.type == "cuda":
         ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
         why = f"{name(device)}: {why}"

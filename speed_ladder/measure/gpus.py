@@ -294,3 +294,23 @@ def bf16_for(props, is_rocm: bool) -> tuple[bool, str]:
     """has_native_bf16() from a torch.cuda.get_device_properties() result (or anything alike)."""
     arch = getattr(props, "gcnArchName", None) or None
     return has_native_bf16(props.major, props.minor, is_rocm, arch)
+
+
+def fp16_tensor_cores(major: int, minor: int, is_rocm: bool = False) -> tuple[bool, str]:
+    """Whether a GPU without native bf16 runs fp16 on tensor cores, and why: NVIDIA compute
+    capability 7.x (Volta, Turing). Below 7.0 fp16 has no tensor cores (and most Pascal cards
+    run it at a fraction of fp32's rate); AMD GPUs without bf16 matrix cores: no rule here."""
+    if is_rocm:
+        return False, "AMD GPU without bf16 matrix cores: no fp16 rule here, fp32 kept"
+    cc = f"compute capability {major}.{minor}"
+    if (major, minor) >= (7, 0):
+        return True, f"{cc} has fp16 tensor cores: fp16 autocast with loss scaling"
+    return False, f"{cc} < 7.0 has no fp16 tensor cores either: fp32 kept"
+
+
+def autocast_for(props, is_rocm: bool) -> str:
+    """Step 05's autocast on this GPU (speed_ladder.measure.precision): bf16 where it is
+    native, else fp16 where it runs on tensor cores, else fp32."""
+    if bf16_for(props, is_rocm)[0]:
+        return "bf16"
+    return "fp16" if fp16_tensor_cores(props.major, props.minor, is_rocm)[0] else "fp32"

@@ -2,13 +2,13 @@
 this device, or None where it acts. The registry names each rung's check (`inactive` in
 speed_ladder/data/ladder.json), and the harness asks it (`asked`, from Run.set_model) for the
 run's own step and every rung it builds on, with the facts its parameters name: `device`,
-`cfg` (the step's GPT_CONFIG), `bf16` (step 05's decision, `device.bf16_is_fast`), `step` (the
-rung asked about), `drop_rate` (the preset's), `fused_loss` (step 12's, speed_ladder.fused_loss)
-and `attention_kernel` (the SDPA kernel the training call ran, known after the warm-up:
-measure/attention_kernel.py, which asks the checks that take it then). Each reason is a note of
-the record (`step NN: reason`, and in its `inactive_rungs`); the run's own step's makes its
-record say `step_active: false` (the summary, README table and charts then show the step as
-inactive here, never as a gain or a loss)."""
+`cfg` (the step's GPT_CONFIG), `dtype` (step 05's autocast dtype, fp32 where it is off:
+`precision.choice`), `step` (the rung asked about), `drop_rate` (the preset's), `fused_loss`
+(step 12's, speed_ladder.fused_loss) and `attention_kernel` (the SDPA kernel the training call
+ran, known after the warm-up: measure/attention_kernel.py, which asks the checks that take it
+then). Each reason is a note of the record (`step NN: reason`, and in its `inactive_rungs`); the
+run's own step's makes its record say `step_active: false` (the summary, README table and charts
+then show the step as inactive here, never as a gain or a loss)."""
 
 import inspect
 import os
@@ -18,7 +18,8 @@ import torch
 
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
-from speed_ladder.measure.device import bf16_is_fast, is_rocm
+from speed_ladder.measure import precision
+from speed_ladder.measure.device import is_rocm
 
 
 def tf32_unavailable(device: torch.device) -> str | None:
@@ -51,26 +52,25 @@ def pinned_memory_useless(device: torch.device) -> str | None:
     return f"pinned memory speeds host-to-GPU copies: no effect on {device.type}"
 
 
-def _attention_probe(device: torch.device, cfg: dict, bf16: bool):
+def _attention_probe(device: torch.device, cfg: dict, dtype: torch.dtype):
     """What a check asks torch about: the training call's q (= k = v) for one sequence, laid out
-    as the model lays it out ((B, T, H, Q) transposed to (B, H, T, Q)) and requiring grad; its
-    dtype, head size and dropout."""
+    as the model lays it out ((B, T, H, Q) transposed to (B, H, T, Q)) and requiring grad, in
+    autocast's `dtype`; that dtype, the head size and the dropout."""
     heads, head = cfg["n_heads"], cfg["emb_dim"] // cfg["n_heads"]
-    dtype = torch.bfloat16 if bf16 else torch.float32
     x = torch.zeros(1, cfg["context_length"], heads, head, device=device, dtype=dtype)
     x.requires_grad_(True)
     return x.transpose(1, 2), dtype, head, float(cfg.get("drop_rate") or 0.0)
 
 
-def _math_why(device: torch.device, cfg: dict, bf16: bool) -> str:
+def _math_why(device: torch.device, cfg: dict, dtype: torch.dtype) -> str:
     """Why torch has no fused attention kernel for the training call here, in a few words."""
-    _, dtype, head, drop = _attention_probe(device, cfg, bf16)
+    _, dtype, head, drop = _attention_probe(device, cfg, dtype)
     if drop > 0:
         return f"dropout {drop:g} > 0 has no fused kernel on {device.type}"
     return f"no fused kernel for {dtype} and head size {head} here"
 
 
-def sdpa_math_only(device: torch.device, cfg: dict, bf16: bool) -> str | None:
+def sdpa_math_only(device: torch.device, cfg: dict, dtype: torch.dtype) -> str | None:
     """Why torch's dispatcher gives scaled_dot_product_attention's training call PyTorch's
     math path here (the same (B, H, T, T) work as hand-written attention), or None where it
     gives it a fused kernel. Asked of torch itself (torch._fused_sdp_choice) for the training
@@ -82,17 +82,19 @@ def sdpa_math_only(device: torch.device, cfg: dict, bf16: bool) -> str | None:
     try:
         from torch.nn.attention import SDPBackend
 
-        q, _, _, drop = _attention_probe(device, cfg, bf16)
+        q, _, _, drop = _attention_probe(device, cfg, dtype)
         choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
     except Exception:  # an older or newer torch without this probe: say nothing
         return None
     if choice != int(SDPBackend.MATH):
         return None
-    why = _math_why(device, cfg, bf16)
+    why = _math_why(device, cfg, dtype)
     return f"scaled_dot_product_attention runs the math path ({why}): no flash attention"
 
 
-def sdpa_math_ran(device: torch.device, cfg: dict, bf16: bool, attention_kernel: str) -> str | None:
+def sdpa_math_ran(
+    device: torch.device, cfg: dict, dtype: torch.dtype, attention_kernel: str
+) -> str | None:
     """Step 07: why scaled_dot_product_attention gave nothing over hand-written attention in
     this run, judged on the kernel its training call ran (measure/attention_kernel.py), or None
     where a fused kernel ran (flash, efficient, cuDNN; MPS's own)."""
@@ -102,7 +104,7 @@ def sdpa_math_ran(device: torch.device, cfg: dict, bf16: bool, attention_kernel:
         return None
     if attention_kernel != "math":
         return f"the attention kernel that ran is {attention_kernel}: no fused kernel seen"
-    why = _math_why(device, cfg, bf16) if sdpa_math_only(device, cfg, bf16) else (
+    why = _math_why(device, cfg, dtype) if sdpa_math_only(device, cfg, dtype) else (
         "torch's dispatcher chose a fused kernel for the call, but math ran"
     )  # fmt: skip
     return f"math path ran ({why}): the (B, H, T, T) scores of step 06, no flash attention"
@@ -119,11 +121,19 @@ def compile_disabled() -> str | None:
     return None
 
 
+def autocast_off(device: torch.device) -> str | None:
+    """Step 05: why autocast stays off here (neither bf16 nor fp16 is native, or bf16 measured
+    no faster on a CPU or MPS), or None where step 05 turns it on, in bf16 or in fp16 with loss
+    scaling (`precision.choice`, the step's rule)."""
+    kind, why = precision.choice(device)
+    return None if kind != "fp32" else f"mixed precision off on this {device.type}: {why}"
+
+
 def bf16_off(device: torch.device) -> str | None:
-    """Step 05: why bf16 autocast stays off here (bf16 not native, or measured no faster), or
-    None where step 05 turns it on (`device.bf16_is_fast`, decided once per process)."""
-    use, why = bf16_is_fast(device)
-    return None if use else f"bf16 autocast off on this {device.type}: {why}"
+    """Step 15: why step 05 does not compute in bf16 here (fp32, or fp16 with loss scaling where
+    bf16 is not native), or None where it does."""
+    kind, why = precision.choice(device)
+    return None if kind == "bf16" else f"step 05 runs {kind} on this {device.type}: {why}"
 
 
 def world_of_one(step: str) -> str | None:
@@ -172,13 +182,13 @@ def dropout_already_off(drop_rate) -> str | None:
     return "the preset has no dropout to take out (drop_rate 0): the same model as step 15"
 
 
-def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> str | None:
+def cudnn_attention_unavailable(device: torch.device, cfg: dict, dtype: torch.dtype) -> str | None:
     """Step 17: why cuDNN's fused attention cannot take the training call here, or None where it
     can. Asked of torch itself (torch._fused_sdp_choice with only cuDNN's backend on) for the
     training call's shape, dtype and dropout, as step 07's check, then one real call of that
-    shape, forward and backward: it needs a CUDA GPU whose cuDNN has the kernel, bf16 (step 05
-    on) and no dropout (step 16), and a torch whose `sdpa_kernel` sets an order (`set_priority`,
-    torch 2.6 on)."""
+    shape, forward and backward: it needs a CUDA GPU whose cuDNN has the kernel, a 16-bit dtype
+    (step 05 on) and no dropout (step 16), and a torch whose `sdpa_kernel` sets an order
+    (`set_priority`, torch 2.6 on)."""
     if device.type != "cuda":
         return f"cuDNN attention is CUDA's: on {device.type} step 07's attention kernel stays"
     import inspect
@@ -195,7 +205,7 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> 
     from torch.nn.attention import SDPBackend
 
     try:
-        q, dtype, head, drop = _attention_probe(device, cfg, bf16)
+        q, dtype, head, drop = _attention_probe(device, cfg, dtype)
         with warnings.catch_warnings(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             warnings.simplefilter("ignore")  # the refusal's reasons, printed as warnings
             choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
@@ -258,7 +268,7 @@ def asked(
 ) -> list[tuple]:
     """[(rung, reason or None, acted)] for rung `step` and every rung it builds on
     (ladder.lineage), the first rung first: each rung's registry check asked with the facts its
-    parameters name (the module doc; `bf16` is asked of device.bf16_is_fast only where a check
+    parameters name (the module doc; `dtype` is asked of precision.choice only where a check
     names it), the rung's fixed `why` in place of the check's words. A check whose fact the run
     lacks (None: no fused loss built, the kernel not known yet) is not asked, nor any where
     `step` is no rung here; `only`: a fact's name, the checks that take it alone."""
@@ -277,6 +287,8 @@ def asked(
         if any(facts.get(n, 0) is None for n in names) or (only and only not in names):
             continue
         given = {**facts, "step": r.num}
-        reason = check(**{n: bf16_is_fast(device)[0] if n == "bf16" else given[n] for n in names})
+        if "dtype" in names:  # step 05's autocast dtype, asked only where a check names it
+            given["dtype"] = precision.DTYPES[precision.choice(device)[0]]
+        reason = check(**{n: given[n] for n in names})
         out.append((r.num, reason and (r.inactive.why or reason), r.inactive.acted))
     return out

@@ -319,30 +319,31 @@ def breakdown_table(steps=None, gpus=(1, 4)) -> str:
 
 
 # ---------------------------------------------------------------- for the harness
-def act_bytes_of(step: str, bf16: bool | None, device_type: str) -> int:
-    """Bytes per activation element in ladder step `step`: 2 under step 05's bf16 autocast, else
-    4. bf16: RunSpec.bf16 (None on a CPU or MPS: device.bf16_is_fast measures it, cached)."""
+def act_bytes_of(step: str, half: bool | None, device_type: str) -> int:
+    """Bytes per activation element in ladder step `step`: 2 under step 05's autocast (bf16, or
+    fp16 with loss scaling), else 4. half: whether it computes in 16 bits (RunSpec.half; None on
+    a CPU or MPS: precision.choice measures it, cached)."""
     if not ladder.rung(step).memory.bf16_autocast:
         return 4
-    if bf16 is None:
+    if half is None:
         import torch
 
-        from speed_ladder.measure.device import bf16_is_fast
+        from speed_ladder.measure.precision import choice
 
-        bf16 = bf16_is_fast(torch.device(device_type))[0]
-    return 2 if bf16 else 4
+        half = choice(torch.device(device_type))[0] != "fp32"
+    return 2 if half else 4
 
 
-def predict_run(shape: dict, step: str, world: int, batch: int, bf16: bool | None,
+def predict_run(shape: dict, step: str, world: int, batch: int, half: bool | None,
                 device_type: str, mode: str | None = None, vocab: int | None = None,
                 name: str = "custom", fused: bool | None = None) -> Prediction:  # fmt: skip
     """The prediction for one run of ladder step `step` (the sweep's before it, the step's own):
-    activations in bf16 as step 05 decides (`act_bytes_of`), flash attention from step 07 (on a
+    activations in 16 bits as step 05 decides (`act_bytes_of`), flash attention from step 07 (on a
     CPU only without dropout: SDPA's math path otherwise), GPT-2's vocabulary padded from step
     09, Liger's fused loss from step 12 where it ran (`fused`: the run's) or, before the run,
     where it can (`liger_runs_on`); the mode from the step unless the model says
     (`detect_mode`)."""
-    act = act_bytes_of(step, bf16, device_type)
+    act = act_bytes_of(step, half, device_type)
     m = ladder.rung(step).memory
     flash = m.flash and (device_type == "cuda" or not m.drop_rate(shape))  # CPU + dropout: math
     if vocab is None:

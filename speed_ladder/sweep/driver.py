@@ -62,7 +62,7 @@ from speed_ladder.flags import child_argv
 from speed_ladder.ladder import discover, expected_steps, parse_steps, processes_suffix
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.device import resolve as resolve_torch_device
-from speed_ladder.measure.gpus import bf16_for
+from speed_ladder.measure.gpus import autocast_for
 from speed_ladder.records import file_sha256
 from speed_ladder.report import committed
 from speed_ladder.report import redraw as report
@@ -130,15 +130,16 @@ def capacity(device_type: str) -> int | None:
     return cuda_info()[2] if device_type == "cuda" else machine.ram_bytes()
 
 
-def gpu_of(device_type: str) -> tuple[int, bool] | None:
-    """(total memory, native bf16) of GPU 0, what device.gpu_memory gives a step on it: the
-    batch rule's input for the sweep's RunSpec. None off CUDA (or without its properties)."""
+def gpu_of(device_type: str) -> tuple[int, str] | None:
+    """(total memory, step 05's autocast there) of GPU 0, what device.gpu_memory gives a step on
+    it: the batch rule's input for the sweep's RunSpec. None off CUDA (or without its
+    properties)."""
     if device_type != "cuda":
         return None
     _, _, total, props = cuda_info()
     if not props or total is None:
         return None
-    return int(total), bf16_for(SimpleNamespace(**props[0]), is_rocm())[0]
+    return int(total), autocast_for(SimpleNamespace(**props[0]), is_rocm())
 
 
 def run_spec(values: dict, device_type: str) -> RunSpec:

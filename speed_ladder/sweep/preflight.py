@@ -156,7 +156,7 @@ def predict(step: Step, spec: RunSpec, world: int):
     shape = PRESETS.get(spec.preset)
     if shape is None:
         return None
-    return memory_model.predict_run(shape, step.num, world, spec.batch(step.num), spec.bf16,
+    return memory_model.predict_run(shape, step.num, world, spec.batch(step.num), spec.half,
                                     spec.device, name=spec.preset)  # fmt: skip
 
 

@@ -1,0 +1,97 @@
+"""Step 05's mixed precision: which dtype autocast computes in, and the loss scaler that fp16
+needs, decided once per device type before the model is built.
+
+- **bf16** where bf16 is native (`device.bf16_is_fast`: CUDA compute capability >= 8.0, AMD by
+  arch; a CPU or MPS where its measured bf16 matmul beats fp32). bf16 keeps fp32's exponent
+  range: no gradient underflows, no scaler.
+- **fp16 with loss scaling** on an NVIDIA GPU without bf16 tensor cores but with fp16 ones:
+  compute capability 7.x (V100, T4). fp16 keeps 11 significant bits but only 5 exponent bits:
+  a value below 2^-24 (6e-8) flushes to zero, where many of a mean loss's gradients lie. The
+  scaler (`torch.amp.GradScaler`) multiplies the loss by a large factor (2^16 to start) before
+  backward, so the gradients stay representable, divides them by it before the optimizer step,
+  skips a step whose gradients hold an inf or NaN (and halves the factor), and doubles the
+  factor after 2000 steps without one (Micikevicius et al. 2018, "Mixed Precision Training",
+  section 3.2; PyTorch's AMP recipe).
+- **fp32** elsewhere: a CPU or MPS where bf16 is no faster, a GPU with neither (compute
+  capability < 7.0; AMD GPUs without bf16 matrix cores: no fp16 rule measured there).
+
+$SPEED_LADDER_AMP (bf16, fp16 or fp32) forces the choice, as $SPEED_LADDER_BF16 (1 or 0:
+bf16 or fp32) does; the tests run the fp16 path on a CPU that way (CPU autocast takes fp16).
+
+The scaler of a bf16 or fp32 run is `GradScaler(enabled=False)`, whose `scale(loss)` is the
+loss, `step(optimizer)` is `optimizer.step()` and `update()` does nothing: every later step
+runs the same lines in every regime. It works under DDP (gradients are all-reduced before it
+reads them) and FSDP2 without FSDP1's ShardedGradScaler (a sharded gradient's inf check is
+all-reduced across the mesh by DTensor, so every rank skips the same step:
+tests/test_precision.py). Measured in fp16 on `tiny` (4 steps, 2 gloo processes, eager): steps
+11, 13 and 14 computed the same losses; step 08 compiled stayed within 2.4e-5 of step 07.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from speed_ladder.measure import device as dev
+from speed_ladder.measure import gpus
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# what choice() answered per device type, and the variables it read: the record's regime
+_DECIDED: dict[str, tuple[tuple, str]] = {}
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """What a step computes with: `torch.autocast(device.type, dtype=amp.dtype,
+    enabled=amp.enabled)`, then `amp.scaler.scale(loss).backward()`, `amp.scaler.step(optimizer)`,
+    `amp.scaler.update()`."""
+
+    kind: str  # "bf16", "fp16" or "fp32"
+    why: str
+    scaler: torch.amp.GradScaler  # enabled for fp16 only
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.kind]
+
+    @property
+    def enabled(self) -> bool:
+        """Autocast is on (bf16 or fp16)."""
+        return self.kind != "fp32"
+
+
+def _env() -> tuple:
+    return tuple(os.environ.get(k) for k in (dev.AMP_ENV, dev.BF16_ENV))
+
+
+def choice(device: torch.device) -> tuple[str, str]:
+    """(bf16, fp16 or fp32, why) for this device: the rule of the module doc. $SPEED_LADDER_BF16
+    forced off keeps fp32 (no fp16 either): the tests' fp32 regime on any device."""
+    forced = dev.amp_forced()
+    if forced is not None:
+        kind, why = forced, f"forced by {dev.AMP_ENV}={forced}"
+    else:
+        bf16, why = dev.bf16_is_fast(device)
+        kind = "bf16" if bf16 else "fp32"
+        if not bf16 and device.type == "cuda" and dev.bf16_forced() is None:
+            p = torch.cuda.get_device_properties(device)
+            fp16, more = gpus.fp16_tensor_cores(p.major, p.minor, dev.is_rocm())
+            kind, why = ("fp16" if fp16 else "fp32"), f"{why}; {more}"
+    _DECIDED[device.type] = _env(), kind
+    return kind, why
+
+
+def decided(device_type: str) -> str | None:
+    """What choice() last answered for this device type in this process (a step's autocast:
+    the record's regime, parity.regime); None when nothing asked, or when $SPEED_LADDER_AMP or
+    $SPEED_LADDER_BF16 changed since."""
+    memo = _DECIDED.get(device_type)
+    return memo[1] if memo is not None and memo[0] == _env() else None
+
+
+def mixed_precision(device: torch.device) -> MixedPrecision:
+    """Step 05's call, once, before the model is built: the autocast dtype and the loss scaler
+    (enabled for fp16 only)."""
+    kind, why = choice(device)
+    scaler = torch.amp.GradScaler(device.type, enabled=kind == "fp16")
+    return MixedPrecision(kind, why, scaler)
