@@ -3,7 +3,8 @@ this device, or None where it acts. The registry names each rung's check (`inact
 speed_ladder/data/ladder.json), and the harness asks it (`asked`, from Run.set_model) for the
 run's own step and every rung it builds on, with the facts its parameters name: `device`,
 `cfg` (the step's GPT_CONFIG), `bf16` (step 05's decision, `device.bf16_is_fast`), `step` (the
-rung asked about), `drop_rate` (the preset's) and `fused_loss` (step 12's, speed_ladder.fused_loss).
+rung asked about), `drop_rate` (the preset's), `fused_loss` (step 12's, speed_ladder.fused_loss),
+`batch` (the run's sequences per step and process) and `accum_steps` (the preset's).
 Each reason is a note of the record (`step NN: reason`); the run's own step's makes its record
 say `step_active: false` (the summary, README table and charts then show the step as inactive
 here, never as a gain or a loss)."""
@@ -17,6 +18,7 @@ import torch
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.measure.device import bf16_is_fast, is_rocm
+from speed_ladder.presets import micro_batches
 
 
 def tf32_unavailable(device: torch.device) -> str | None:
@@ -187,6 +189,20 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, bf16: bool) -> 
     return None
 
 
+def batch_not_split(batch: int, accum_steps: int) -> str | None:
+    """Step 18: why the batch is not split into micro-batches here (accum_steps 1, or a batch
+    that accum_steps does not split into equal parts: presets.micro_batches), or None where it
+    is."""
+    if micro_batches(batch, accum_steps) > 1:
+        return None
+    if accum_steps <= 1:
+        return f"accum_steps {accum_steps}: one micro-batch per batch, no accumulation"
+    return (
+        f"batch {batch} does not split into {accum_steps} equal micro-batches: it stays whole, "
+        "one forward and backward per step (step 17's run)"
+    )
+
+
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run
 
 
@@ -198,7 +214,9 @@ def interpreted(notes: list[str]) -> bool:
     return triton_interpreted() and any(n.startswith(LIGER_RAN) for n in notes)
 
 
-def asked(step: str, device: torch.device, cfg: dict, drop_rate, fused_loss) -> list[tuple]:
+def asked(
+    step: str, device: torch.device, cfg: dict, drop_rate, fused_loss, batch=None, accum_steps=None
+) -> list[tuple]:
     """[(rung, reason or None, acted)] for rung `step` and every rung it builds on
     (ladder.lineage), the first rung first: each rung's registry check asked with the facts its
     parameters name (the module doc; `bf16` is asked of device.bf16_is_fast only where a check
@@ -208,7 +226,8 @@ def asked(step: str, device: torch.device, cfg: dict, drop_rate, fused_loss) -> 
         chain = ladder.lineage(step)
     except UserError:
         return []
-    facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate, "fused_loss": fused_loss}
+    facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate, "fused_loss": fused_loss,
+             "batch": batch, "accum_steps": accum_steps}  # fmt: skip
     out = []
     for r in chain:
         if r.inactive is None:

@@ -154,7 +154,9 @@ class Run:
         token and start the clock (call right before the training loop)."""
         self.cfg, self.batch_size = cfg, batch_size
         drop = self.settings["drop_rate"]
-        for step, reason, acted in asked(self.step, self.device, cfg, drop, self.fused_loss):
+        accum = self.settings["accum_steps"]  # step 18's micro-batches, where they split the batch
+        for step, reason, acted in asked(self.step, self.device, cfg, drop, self.fused_loss,
+                                         batch_size, accum):  # fmt: skip
             self.inactive(step, reason, acted)
         # lazy: rank_memory imports memory_model, which `python -m ...memory_model` runs as __main__
         from speed_ladder.measure.rank_memory import announce
