@@ -21,7 +21,7 @@ from importlib import import_module
 from speed_ladder.errors import UserError, main
 from speed_ladder.flags import parse_args
 from speed_ladder.ladder import inactive_helpers
-from speed_ladder.presets import GPT2_VOCAB
+from speed_ladder.presets import GPT2_VOCAB, micro_batches
 
 # The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
 # charts, plot_results.py) runs this file and must not need torch. The rungs' inactive checks
@@ -39,5 +39,5 @@ def __getattr__(name: str):
     return getattr(import_module(f".{_NEEDS_TORCH[name]}", __name__), name)
 
 
-__all__ = ["GPT2_VOCAB", "UserError", "main", "parse_args"]
+__all__ = ["GPT2_VOCAB", "UserError", "main", "micro_batches", "parse_args"]
 __all__ += sorted(_NEEDS_TORCH)

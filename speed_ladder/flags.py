@@ -103,6 +103,12 @@ STEP_FLAGS = (
         {"type": positive, "metavar": "N"},
     ),
     Flag(
+        "--accum-steps",
+        "micro-batches each batch is split into from step 18 on, one optimizer step per batch "
+        "(default: the preset's, 2)",
+        {"type": positive, "metavar": "N"},
+    ),
+    Flag(
         "--data",
         "training text (default: data/middlemarch.txt, downloaded once)",
         {"metavar": "PATH"},

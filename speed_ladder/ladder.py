@@ -21,6 +21,7 @@ from pathlib import Path
 
 from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT
+from speed_ladder.presets import micro_batches
 
 REGISTRY = Path(__file__).parent / "data" / "ladder.json"
 BASELINE = "00"  # the first rung, which every speedup is over
@@ -40,6 +41,8 @@ TERMS = {
     "compiled": (False, True),  # torch.compile: the sweep times its compile
     "distributed": (False, True),  # sets up a process group: launched through torchrun
     "dropout": ("preset", "off"),  # off: dropout 0 whatever the preset says (no masks)
+    # accum_steps: each batch in the preset's accum_steps micro-batches, one optimizer step
+    "accumulation": ("none", "accum_steps"),
 }
 
 
@@ -55,6 +58,7 @@ class Memory:
     checkpointing: bool
     state: str
     dropout: str = "preset"  # "off": the rung trains without dropout
+    accumulation: str = "none"  # "accum_steps": micro-batches, one optimizer step per batch
 
     @property
     def bf16_autocast(self) -> bool:
@@ -78,6 +82,14 @@ class Memory:
     @property
     def large_batch(self) -> bool:
         return self.batch == "large_batch_size"
+
+    def micro_batches(self, settings: dict, batch: int) -> int:
+        """The micro-batches a batch of `batch` sequences is split into under a preset's
+        settings: its accum_steps where this rung accumulates and they split the batch into
+        equal parts (presets.micro_batches), else 1."""
+        if self.accumulation == "none":
+            return 1
+        return micro_batches(batch, settings.get(self.accumulation, 1))
 
     def drop_rate(self, cfg: dict) -> float:
         """The dropout this rung trains a model of config `cfg` with: 0 where it takes dropout
@@ -224,7 +236,8 @@ def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step
     steps, seen, states = [], [], {}
     initial = {"precision": "fp32", "attention": "materialized", "vocab": "gpt2",
                "batch": "batch_size", "loss": "logits", "checkpointing": False, "state": "single",
-               "compiled": False, "distributed": False, "dropout": "preset"}  # fmt: skip
+               "compiled": False, "distributed": False, "dropout": "preset",
+               "accumulation": "none"}  # fmt: skip
     initial = initial if not strict else {}
     reg = _rel(registry)
     for f in files:

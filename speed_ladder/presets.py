@@ -14,9 +14,10 @@ not publish its learning rates ("manually tuned"); the rates here are the GPT-3 
 sizes (Brown et al. 2020, Table 2.1: 350M 3.0e-4, 760M 2.5e-4, 1.3B 2.0e-4, for 0.5-1M-token
 batches), which Karpathy's llm.c GPT-2 reproductions follow. `batch_size` and `large_batch_size` are
 sequences per process, sized for one GPU; the paper's 512 would be large_batch_size x GPUs x
-gradient-accumulation steps (e.g. 16 x 8 x 4 for gpt2-medium; this ladder has no accumulation, so
-its global batch is large_batch_size x GPUs). Their run length is a measuring run: 30 steps, 10 of
-them warm-up.
+gradient-accumulation steps (e.g. 16 x 8 x 4 for gpt2-medium). Step 18's accumulation splits each
+batch into `accum_steps` micro-batches instead of adding them, so its global batch stays
+large_batch_size x GPUs and only its memory changes (`micro_batches`). Their run length is a
+measuring run: 30 steps, 10 of them warm-up.
 
 `check_name` is the one check of a preset's name. Which preset a run uses, with its flags
 and the batch rule that fits a smaller GPU applied, is speed_ladder/spec.py's (`resolve_spec`).
@@ -38,6 +39,7 @@ def _gpt2_family(emb_dim: int, n_heads: int, n_layers: int, lr: float, batch: in
         "qkv_bias": False,
         "batch_size": batch,
         "large_batch_size": 4 * batch,  # used from step 10 (larger batch) on
+        "accum_steps": 2,  # step 18: micro-batches per batch
         "lr": lr,
         "weight_decay": 0.1,
         "epochs": 1,
@@ -59,6 +61,7 @@ PRESETS = {
         "qkv_bias": False,
         "batch_size": 8,
         "large_batch_size": 32,  # used from step 10 (larger batch) on
+        "accum_steps": 2,  # step 18: micro-batches per batch
         "lr": 5e-4,
         "weight_decay": 0.1,
         "epochs": 15,
@@ -81,6 +84,7 @@ PRESETS = {
         "qkv_bias": False,
         "batch_size": 2,
         "large_batch_size": 4,  # 2x, not 4x: keeps step 10's run near 30 s on 2 cores
+        "accum_steps": 2,
         "lr": 5e-4,
         "weight_decay": 0.1,
         "epochs": 1,
@@ -99,6 +103,7 @@ PRESETS = {
         "qkv_bias": False,
         "batch_size": 4,
         "large_batch_size": 8,
+        "accum_steps": 2,
         "lr": 5e-4,
         "weight_decay": 0.1,
         "epochs": 1,
@@ -131,6 +136,12 @@ def flop_split(p: dict, vocab: int = GPT2_VOCAB) -> float:
     body = 12 * p["emb_dim"] ** 2 * p["n_layers"]
     head = p["emb_dim"] * vocab
     return head / (body + head)
+
+
+def micro_batches(batch: int, accum_steps: int) -> int:
+    """Step 18's micro-batches per batch of `batch` sequences: `accum_steps` where they split it
+    into equal parts, else 1 (the batch stays whole: batch 1, or an odd batch at 2)."""
+    return accum_steps if accum_steps > 1 and batch % accum_steps == 0 else 1
 
 
 def check_name(name: str | None) -> None:

@@ -5,7 +5,7 @@ resolves it with the same function from the same flags on the same device, so th
 sweep predicts is the run the step does; the record keeps it (`spec`).
 
 - **The preset** (`preset_name`): --preset, else gpt2-124m on CUDA and cpu elsewhere; --epochs,
-  --max-steps, --warmup-steps and --batch-size override its settings.
+  --max-steps, --warmup-steps, --accum-steps and --batch-size override its settings.
 - **The batch rule** (`fit_batch`): on a CUDA GPU that cannot hold every step of the ladder at
   the preset's batch (gpt2-124m's fp32 steps 00-04 at batch 8 reserve about 26 GB: a 24 GB RTX
   3090/4090, L4 or A10 runs out of memory at step 00), the default halves `batch_size` and
@@ -63,7 +63,8 @@ class RunSpec:
 
     def record(self) -> dict:
         """The record's `spec` (its one configuration; the batch rule is its own field)."""
-        keys = ("max_steps", "epochs", "warmup_steps", "batch_size", "large_batch_size")
+        keys = ("max_steps", "epochs", "warmup_steps", "batch_size", "large_batch_size",
+                "accum_steps")  # fmt: skip
         return {"preset": self.preset, "device": self.device,
                 **{k: self.settings[k] for k in keys}, "seed": self.seed,
                 "batch_size_override": self.batch_size_override, "data": self.data,
@@ -139,7 +140,7 @@ def resolve_spec(values: dict, device_type: str, gpu: tuple[int, str] | None = N
     where --batch-size is not given."""
     name, why = preset_name(values.get("preset"), device_type)
     p = dict(PRESETS[name])
-    for key in ("epochs", "max_steps", "warmup_steps"):
+    for key in ("epochs", "max_steps", "warmup_steps", "accum_steps"):
         if values.get(key) is not None:
             p[key] = values[key]
     p["batch_rule"] = None

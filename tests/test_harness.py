@@ -170,11 +170,14 @@ def test_gpt2_family_presets_are_the_literal_values():
             "eval_freq": 0, "eval_iters": 5, "sample_tokens": 50}  # fmt: skip
     literal = {
         "gpt2-medium": {"context_length": 1024, "emb_dim": 1024, "n_heads": 16, "n_layers": 24,
-                        **common, "batch_size": 4, "large_batch_size": 16, "lr": 3e-4, **tail},
+                        **common, "batch_size": 4, "large_batch_size": 16, "accum_steps": 2,
+                        "lr": 3e-4, **tail},
         "gpt2-large": {"context_length": 1024, "emb_dim": 1280, "n_heads": 20, "n_layers": 36,
-                       **common, "batch_size": 2, "large_batch_size": 8, "lr": 2.5e-4, **tail},
+                       **common, "batch_size": 2, "large_batch_size": 8, "accum_steps": 2,
+                       "lr": 2.5e-4, **tail},
         "gpt2-xl": {"context_length": 1024, "emb_dim": 1600, "n_heads": 25, "n_layers": 48,
-                    **common, "batch_size": 1, "large_batch_size": 4, "lr": 2e-4, **tail},
+                    **common, "batch_size": 1, "large_batch_size": 4, "accum_steps": 2,
+                    "lr": 2e-4, **tail},
     }  # fmt: skip
     for name, values in literal.items():
         assert list(PRESETS[name].items()) == list(values.items()), name
@@ -250,7 +253,8 @@ def test_the_harness_asks_each_rungs_check_for_it_and_every_rung_built_on_it(mon
     fallback = SimpleNamespace(fallback_reason="PyTorch linear + cross-entropy ran (a test)")
     cpu = torch.device("cpu")
     for r in ladder.rungs():
-        asked = inactive.asked(r.num, cpu, cfg, 0.0, fallback, attention_kernel="flash")
+        accum = PRESETS["tiny"]["accum_steps"]
+        asked = inactive.asked(r.num, cpu, cfg, 0.0, fallback, 8, accum, attention_kernel="flash")
         assert [a[0] for a in asked] == [s.num for s in ladder.lineage(r.num) if s.inactive]
         assert "run.inactive(" not in r.path.read_text(), r.rel
     asked = inactive.asked("17", cpu, cfg, 0.0, fallback, attention_kernel="flash")

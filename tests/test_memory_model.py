@@ -97,7 +97,7 @@ def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
            "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
     run = SimpleNamespace(cfg=cfg, step="13", device=torch.device("cpu"), preset_name="tiny",
                           batch_size=8, print=printed.append, note=notes.append,
-                          spec=SimpleNamespace(half=None))  # fmt: skip
+                          spec=SimpleNamespace(half=None), settings=PRESETS["tiny"])  # fmt: skip
     monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
     fields = rank_memory.announce(run, model)
@@ -174,7 +174,7 @@ def test_announce_predicts_the_fallback_the_run_built(monkeypatch):
     for ran, why in (("liger", None), ("fallback", "no CUDA device")):
         run = SimpleNamespace(cfg=cfg, step="12", device=torch.device("cpu"), preset_name="tiny",
                               batch_size=8, print=lambda *a: None, note=lambda *a: None,
-                              spec=SimpleNamespace(half=None),
+                              spec=SimpleNamespace(half=None), settings=PRESETS["tiny"],
                               fused_loss=SimpleNamespace(fallback_reason=why))  # fmt: skip
         kinds[ran] = rank_memory.announce(run, model)["memory_model"]
     assert kinds["liger"]["kind"] == "fused" and kinds["liger"]["loss"] == "fused"

@@ -37,6 +37,7 @@ FROZEN = {
     "15": (True, True, "ddp", "fused", True, True, True, True),  # after 12: no checkpointing
     "16": (True, True, "ddp", "fused", True, True, True, True),
     "17": (True, True, "ddp", "fused", True, True, True, True),  # cuDNN's attention: flash's memory
+    "18": (True, True, "ddp", "fused", True, True, True, True),  # micro-batches: the same terms
 }
 
 # memory_model.predict_run(gpt2-124m, step, world, its batch, bf16, device).total_bytes as the
@@ -85,9 +86,12 @@ PREDICTED = {
     # 17: cuDNN's fused attention keeps what flash keeps (on a CPU, step 07's kernel runs)
     "17": [12529360896, 32053321728, 22294880256, 41716998144,
            12855524352, 32379485184, 22947207168, 42369325056],
+    # 18: the batch of 32 in 2 micro-batches of 16: activations (and Liger's chunk) of 16
+    "18": [7646601216, 17331314688, 12529360896, 22163152896,
+           7972764672, 17657478144, 13181687808, 22815479808],
 }
 # fmt: on
-FIT_TABLE_SHA = "fa40f03329ca5c477ede655bcafa49d4dedda482df71c220385db83152e5164b"
+FIT_TABLE_SHA = "4e8098f4cf467ca381d1de9270a78ae1e9639ca486c08bc61adc389cfb087da1"
 BREAKDOWN_SHA = "65b007f4563b8ec6eb8b4c9128ae2fb852c1706f323846655e8f35c89c436918"
 
 

@@ -159,7 +159,8 @@ class Watch:
         run, self.kernel, self.pending = self.run, kernel, False
         run.note(f"attention kernel: {kernel or 'unknown'} ({how})")
         facts = (run.step, run.device, run.cfg, run.settings["drop_rate"], run.fused_loss)
-        for step, reason, acted in asked(*facts, kernel or "unknown", only="attention_kernel"):
+        judged = asked(*facts, attention_kernel=kernel or "unknown", only="attention_kernel")
+        for step, reason, acted in judged:
             run.inactive(step, reason, acted)
 
 

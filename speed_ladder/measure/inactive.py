@@ -4,7 +4,8 @@ speed_ladder/data/ladder.json), and the harness asks it (`asked`, from Run.set_m
 run's own step and every rung it builds on, with the facts its parameters name: `device`,
 `cfg` (the step's GPT_CONFIG), `dtype` (step 05's autocast dtype, fp32 where it is off:
 `precision.choice`), `step` (the rung asked about), `drop_rate` (the preset's), `fused_loss`
-(step 12's, speed_ladder.fused_loss) and `attention_kernel` (the SDPA kernel the training call
+(step 12's, speed_ladder.fused_loss), `batch` (the run's sequences per step and process),
+`accum_steps` (the preset's) and `attention_kernel` (the SDPA kernel the training call
 ran, known after the warm-up: measure/attention_kernel.py, which asks the checks that take it
 then). Each reason is a note of the record (`step NN: reason`, and in its `inactive_rungs`); the
 run's own step's makes its record say `step_active: false` (the summary, README table and charts
@@ -20,6 +21,7 @@ from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.measure import precision
 from speed_ladder.measure.device import is_rocm
+from speed_ladder.presets import micro_batches
 
 
 def tf32_unavailable(device: torch.device) -> str | None:
@@ -252,6 +254,20 @@ def cudnn_attention_no_change(attention_kernel: str) -> str | None:
     return None
 
 
+def batch_not_split(batch: int, accum_steps: int) -> str | None:
+    """Step 18: why the batch is not split into micro-batches here (accum_steps 1, or a batch
+    that accum_steps does not split into equal parts: presets.micro_batches), or None where it
+    is."""
+    if micro_batches(batch, accum_steps) > 1:
+        return None
+    if accum_steps <= 1:
+        return f"accum_steps {accum_steps}: one micro-batch per batch, no accumulation"
+    return (
+        f"batch {batch} does not split into {accum_steps} equal micro-batches: it stays whole, "
+        "one forward and backward per step (step 17's run)"
+    )
+
+
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run
 
 
@@ -264,7 +280,15 @@ def interpreted(notes: list[str]) -> bool:
 
 
 def asked(
-    step: str, device, cfg: dict, drop_rate, fused_loss, attention_kernel=None, only=None
+    step: str,
+    device,
+    cfg: dict,
+    drop_rate,
+    fused_loss,
+    batch=None,
+    accum_steps=None,
+    attention_kernel=None,
+    only=None,
 ) -> list[tuple]:
     """[(rung, reason or None, acted)] for rung `step` and every rung it builds on
     (ladder.lineage), the first rung first: each rung's registry check asked with the facts its
@@ -277,6 +301,7 @@ def asked(
     except UserError:
         return []
     facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate, "fused_loss": fused_loss,
+             "batch": batch, "accum_steps": accum_steps,
              "attention_kernel": attention_kernel}  # fmt: skip
     out = []
     for r in chain:

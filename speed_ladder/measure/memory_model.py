@@ -36,7 +36,10 @@ it holds from forward to backward. Where Liger cannot run (a CPU, no liger-kerne
 fallback is step 11's loss (speed_ladder/fused_loss.py): the full logits, as steps <= 11
 (`predict_run`'s `fused`: the run says which ran, a prediction before it what the device can
 run). Checkpointing (13+) keeps each block's input only (the fp32 residual stream) plus one
-block's full activations while it is recomputed.
+block's full activations while it is recomputed. Gradient accumulation (18) splits the batch
+into the preset's accum_steps micro-batches (where they split it evenly) and runs backward after
+each: the activations, and Liger's chunk and hidden-state gradient, are one micro-batch's;
+weights, gradients (summed in place) and AdamW state do not change.
 
 The sum state + buffers + activations is an upper bound of the peak (gradients are created as
 activations are freed); on CPU the process itself adds about 0.5 GiB. `python -m
@@ -189,6 +192,7 @@ class Prediction:
     buffer_bytes: int
     activation_bytes: int
     loss: str = "logits"  # the output layer: "fused" (Liger's chunks) or "logits" (full)
+    micro_batches: int = 1  # step 18: the batch in this many parts, activations for one
 
     @property
     def total_bytes(self) -> int:
@@ -198,7 +202,9 @@ class Prediction:
         g = lambda x: f"{x / GIB:.2f} GiB"
         return (
             f"predicted per rank ({self.preset}, {self.mode}, {self.world} process"
-            f"{'es' if self.world > 1 else ''}, batch {self.batch}): state {g(self.state_bytes)}"
+            f"{'es' if self.world > 1 else ''}, batch {self.batch}"
+            f"{f' in {self.micro_batches} micro-batches' if self.micro_batches > 1 else ''}): "
+            f"state {g(self.state_bytes)}"
             f" (params, grads, AdamW: 16 B x {self.params / 1e6:.0f}M params"
             f"{f' / {self.world}' if self.mode == 'fsdp2' else ''}), buffers "
             f"{g(self.buffer_bytes)}, activations {g(self.activation_bytes)} ({self.kind}"
@@ -234,6 +240,7 @@ def predict(
     fused = rung.memory.loss == "fused" and fused is not False
     if batch is None:
         batch = rung.batch(cfg)
+    k = rung.memory.micro_batches(cfg, batch)  # step 18: activations of one micro-batch
     cfg = {**cfg, "drop_rate": rung.memory.drop_rate(cfg)}  # step 16 on: no masks
     # bf16 weights (where bf16 is on): no autocast copies, bf16 gradients in DDP's buckets
     bf16_weights = act_bytes == 2 and rung.memory.bf16_weights
@@ -247,9 +254,12 @@ def predict(
         params=param_counts(cfg, vocab)["total"],
         state_bytes=state_bytes(cfg, world, mode, vocab)["total"],
         buffer_bytes=buffer_bytes(cfg, world, mode, vocab, 2 if bf16_weights else FP32),
-        activation_bytes=activation_bytes(cfg, batch, kind, act_bytes, flash, vocab, fused=fused)
+        activation_bytes=activation_bytes(
+            cfg, batch // k, kind, act_bytes, flash, vocab, fused=fused
+        )
         + (autocast_copy_bytes(cfg, vocab) if act_bytes == 2 and not bf16_weights else 0),
         loss="fused" if fused else "logits",
+        micro_batches=k,
     )
 
 

@@ -8,13 +8,11 @@ own, on a clock that does not drain the GPU at every step (clock.py: CUDA events
 batches). Evaluation and sampling run inside `run.paused()`, which restarts the clock after them,
 so they are never timed, and leaves them out of the peak memory (device.PeakWindow: on CUDA, MPS
 and Linux CPUs the recorded peak is the training steps' alone, the final evaluation's neither).
-tokens/s = tokens per step (all ranks) / median step time. Over the same window rank 0 measures
-`other_load`, the CPU cores other processes used (cpu_load.py), each rank its GPU's idle share
-(gpu_idle.py), and the record carries this machine's fingerprint (`machine`, machine.py). With
---profile, N more steps after the window (without --max-steps: right after the warm-up) run
-under torch.profiler, never timed, and the record says where their time goes
-(speed_ladder.measure.profile); the last warm-up step's ops say which attention kernel ran
-(`attention_kernel`, measure/attention_kernel.py).
+tokens/s = tokens per step (all ranks) / median step time. Over the window rank 0 measures
+`other_load` (cpu_load.py), each rank its GPU's idle share (gpu_idle.py); the record carries
+the machine's fingerprint (machine.py). --profile: N more steps after the window, never timed,
+say where their time goes (measure/profile.py); the last warm-up step's ops say which attention
+kernel ran (measure/attention_kernel.py).
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that take part in matmuls
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
@@ -156,7 +154,9 @@ class Run:
         token and start the clock (call right before the training loop)."""
         self.cfg, self.batch_size = cfg, batch_size
         drop = self.settings["drop_rate"]
-        for step, reason, acted in asked(self.step, self.device, cfg, drop, self.fused_loss):
+        accum = self.settings["accum_steps"]  # step 18's micro-batches, where they split the batch
+        for step, reason, acted in asked(self.step, self.device, cfg, drop, self.fused_loss,
+                                         batch_size, accum):  # fmt: skip
             self.inactive(step, reason, acted)
         # lazy: rank_memory imports memory_model, which `python -m ...memory_model` runs as __main__
         from speed_ladder.measure.rank_memory import announce
