@@ -30,6 +30,7 @@ from speed_ladder.errors import UserError
 from speed_ladder.measure import precision
 from speed_ladder.measure.breakdown import PAUSED_RANGE
 from speed_ladder.measure.inactive import _attention_probe, asked
+from speed_ladder.measure.profile import quiet_native_stderr
 
 # the aten op that says which kernel SDPA dispatched to
 OPS = {
@@ -114,7 +115,8 @@ class Watch:
         self.watched = done + 1
         try:
             self.prof = profile(activities=[ProfilerActivity.CPU])
-            self.prof.start()
+            with quiet_native_stderr():
+                self.prof.start()
         except Exception as e:  # noqa: BLE001 - never lose a run to the profiler
             self.prof = None
             self._decide(*self._dispatcher(f"torch.profiler failed: {type(e).__name__}: {e}"))
@@ -125,7 +127,7 @@ class Watch:
     def _abandon(self) -> None:
         if self.prof is not None:
             prof, self.prof = self.prof, None
-            with suppress(Exception):
+            with suppress(Exception), quiet_native_stderr():
                 prof.stop()
 
     def excluded(self):
@@ -138,7 +140,8 @@ class Watch:
         prof, self.prof = self.prof, None
         atexit.unregister(self._abandon)
         try:
-            prof.stop()
+            with quiet_native_stderr():
+                prof.stop()
             kernel, op = kernel_of(_training_ops(prof.events()))
         except Exception as e:  # noqa: BLE001
             kernel, op = None, f"torch.profiler failed: {type(e).__name__}: {e}"

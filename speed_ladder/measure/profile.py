@@ -47,6 +47,28 @@ from speed_ladder.measure.breakdown import (
 from speed_ladder.measure.op_categories import ModuleRanges, is_compiled
 
 
+@contextmanager
+def quiet_native_stderr():
+    """Native stderr (fd 2) sent to /dev/null while torch.profiler starts or stops: kineto prints
+    a `USDT: ... profiler_start` line there on every start and stop, which would stand beside a
+    run's own lines (and its one error line). Python's own stderr is flushed first."""
+    import sys
+
+    sys.stderr.flush()
+    try:
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no fd 2 to redirect: nothing to quiet
+        yield
+        return
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 class StepProfiler:
     """Profiles `steps` training steps for a `Run` (see the module docstring for when)."""
 
@@ -102,7 +124,8 @@ class StepProfiler:
                     "'other' where their names do not say what they fuse"
                 )
             self.prof = profile(activities=activities)
-            self.prof.start()
+            with quiet_native_stderr():
+                self.prof.start()
         except Exception as e:  # never lose a measuring run to the profiler
             self.started = False
             self._fail(f"could not start torch.profiler: {e.__class__.__name__}: {e}")
@@ -161,7 +184,8 @@ class StepProfiler:
         self.state = "done"
         t0 = time.perf_counter()
         try:
-            self.prof.stop()
+            with quiet_native_stderr():
+                self.prof.stop()
         except Exception as e:
             self._fail(f"torch.profiler failed to stop: {e.__class__.__name__}: {e}")
             return
