@@ -48,6 +48,14 @@ def test_a_real_step_neither_synchronizes_nor_reads_a_loss_per_step(
     monkeypatch.setenv(dev.BF16_ENV, bf16)
 
     monkeypatch.setattr(torch._dynamo.config, "disable", True)  # eager: no minute of compiling
+    # the record's regime reads dynamo's process-wide counters (parity.compiles): fresh ones, so
+    # that a graph an earlier test of this worker compiled is not taken for this run's
+    import collections
+
+    import torch._dynamo.utils
+
+    fresh = collections.defaultdict(collections.Counter)
+    monkeypatch.setattr(torch._dynamo.utils, "counters", fresh)
     rates = {"fp32": 5e10, "bf16": 1e9}  # the matmul peak, not measured here
     monkeypatch.setattr(matmul_peak, "measured_matmul_rates", lambda device: rates)
     calls = {"sync": 0, "item": 0, "tolist": 0}
