@@ -97,7 +97,9 @@ def test_where_liger_ran_the_record_says_so_and_step_12_is_active(bf16_off):
     run = _Run("17")
     report(run, Liger())
     assert run.inactive_reason is None  # 17's own check waits for the kernel that ran
-    for step, reason, acted in inactive.asked("17", CPU, TINY, 0.0, Liger(), "flash"):
+    for step, reason, acted in inactive.asked(
+        "17", CPU, TINY, 0.0, Liger(), attention_kernel="flash"
+    ):
         run.inactive(step, reason, acted)
     assert run.inactive_reason.startswith("flash attention ran, not cuDNN's")
     assert "step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)" in run.notes

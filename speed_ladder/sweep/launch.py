@@ -35,15 +35,22 @@ class Lock:
         self.path = tag_dir / ".lock"
         self.f = None
 
+    WAIT_S = 5  # a sweep killed just now: its processes' files close a moment after the kill
+
     def __enter__(self):
         import fcntl
+        import time
 
+        deadline = time.monotonic() + self.WAIT_S
         while True:
             self.f = open(self.path, "a+")  # noqa: SIM115
             try:
                 fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 self.f.close()
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
                 raise UserError(
                     f"another sweep is writing {self.path.parent} (locked); wait for it, or "
                     "use --tag / --results-dir for a separate folder"
