@@ -175,3 +175,17 @@ def alive(pid: int) -> bool:
 
 def records(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def count_host_syncs(monkeypatch, counting) -> None:
+    """Every way the harness could make the host wait for the device, or read a tensor back,
+    wrapped by `counting(name, real)`: synchronize (the harness's and torch.cuda's) as "sync",
+    `Tensor.item` and `Tensor.tolist` as themselves."""
+    import torch
+
+    from speed_ladder.measure import device as dev
+
+    monkeypatch.setattr(dev, "synchronize", counting("sync", dev.synchronize))
+    monkeypatch.setattr(torch.cuda, "synchronize", counting("sync", torch.cuda.synchronize))
+    monkeypatch.setattr(torch.Tensor, "item", counting("item", torch.Tensor.item))
+    monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", torch.Tensor.tolist))

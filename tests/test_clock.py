@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, VERDICT, load_script
+from conftest import ROOT, VERDICT, count_host_syncs, load_script
 
 from speed_ladder import flags as cli
 from speed_ladder.measure import clock as clock_mod
@@ -71,10 +71,7 @@ def test_a_real_step_neither_synchronizes_nor_reads_a_loss_per_step(
         return wrapper
 
     real_item = torch.Tensor.item
-    monkeypatch.setattr(dev, "synchronize", counting("sync", dev.synchronize))
-    monkeypatch.setattr(torch.cuda, "synchronize", counting("sync", torch.cuda.synchronize))
-    monkeypatch.setattr(torch.Tensor, "item", counting("item", torch.Tensor.item))
-    monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", torch.Tensor.tolist))
+    count_host_syncs(monkeypatch, counting)
     prints = []
     real_start, real_end, real_done = Run._start_window, Run._end_window, Run.step_done
 

@@ -253,10 +253,14 @@ def test_every_run_of_the_ladder_crosses_an_epoch_boundary(tmp_path):
 def test_every_step_records_where_its_time_goes(ladder_runs):
     """Each record splits its median step into data wait, forward, backward and optimizer
     (measure/phases.py: hooks of the harness, no line of a step file; step 08 compiled), and the
-    four add up to its step time."""
+    four add up to its step time. Where forward and backward interleave within a step (step
+    18's micro-batches, on tiny where the batch splits), the record says so and has none."""
     for script in STEPS:
         rec = ladder_runs[script][1][0]
         ms = rec["phase_ms"]
+        if ms is None and rung(ladder.step_of(ROOT / script)).memory.accumulation != "none":
+            assert any("forward and backward interleave" in n for n in rec["notes"]), script
+            continue
         assert list(ms) == ["data", "forward", "backward", "optimizer"], script
         assert ms["data"] >= 0 and min(ms["forward"], ms["backward"], ms["optimizer"]) > 0, ms
         assert sum(ms.values()) == pytest.approx(rec["step_time_ms"], rel=0.05), (script, ms)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import BPE, ROOT, records, run_script
+from conftest import BPE, ROOT, count_host_syncs, records, run_script
 
 from speed_ladder.measure import clock as clock_mod
 from speed_ladder.measure import device as dev
@@ -213,10 +213,7 @@ def test_the_peers_window_never_synchronizes_nor_reads_a_loss(tmp_path, monkeypa
         phase["window"] = False
         real_close(self)
 
-    monkeypatch.setattr(dev, "synchronize", counting("sync", dev.synchronize))
-    monkeypatch.setattr(torch.cuda, "synchronize", counting("sync", torch.cuda.synchronize))
-    monkeypatch.setattr(torch.Tensor, "item", counting("item", torch.Tensor.item))
-    monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", torch.Tensor.tolist))
+    count_host_syncs(monkeypatch, counting)
     monkeypatch.setattr(clock_mod.StepClock, "step_end", step_end)
     monkeypatch.setattr(peer_tool.Window, "start_window", start)
     monkeypatch.setattr(peer_tool.Window, "end_window", close)

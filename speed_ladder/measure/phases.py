@@ -54,6 +54,7 @@ class Phases:
         self._pending: list[tuple] = []  # CUDA: the timed steps' five marks, not read
         self.ms: dict[str, list[float]] = {p: [] for p in PHASES}  # the timed steps', read
         self.incomplete = 0  # timed steps that missed a boundary
+        self.interleaved = False  # a step ran forward again after its backward began
         self._hooks: list = []
         self._queue = None
 
@@ -71,6 +72,8 @@ class Phases:
     def _forward_begins(self, module, args) -> None:
         if "forward" not in self._marks:  # the step's first call: the model's, not the loss's
             self._marks["forward"] = self._now()
+        elif "backward" in self._marks:  # a forward after a backward: micro-batches (step 18)
+            self.interleaved = True
 
     def _forward_ended(self, module, args, out) -> None:
         if "forward" in self._marks and getattr(out, "requires_grad", False):
@@ -120,6 +123,11 @@ class Phases:
             h.remove()
         self._hooks = []
         why = self.why_none
+        if why is None and self.interleaved:
+            why = (
+                "no phase times: forward and backward interleave within a step (micro-batches), "
+                "so four phases in a row do not split it"
+            )
         if why is None and (self.incomplete or not self.ms["data"]):
             why = (
                 f"no phase times: {self.incomplete} timed step(s) missed a boundary (a forward "
