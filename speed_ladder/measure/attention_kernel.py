@@ -27,9 +27,9 @@ import torch
 
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
-from speed_ladder.measure import precision
+from speed_ladder.measure import inactive, precision
 from speed_ladder.measure.breakdown import PAUSED_RANGE
-from speed_ladder.measure.inactive import _attention_probe, asked
+from speed_ladder.measure.inactive import asked
 from speed_ladder.measure.profile import quiet_native_stderr
 
 # the aten op that says which kernel SDPA dispatched to
@@ -72,7 +72,7 @@ def dispatcher_choice(device: torch.device, cfg: dict, dtype: torch.dtype) -> st
     try:
         from torch.nn.attention import SDPBackend
 
-        q, _, _, drop = _attention_probe(device, cfg, dtype)
+        q, _, _, drop = inactive._attention_probe(device, cfg, dtype)
         choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
         return BACKENDS.get(SDPBackend(choice).name)
     except Exception:  # noqa: BLE001 - an older or newer torch without this probe

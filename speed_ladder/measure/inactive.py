@@ -79,16 +79,9 @@ def sdpa_math_only(device: torch.device, cfg: dict, dtype: torch.dtype) -> str |
     call's shape, dtype and dropout. On a CPU, a dropout above 0 is the usual cause: the CPU
     flash kernel's checks refuse it ("Both fused kernels do not support non-zero dropout", aten
     sdp_utils_cpp.h). What the dispatcher would choose; step 07's check is what ran."""
-    if device.type not in ("cpu", "cuda"):
-        return None  # MPS has its own attention kernel; torch offers no way to ask
-    try:
-        from torch.nn.attention import SDPBackend
+    from speed_ladder.measure.attention_kernel import dispatcher_choice  # it imports this module
 
-        q, _, _, drop = _attention_probe(device, cfg, dtype)
-        choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
-    except Exception:  # an older or newer torch without this probe: say nothing
-        return None
-    if choice != int(SDPBackend.MATH):
+    if dispatcher_choice(device, cfg, dtype) != "math":  # None on MPS, or where torch can't say
         return None
     why = _math_why(device, cfg, dtype)
     return f"scaled_dot_product_attention runs the math path ({why}): no flash attention"
