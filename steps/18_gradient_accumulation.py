@@ -262,6 +262,9 @@ class MasterWeights:  # step 15
         self.master = self.working = list(model.parameters())
         if dtype is not None:
             self.master = [nn.Parameter(p.detach().clone()) for p in self.working]  # fp32
+            # fp32 gradient buffers, made once: a new fp32 copy of every gradient each step
+            # would allocate and free twice the bf16 gradients' bytes, one tensor at a time
+            self.grads = [torch.empty_like(m) for m in self.master]
             model.to(dtype)  # the working weights: the residual stream and embeddings too
             self.working = list(model.parameters())  # read after the cast
 
@@ -270,9 +273,12 @@ class MasterWeights:  # step 15
         rounded back."""
         if self.master is self.working:  # bf16 off: the model's own parameters
             return scaler.step(optimizer)
-        for m, w in zip(self.master, self.working, strict=True):
-            m.grad = None if w.grad is None else w.grad.float()  # fp32 gradients for AdamW
-            w.grad = None  # the bf16 ones freed
+        pairs = [(m, g, w) for m, g, w in zip(self.master, self.grads, self.working, strict=True)
+                 if w.grad is not None]  # fmt: skip
+        with torch.no_grad():  # the bf16 gradients into the fp32 buffers, one foreach op
+            torch._foreach_copy_([g for _, g, _ in pairs], [w.grad for _, _, w in pairs])
+        for m, g, w in pairs:
+            m.grad, w.grad = g, None  # AdamW reads fp32 gradients; the bf16 ones freed
         scaler.step(optimizer)
         with torch.no_grad():
             torch._foreach_copy_(self.working, self.master)  # the update, rounded to bf16

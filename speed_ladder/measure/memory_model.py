@@ -3,10 +3,10 @@
 State is what training keeps between steps, and in this ladder all of it is fp32 (step 05's
 autocast keeps fp32 master weights): 4 bytes each for a parameter, its gradient and AdamW's two
 moments, 16 bytes per parameter (ZeRO, Rajbhandari et al. 2020, section 3.1). Step 15's bf16
-weights (where bf16 is on) keep the same 16: a bf16 weight and gradient (2 + 2), an fp32 master
-(4) and the moments (8); autocast then makes no bf16 copies of the weights, DDP's buckets hold
-bf16 gradients (2 B/param), and the fp32 copy of the gradients made at the update (4 B/param)
-lives only after backward has freed the activations.
+weights (where bf16 is on) keep 20: a bf16 weight and gradient (2 + 2), an fp32 master (4), its
+fp32 gradient buffer (4, made once and kept: the update copies the bf16 gradients into it) and
+the moments (8); autocast then makes no bf16 copies of the weights, and DDP's buckets hold bf16
+gradients (2 B/param).
 
 - one process, DDP (every step but 14): every rank holds all 16 B/param. DDP adds 4 B/param of
   gradient buckets (its flat all-reduce buffers; `gradient_as_bucket_view=False`, the default).
@@ -252,7 +252,8 @@ def predict(
         batch=batch,
         act_bytes=act_bytes,
         params=param_counts(cfg, vocab)["total"],
-        state_bytes=state_bytes(cfg, world, mode, vocab)["total"],
+        state_bytes=state_bytes(cfg, world, mode, vocab)["total"]
+        + (FP32 * param_counts(cfg, vocab)["total"] if bf16_weights else 0),  # fp32 grad buffers
         buffer_bytes=buffer_bytes(cfg, world, mode, vocab, 2 if bf16_weights else FP32),
         activation_bytes=activation_bytes(
             cfg, batch // k, kind, act_bytes, flash, vocab, fused=fused
