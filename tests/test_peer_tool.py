@@ -276,9 +276,14 @@ def test_the_comparison_sets_each_peer_beside_the_rungs_of_its_model(tmp_path):
             "warmup_steps": 10, "timed_steps": 50, "machine": fp, "device_name": "GPU",
             "source": "01_opt_single_gpu.py", "dtype": "bfloat16",
             "step_time_ms": 80.0}  # fmt: skip
-    peers = [base | {"peer": "peer", "tokens_per_sec": 400.0, "drop_rate": 0.1},
+    # the published peer in three rounds (median 400), one of them of another source: left out
+    peers = [base | {"peer": "peer", "tokens_per_sec": 999.0, "drop_rate": 0.1,
+                     "source_sha256": "old"},
+             base | {"peer": "peer", "tokens_per_sec": 380.0, "drop_rate": 0.1},
              base | {"peer": "peer-no-dropout", "tokens_per_sec": 500.0, "drop_rate": 0.0,
-                     "dropout_off": True}]  # fmt: skip
+                     "dropout_off": True},
+             base | {"peer": "peer", "tokens_per_sec": 400.0, "drop_rate": 0.1},
+             base | {"peer": "peer", "tokens_per_sec": 430.0, "drop_rate": 0.1}]  # fmt: skip
     a, b, top = same[0].num, off[0].num, off[-1].num
     runs = [
         _ladder_run(a, 440.0, base),
@@ -296,7 +301,11 @@ def test_the_comparison_sets_each_peer_beside_the_rungs_of_its_model(tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert f"step {a} " in text and "450 tok/s over 2 run(s)" in text
-    assert "1.125x [1.100-1.150] the peer's tok/s" in text, text
+    assert (
+        "peer (01_opt_single_gpu.py, bfloat16 weights, dropout 0.1): 400 tok/s [380-430] "
+        "over 3 run(s)" in text
+    ), text
+    assert "1.125x [1.100-1.150] the peer's median tok/s" in text, text
     assert "550 tok/s over 1 run(s)" in text and "1.100x the peer's" in text
     assert f"step {top} " in text and "no ok run here with the peer's preset" in text
     assert text.splitlines()[-1] == (

@@ -88,6 +88,30 @@ def test_publish_checks_copies_and_redraws_and_twice_adds_nothing(place, records
     assert (dest / "runs.jsonl").read_bytes() == before
 
 
+def test_the_peers_records_come_along_once(place, records, capsys):
+    """peer.jsonl beside runs.jsonl (tools/peer.py's runs of the peer) goes into the tag with
+    them, line by line: publishing again adds none twice, and a new round adds its own."""
+    local, results, readme = place
+    src = make_tag(local, records)
+    peers = [{"peer": "peer", "status": "ok", "tokens_per_sec": t} for t in (700.0, 720.0)]
+    (src / "peer.jsonl").write_text("".join(json.dumps(r) + "\n" for r in peers))
+    assert publish.publish([], results, local, str(readme)) == 0
+    assert "9 new record(s) and 2 peer record(s)" in capsys.readouterr().out
+    dest = results / "cpu-amd-epyc-2c-x1" / "peer.jsonl"
+    assert dest.read_bytes() == (src / "peer.jsonl").read_bytes()
+    assert publish.publish([], results, local, str(readme)) == 0
+    assert "0 new record(s)\n" in capsys.readouterr().out
+    with (src / "peer.jsonl").open("a") as f:
+        f.write(json.dumps({"peer": "peer", "status": "ok", "tokens_per_sec": 710.0}) + "\n")
+    assert publish.publish([], results, local, str(readme)) == 0
+    assert "0 new record(s) and 1 peer record(s)" in capsys.readouterr().out
+    assert [json.loads(x)["tokens_per_sec"] for x in dest.read_text().splitlines()] == [
+        700.0,
+        720.0,
+        710.0,
+    ]
+
+
 def test_publish_refuses_what_check_finds_a_problem_in(place, records, capsys):
     local, results, readme = place
 

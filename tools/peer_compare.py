@@ -9,10 +9,11 @@ weights with the preset's dropout, so it stands beside the first rung with bf16 
 and dropout; the peer with --no-dropout beside the first rung with bf16 weights and dropout off,
 and the top rung where it trains that model too. A run of the ladder counts where it is an ok
 run (not the A/A control) of the same preset, batch, context, warm-up and timed steps, on the
-same machine (its fingerprint, speed_ladder/machine.py) as the peer's latest ok record. Both
-sides were timed the same way (tools/peer.py's `train` drives the ladder's clock): the ratio is
-ours / the peer's tok/s, over each of our runs (its median, min and max). The last line sums it
-up.
+same machine (its fingerprint, speed_ladder/machine.py) as the peer's latest ok record. The
+peer's tok/s is the median of its ok records of that same peer (source, changes, machine and
+window): a peer run once per round of the sweep gives its rounds. Both sides were timed the same
+way (tools/peer.py's `train` drives the ladder's clock): the ratio is each of our runs over the
+peer's median (its median, min and max). The last line sums it up.
 """
 
 import argparse
@@ -27,6 +28,9 @@ from speed_ladder.records import read_jsonl  # noqa: E402
 from speed_ladder.store import RUNS  # noqa: E402
 
 PEERS = "peer.jsonl"
+# what makes two peer records rounds of one measurement
+SAME = ("source_sha256", "changes", "machine", "preset", "batch_size", "timed_steps",
+        "warmup_steps")  # fmt: skip
 
 
 def rungs_for(dropout_off: bool, steps=None) -> list[Step]:
@@ -60,14 +64,16 @@ def comparable(run: dict, peer: dict) -> bool:
     )
 
 
-def latest_peers(records: list) -> dict[str, dict]:
-    """{peer name: its latest ok record}, in the order the names first appear."""
-    out: dict[str, dict] = {}
+def latest_peers(records: list) -> dict[str, list[dict]]:
+    """{peer name: its ok records of the same peer as its latest ok one (source, changes,
+    machine: the rounds of one measurement)}, in the order the names first appear."""
+    ok: dict[str, list[dict]] = {}
     for r in records:
         if isinstance(r, dict) and r.get("status") == "ok" and isinstance(r.get("peer"), str):
             if isinstance(r.get("tokens_per_sec"), (int, float)) and r["tokens_per_sec"] > 0:
-                out[r["peer"]] = r
-    return out
+                ok.setdefault(r["peer"], []).append(r)
+    same = lambda r, last: all(r.get(k) == last.get(k) for k in SAME)  # noqa: E731
+    return {name: [r for r in recs if same(r, recs[-1])] for name, recs in ok.items()}
 
 
 def _gib(v) -> str:
@@ -83,7 +89,7 @@ def compare(tag_dir: Path, steps=None) -> tuple[list[str], str]:
     runs = [r for r in read_jsonl(tag_dir / RUNS) if isinstance(r, dict)] if (
         tag_dir / RUNS
     ).is_file() else []  # fmt: skip
-    first = next(iter(peers.values()))
+    first = next(iter(peers.values()))[-1]
     lines = [
         f"the peer against the ladder in {tag_dir.name}, on {first.get('device_name')} "
         f"({first.get('preset')}: batch {first.get('batch_size')} x {first.get('context_length')} "
@@ -91,11 +97,16 @@ def compare(tag_dir: Path, steps=None) -> tuple[list[str], str]:
         "both timed by the ladder's clock, tools/peer.py)"
     ]
     short = []
-    for name, p in peers.items():
+    for name, recs in peers.items():
+        p = recs[-1]
+        theirs = [r["tokens_per_sec"] for r in recs]
+        peer_tps = statistics.median(theirs)
+        over = f" [{min(theirs):,.0f}-{max(theirs):,.0f}]" if len(theirs) > 1 else ""
+        step_ms = statistics.median(r.get("step_time_ms") or 0 for r in recs)
         lines.append(
             f"{name} ({p.get('source')}, {p.get('dtype')} weights, dropout {p.get('drop_rate')}): "
-            f"{p['tokens_per_sec']:,.0f} tok/s, {p.get('step_time_ms')} ms a step, peak "
-            f"{_gib(p.get('peak_mem_reserved_bytes'))} reserved"
+            f"{peer_tps:,.0f} tok/s{over} over {len(recs)} run(s), {step_ms:g} ms a step, peak "
+            f"{_gib(max(r.get('peak_mem_reserved_bytes') or 0 for r in recs) or None)} reserved"
         )
         for s in rungs_for(bool(p.get("dropout_off")), steps):
             ours = [r for r in runs if r.get("step") == s.num and comparable(r, p)]
@@ -105,13 +116,13 @@ def compare(tag_dir: Path, steps=None) -> tuple[list[str], str]:
                 short.append(f"step {s.num} not run")
                 continue
             tps = [r["tokens_per_sec"] for r in ours]
-            ratios = [t / p["tokens_per_sec"] for t in tps]
+            ratios = [t / peer_tps for t in tps]  # each of our runs over the peer's median
             med = statistics.median(ratios)
             spread = f" [{min(ratios):.3f}-{max(ratios):.3f}]" if len(ratios) > 1 else ""
             peak = max((r.get("peak_mem_reserved_bytes") or 0) for r in ours) or None
             lines.append(
                 f"  step {s.num} {s.title}: {statistics.median(tps):,.0f} tok/s over "
-                f"{len(tps)} run(s), peak {_gib(peak)}: {med:.3f}x{spread} the peer's tok/s"
+                f"{len(tps)} run(s), peak {_gib(peak)}: {med:.3f}x{spread} the peer's median tok/s"
             )
             short.append(f"step {s.num} {med:.3f}x {name}")
     return lines, "; ".join(short)

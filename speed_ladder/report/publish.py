@@ -12,7 +12,8 @@ the one act that writes results/<tag>/ (a sweep writes only results/local/, whic
    another's): then results/<hardware>-<6 hex of this machine>-xN, as the sweep names a folder
    of its own, and it says so; that one too held by another machine is an error. Records go in
    by run id: a record results/<tag>/runs.jsonl already has is not added again (publishing
-   twice adds nothing), and the lines there stay as they are; a failed run's log comes along.
+   twice adds nothing), and the lines there stay as they are; a failed run's log comes along,
+   and so do the peer's records (peer.jsonl, tools/peer.py), line by line.
 4. **Then** each published tag's summary is rebuilt from its runs.jsonl, and what
    plot_results.py draws is drawn: the published tags' charts, results/comparison.png and
    gpu_vs_a100.png, the README's results, LADDER.md and the published tags' pages (another
@@ -34,6 +35,8 @@ from speed_ladder.records import jsonl_lines
 from speed_ladder.report import check, redraw
 from speed_ladder.report.summary import find_tags, read_summary
 from speed_ladder.store import RUNS, foreign, load_runs
+
+PEERS = "peer.jsonl"  # tools/peer.py's records of the peer, beside runs.jsonl
 
 _TAG = re.compile(r"(.+)(-x\d+)$")
 
@@ -136,6 +139,27 @@ def merge(src: Path, dest: Path) -> int:
     return len(new)
 
 
+def merge_peers(src: Path, dest: Path) -> int:
+    """Add src's peer records (peer.jsonl: tools/peer.py's runs of the peer beside the sweep's)
+    that dest's lacks, line for line; returns how many. dest's lines stay as they are."""
+    if not (src / PEERS).is_file():
+        return 0
+    old = (dest / PEERS).read_bytes() if (dest / PEERS).is_file() else b""
+    if old and not old.endswith(b"\n"):
+        old += b"\n"
+    have = {line.strip() for line in old.splitlines()}
+    new = []
+    for _, r, raw in jsonl_lines(src / PEERS):
+        line = raw.strip()
+        if isinstance(r, dict) and line not in have:
+            have.add(line)
+            new.append(line + b"\n")
+    if new:
+        dest.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(dest / PEERS, old + b"".join(new))
+    return len(new)
+
+
 def publish(names, results: Path = RESULTS, local: Path = LOCAL_RESULTS,
             readme: str | None = str(ROOT / "README.md"), say=print) -> int:  # fmt: skip
     """The command (module docstring); the exit status."""
@@ -162,9 +186,10 @@ def publish(names, results: Path = RESULTS, local: Path = LOCAL_RESULTS,
         plan += [(t, Path(results) / (dest + s)) for t, s in zip(group, suffixes, strict=True)]
     added = 0
     for src, dest in plan:
-        n = merge(src, dest)
-        added += n
-        say(f"published {_name(src)} -> {_name(dest)}: {n} new record(s)")
+        n, peers = merge(src, dest), merge_peers(src, dest)
+        added += n + peers
+        also = f" and {peers} peer record(s)" if peers else ""
+        say(f"published {_name(src)} -> {_name(dest)}: {n} new record(s){also}")
     if not added:
         say("nothing new: the summaries, charts and README stay as they are")
         return 0
