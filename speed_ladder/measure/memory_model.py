@@ -198,6 +198,13 @@ class Prediction:
     def total_bytes(self) -> int:
         return self.state_bytes + self.buffer_bytes + self.activation_bytes
 
+    @property
+    def state_bytes_per_param(self) -> int:
+        """16, or 20 with step 15's fp32 gradient buffers (FSDP2: per parameter of the model,
+        before the split over the world)."""
+        shards = self.world if self.mode == "fsdp2" else 1
+        return round(self.state_bytes * shards / self.params) if self.params else 16
+
     def line(self) -> str:
         g = lambda x: f"{x / GIB:.2f} GiB"
         return (
@@ -205,8 +212,9 @@ class Prediction:
             f"{'es' if self.world > 1 else ''}, batch {self.batch}"
             f"{f' in {self.micro_batches} micro-batches' if self.micro_batches > 1 else ''}): "
             f"state {g(self.state_bytes)}"
-            f" (params, grads, AdamW: 16 B x {self.params / 1e6:.0f}M params"
-            f"{f' / {self.world}' if self.mode == 'fsdp2' else ''}), buffers "
+            f" (params, grads, AdamW: {self.state_bytes_per_param} B x "
+            f"{self.params / 1e6:.0f}M params{f' / {self.world}' if self.mode == 'fsdp2' else ''}"
+            "), buffers "
             f"{g(self.buffer_bytes)}, activations {g(self.activation_bytes)} ({self.kind}"
             f"{', full logits' if self.kind == 'checkpointed' and self.loss == 'logits' else ''}), "
             f"total {g(self.total_bytes)}"
