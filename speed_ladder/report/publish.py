@@ -33,10 +33,9 @@ from speed_ladder.errors import UserError, is_environment_os_error, os_error_lin
 from speed_ladder.files import LOCAL_RESULTS, RESULTS, ROOT, atomic_write_bytes, portable_path
 from speed_ladder.records import jsonl_lines
 from speed_ladder.report import check, redraw
+from speed_ladder.report.peers import PEERS
 from speed_ladder.report.summary import find_tags, read_summary
 from speed_ladder.store import RUNS, foreign, load_runs
-
-PEERS = "peer.jsonl"  # tools/peer.py's records of the peer, beside runs.jsonl
 
 _TAG = re.compile(r"(.+)(-x\d+)$")
 

@@ -25,7 +25,7 @@ from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT, atomic_write_bytes, is_within
 from speed_ladder.ladder import tag_processes
 from speed_ladder.records import read_jsonl
-from speed_ladder.report import by_hand
+from speed_ladder.report import by_hand, peers
 from speed_ladder.report.charts import CHARTS
 from speed_ladder.report.gain_chart import GAIN_CHART
 from speed_ladder.report.phase_chart import PHASE_CHART, data_line
@@ -377,7 +377,7 @@ def page_markdown(tag_dir: Path, root: Path = ROOT) -> str:
     )
     body = tag_markdown(tag_dir, tag_dir, root, heading="#")
     head, rest = body.split("\n", 1)
-    parts = [head, "", intro, "", GENERATED, rest]
+    parts = [head, "", intro, "", GENERATED, rest, *peers.page_section(tag_dir)]
     if ref is not None:
         parts.append(
             "The grey hatched panels of the charts are Raschka's published A100 figures "
