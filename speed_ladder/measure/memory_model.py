@@ -252,6 +252,7 @@ def predict(
     cfg = {**cfg, "drop_rate": rung.memory.drop_rate(cfg)}  # step 16 on: no masks
     # bf16 weights (where bf16 is on): no autocast copies, bf16 gradients in DDP's buckets
     bf16_weights = act_bytes == 2 and rung.memory.bf16_weights
+    params = param_counts(cfg, vocab)["total"]
     return Prediction(
         preset=name,
         world=world,
@@ -259,9 +260,9 @@ def predict(
         kind=kind,
         batch=batch,
         act_bytes=act_bytes,
-        params=param_counts(cfg, vocab)["total"],
+        params=params,
         state_bytes=state_bytes(cfg, world, mode, vocab)["total"]
-        + (FP32 * param_counts(cfg, vocab)["total"] if bf16_weights else 0),  # fp32 grad buffers
+        + (FP32 * params if bf16_weights else 0),  # step 15's fp32 gradient buffers
         buffer_bytes=buffer_bytes(cfg, world, mode, vocab, 2 if bf16_weights else FP32),
         activation_bytes=activation_bytes(
             cfg, batch // k, kind, act_bytes, flash, vocab, fused=fused

@@ -128,8 +128,6 @@ def compare(tag_dir: Path, steps=None) -> tuple[list[str], str]:
 
 def page_section(tag_dir: Path) -> list[str]:
     """A tag page's lines on its peer (tag_page.py): the comparison, or [] without one."""
-    if not (Path(tag_dir) / PEERS).is_file():
-        return []
     try:
         lines, _ = compare(tag_dir)
     except (OSError, ValueError):

@@ -116,9 +116,6 @@ def merge(src: Path, dest: Path) -> int:
     """Add src's records that dest's runs.jsonl lacks (by run id) and their logs; returns how
     many. dest's lines stay as they are."""
     have = {(r.get("sweep") or {}).get("run_id") for r in load_runs(dest)} - {None}
-    old = (dest / RUNS).read_bytes() if (dest / RUNS).is_file() else b""
-    if old and not old.endswith(b"\n"):
-        old += b"\n"
     new, logs = [], []
     for _, r, raw in jsonl_lines(src / RUNS):
         rid = (r.get("sweep") or {}).get("run_id") if isinstance(r, dict) else None
@@ -133,8 +130,7 @@ def merge(src: Path, dest: Path) -> int:
         if (src / log).is_file() and not (dest / log).exists():
             (dest / log).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src / log, dest / log)
-    if new:
-        atomic_write_bytes(dest / RUNS, old + b"".join(new))
+    _append(dest / RUNS, new)
     return len(new)
 
 
@@ -143,10 +139,7 @@ def merge_peers(src: Path, dest: Path) -> int:
     that dest's lacks, line for line; returns how many. dest's lines stay as they are."""
     if not (src / PEERS).is_file():
         return 0
-    old = (dest / PEERS).read_bytes() if (dest / PEERS).is_file() else b""
-    if old and not old.endswith(b"\n"):
-        old += b"\n"
-    have = {line.strip() for line in old.splitlines()}
+    have = {raw.strip() for _, _, raw in jsonl_lines(dest / PEERS)}  # none where it is missing
     new = []
     for _, r, raw in jsonl_lines(src / PEERS):
         line = raw.strip()
@@ -155,8 +148,19 @@ def merge_peers(src: Path, dest: Path) -> int:
             new.append(line + b"\n")
     if new:
         dest.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(dest / PEERS, old + b"".join(new))
+    _append(dest / PEERS, new)
     return len(new)
+
+
+def _append(path: Path, lines: list[bytes]) -> None:
+    """`lines` (each ending in a newline) after what `path` holds, in one atomic write; nothing
+    written where there are none."""
+    if not lines:
+        return
+    old = path.read_bytes() if path.is_file() else b""
+    if old and not old.endswith(b"\n"):
+        old += b"\n"
+    atomic_write_bytes(path, old + b"".join(lines))
 
 
 def publish(names, results: Path = RESULTS, local: Path = LOCAL_RESULTS,
