@@ -115,6 +115,18 @@ def offline_env(tmp_path_factory):
     yield
 
 
+@pytest.fixture
+def eager():
+    """torch.compile off for one test (no minute of compiling), through torch's own config API.
+    Never `monkeypatch.setattr` on a torch config module: pytest 9.2 restores an option that
+    lives behind the module's `__getattr__` by deleting it, and every later read of that option
+    in the worker then raises AttributeError (tests/test_layout.py forbids it)."""
+    import torch._dynamo.config
+
+    with torch._dynamo.config.patch(disable=True):
+        yield
+
+
 def command_here(capsys, command: str, *args) -> tuple[int, str, str]:
     """`python -m speed_ladder COMMAND ARGS` in this process (no interpreter start, torch is
     loaded). Returns (exit code, stdout, stderr)."""

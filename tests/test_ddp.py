@@ -160,19 +160,17 @@ def test_rank_0_measures_the_matmul_peak_for_every_rank(tmp_path):
     assert list(json.loads((cache / "matmul_peak.json").read_text()).values()) == [rank0]
 
 
-def test_a_world_of_one_is_not_wrapped_in_ddp(monkeypatch, tmp_path):
+def test_a_world_of_one_is_not_wrapped_in_ddp(eager, monkeypatch, tmp_path):
     """Under plain python (one process) step 11 does not wrap the model: no replica to average
     with, and DDP's hooks cost about 2 ms a step on an H200 (step 12's sweep record).
     The record says why the step is inactive; two processes wrap it (the test above: their
     losses match one process only because gradients are all-reduced)."""
-    import torch._dynamo
     import torch.nn.parallel
     from conftest import load_script
 
     def refuse(*a, **k):
         raise AssertionError("DDP wrapped a world of one")
 
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
     monkeypatch.setattr(torch.nn.parallel.DistributedDataParallel, "__init__", refuse)
     out = tmp_path / "r.jsonl"
     argv = ["11", *map(str, TINY), "--max-steps", "2", "--results", str(out)]

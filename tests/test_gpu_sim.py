@@ -426,13 +426,13 @@ def test_cudnn_attention_is_asked_of_torch_for_the_training_call(fake_gpu, monke
     assert "torch.float32" in why and "step 07's kernel stays" in why
 
 
-def test_compile_disabled_is_inactive(monkeypatch):
-    import torch._dynamo
+def test_compile_disabled_is_inactive():
+    import torch._dynamo.config
 
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
-    assert "TORCH_COMPILE_DISABLE=1" in inactive.compile_disabled()
-    monkeypatch.setattr(torch._dynamo.config, "disable", False)
-    assert inactive.compile_disabled() is None
+    with torch._dynamo.config.patch(disable=True):
+        assert "TORCH_COMPILE_DISABLE=1" in inactive.compile_disabled()
+    with torch._dynamo.config.patch(disable=False):
+        assert inactive.compile_disabled() is None
 
 
 def test_only_the_running_steps_own_number_sets_step_active(fake_gpu):
