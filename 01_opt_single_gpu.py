@@ -268,6 +268,9 @@ def main():
 
     # step 05: bf16 where it is native; fp16 with loss scaling on GPUs without it (V100, T4)
     amp = speed_ladder.mixed_precision(device)
+    # step 05: fp16 only: the loss scaled up before backward, so that small gradients do not
+    # flush to zero; bf16 and fp32 need none (disabled, its scale, step and update pass through)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp.dtype == torch.float16)
     model = GPTModel(GPT_CONFIG).to(device)
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
     optimizer = torch.optim.AdamW(
@@ -290,9 +293,9 @@ def main():
             # step 05: bf16 (or fp16) matmuls/attention, fp32 weights, grads and optimizer state
             with torch.autocast(device.type, dtype=amp.dtype, enabled=amp.enabled):
                 loss = calc_loss_batch(input_batch, target_batch, model)
-            amp.scaler.scale(loss).backward()  # step 05: fp16: loss scaled up, no grad underflow
-            amp.scaler.step(optimizer)  # step 05: grads unscaled; a step with an inf/NaN skipped
-            amp.scaler.update()  # step 05: the scale adapts; bf16/fp32: the scaler does nothing
+            scaler.scale(loss).backward()  # step 05: fp16: loss scaled up, no grad underflow
+            scaler.step(optimizer)  # step 05: grads unscaled; a step with an inf/NaN skipped
+            scaler.update()  # step 05: the scale adapts; bf16/fp32: the scaler does nothing
             run.step_done(loss, tokens=input_batch.numel())
 
             if run.eval_due():

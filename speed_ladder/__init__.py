@@ -6,7 +6,7 @@ No step changes it: every step measures the same way. A step script uses it as
     run = speed_ladder.Run(args, STEP, __file__)
     amp = speed_ladder.mixed_precision(device)  # step 05 on: autocast's dtype, the loss scaler
     ...
-    fused_ce = run.fused_linear_cross_entropy()  # step 12 on: Liger's loss, or linear + CE
+    why = speed_ladder.liger_unavailable(device, amp.dtype)  # step 12 on: a rung's "whether"
     run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start, and
                                                 # why each rung's idea does nothing here, if so
     ...  run.step_done(loss, tokens)            # after each optimizer step
@@ -26,10 +26,12 @@ from speed_ladder.presets import GPT2_VOCAB, micro_batches
 # The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
 # charts, plot_results.py) runs this file and must not need torch. The rungs' inactive checks
 # (`speed_ladder.tf32_unavailable`, ...) are the ones speed_ladder/data/ladder.json names, which
-# the harness asks (Run.set_model); a step calls mixed_precision (05), and step 17 puts cuDNN's
-# attention first with cudnn_attention_first.
+# the harness asks (Run.set_model). A step asks some itself before it acts, and then performs
+# the technique with the library's own API: step 05 mixed_precision, step 12
+# liger_unavailable, step 17 cudnn_attention_unavailable.
 _NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device",
-                "mixed_precision": "measure.precision", "cudnn_attention_first": "attention_order",
+                "mixed_precision": "measure.precision",
+                "cudnn_attention_unavailable": "measure.inactive",
                 **inactive_helpers()}  # fmt: skip
 
 

@@ -127,6 +127,7 @@ class Step:
     inactive: Inactive | None = None
     summary_file: str | None = None  # a file at the root that copies this rung
     after: str | None = None  # the rung this one is "that rung + one idea" of; None: the first
+    api: tuple[str, ...] = ()  # what its diff against `after` adds a line using (the idea)
 
     @property
     def rel(self) -> str:
@@ -194,7 +195,7 @@ def _step(f: Path, e: dict, state: dict, where: str, after: str | None) -> Step:
         raise UserError(f"{where}: inactive {inactive}: {err}") from None
     return Step(f.name[:2], f, step_title(f), state["distributed"], state["compiled"], memory,
                 e.get("summary", ""), e.get("parity") or {}, inactive,
-                e.get("summary_file"), after)  # fmt: skip
+                e.get("summary_file"), after, tuple(e.get("api") or ()))  # fmt: skip
 
 
 def _after(e: dict, earlier: list[str], where: str) -> str | None:

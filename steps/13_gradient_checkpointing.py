@@ -298,6 +298,9 @@ def main():
 
     # step 05: bf16 where it is native; fp16 with loss scaling on GPUs without it (V100, T4)
     amp = speed_ladder.mixed_precision(device)
+    # step 05: fp16 only: the loss scaled up before backward, so that small gradients do not
+    # flush to zero; bf16 and fp32 need none (disabled, its scale, step and update pass through)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp.dtype == torch.float16)
     model = GPTModel(GPT_CONFIG).to(device)
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
@@ -316,9 +319,18 @@ def main():
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
 
-    fused_ce = run.fused_linear_cross_entropy()  # step 12: Liger's, where it can run (the record)
+    # step 12: Liger's fused linear + cross-entropy where it can run here (a CUDA GPU, step 05
+    # not in fp16, liger-kernel installed); elsewhere step 11's loss, and the record says why
+    liger_ce = None
+    if speed_ladder.liger_unavailable(device, amp.dtype) is None:  # step 12
+        # imported where it runs: on a CPU, importing Triton would only cost seconds
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-    run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
+        # accum_dtype: out_head's weight gradient summed over all rows in fp32 (a bf16 running
+        # sum of 32K rows' contributions would round the small ones away)
+        liger_ce = LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)  # step 12
+
+    run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"], fused_loss=liger_ce)  # step 12
     for epoch in range(SETTINGS["num_epochs"]):
         # Each epoch's order is randperm(seed + epoch), as DistributedSampler draws it (step 11):
         # every step of the ladder trains on the same batches in every epoch, not just the first.
@@ -330,12 +342,14 @@ def main():
             optimizer.zero_grad()
             # step 05: bf16 (or fp16) matmuls/attention, fp32 weights, grads and optimizer state
             with torch.autocast(device.type, dtype=amp.dtype, enabled=amp.enabled):
-                hidden = model(input_batch, return_hidden=True)  # (B, T, C); step 12: no logits
-                # step 12: out_head and the loss in one op, chunk by chunk (outside compile)
-                loss = fused_ce(out_head.weight, hidden.flatten(0, 1), target_batch.flatten())
-            amp.scaler.scale(loss).backward()  # step 05: fp16: loss scaled up, no grad underflow
-            amp.scaler.step(optimizer)  # step 05: grads unscaled; a step with an inf/NaN skipped
-            amp.scaler.update()  # step 05: the scale adapts; bf16/fp32: the scaler does nothing
+                if liger_ce is not None:  # step 12: out_head and the loss in one op, chunk by chunk
+                    hidden = model(input_batch, return_hidden=True)  # (B, T, C): no logits
+                    loss = liger_ce(out_head.weight, hidden.flatten(0, 1), target_batch.flatten())
+                else:  # step 12: where Liger cannot run, step 11's loss
+                    loss = calc_loss_batch(input_batch, target_batch, model)
+            scaler.scale(loss).backward()  # step 05: fp16: loss scaled up, no grad underflow
+            scaler.step(optimizer)  # step 05: grads unscaled; a step with an inf/NaN skipped
+            scaler.update()  # step 05: the scale adapts; bf16/fp32: the scaler does nothing
             run.step_done(loss, tokens=input_batch.numel())
 
             if run.eval_due():

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist  # step 11
 import torch.nn as nn
+from torch.nn.attention import SDPBackend, sdpa_kernel  # step 17
 from torch.nn.parallel import DistributedDataParallel as DDP  # step 11
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler  # step 11
@@ -181,11 +182,12 @@ def create_dataloader(token_ids, batch_size, context_length, shuffle, drop_last,
 # writing (B*T, V) fp32 copies of the logits (6.6 GB each at batch 32 on gpt2-124m)
 @torch.compile  # step 08
 def cross_entropy(logits, targets):  # (N, V), (N,) -> mean loss
-    return torch.nn.functional.cross_entropy(logits, targets)
+    # step 15: bf16 logits' loss in fp32 (autocast does it in training; evaluation has none)
+    return torch.nn.functional.cross_entropy(logits.float(), targets)
 
 
 def calc_loss_batch(input_batch, target_batch, model):
-    logits = model(input_batch).float()  # step 15: (B, T, V) in fp32 for evaluation's loss
+    logits = model(input_batch)  # (B, T, V)
     return cross_entropy(logits.flatten(0, 1), target_batch.flatten())  # step 08
 
 
@@ -328,6 +330,9 @@ def main():
 
     # step 05: bf16 where it is native; fp16 with loss scaling on GPUs without it (V100, T4)
     amp = speed_ladder.mixed_precision(device)
+    # step 05: fp16 only: the loss scaled up before backward, so that small gradients do not
+    # flush to zero; bf16 and fp32 need none (disabled, its scale, step and update pass through)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp.dtype == torch.float16)
     model = GPTModel(GPT_CONFIG).to(device)
     # step 15: bf16 weights and activations, fp32 masters for AdamW (where step 05 chose bf16)
     weights = MasterWeights(model, torch.bfloat16 if amp.dtype == torch.bfloat16 else None)
@@ -348,18 +353,31 @@ def main():
         fused=True,  # step 03: one fused update kernel instead of a chain of foreach ops
     )
 
-    # step 17: SDPA tries cuDNN's fused attention first, then flash, efficient and math
-    # (torch.nn.attention.sdpa_kernel(order, set_priority=True), for the rest of the run), where
-    # cuDNN takes the training call (asked of torch for its shape, dtype and dropout, then tried
-    # once); elsewhere step 07's kernel stays. The record's attention_kernel says which ran.
-    speed_ladder.cudnn_attention_first(device, GPT_CONFIG, amp.dtype)  # step 17
-    fused_ce = run.fused_linear_cross_entropy()  # step 12: Liger's, where it can run (the record)
+    # step 17: scaled_dot_product_attention tries cuDNN's fused attention first, then flash,
+    # efficient and math (set_priority=True: an order, not one backend), in every training
+    # forward. Where cuDNN cannot take the training call here (asked of torch for its shape,
+    # dtype and dropout, then tried once), it is left out: step 07's kernel stays, and the record
+    # says why. The record's attention_kernel says which kernel ran.
+    attention_order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                       SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # fmt: skip
+    if speed_ladder.cudnn_attention_unavailable(device, GPT_CONFIG, amp.dtype):  # step 17
+        attention_order = attention_order[1:]  # step 17: without cuDNN
+    # step 12: Liger's fused linear + cross-entropy where it can run here (a CUDA GPU, step 05
+    # not in fp16, liger-kernel installed); elsewhere step 11's loss, and the record says why
+    liger_ce = None
+    if speed_ladder.liger_unavailable(device, amp.dtype) is None:  # step 12
+        # imported where it runs: on a CPU, importing Triton would only cost seconds
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        # accum_dtype: out_head's weight gradient summed over all rows in fp32 (a bf16 running
+        # sum of 32K rows' contributions would round the small ones away)
+        liger_ce = LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)  # step 12
 
     # step 18: k micro-batches where the batch splits into k equal parts, else 1 (inactive); DDP
     # all-reduces the summed gradients in the last one's backward, no_sync() in the others
     k = speed_ladder.micro_batches(SETTINGS["batch_size"], SETTINGS["accum_steps"])  # step 18
     no_sync = model.no_sync if isinstance(model, DDP) else contextlib.nullcontext  # step 18
-    run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"])
+    run.set_model(model, GPT_CONFIG, SETTINGS["batch_size"], fused_loss=liger_ce)  # step 12
     for epoch in range(SETTINGS["num_epochs"]):
         # Each epoch's order is randperm(seed + epoch), as DistributedSampler draws it (step 11):
         # every step of the ladder trains on the same batches in every epoch, not just the first.
@@ -375,15 +393,22 @@ def main():
             for i, (inputs, targets) in enumerate(micro):  # step 18
                 with no_sync() if i < k - 1 else contextlib.nullcontext():  # step 18
                     # step 05: bf16 (or fp16) matmuls/attention, fp32 weights, grads and state
-                    with torch.autocast(device.type, dtype=amp.dtype, enabled=amp.enabled):
-                        hidden = model(inputs, return_hidden=True)  # (B/k, T, C); step 12
-                        # step 12: out_head and the loss in one op, chunk by chunk (outside compile)
-                        loss = fused_ce(out_head.weight, hidden.flatten(0, 1), targets.flatten())
+                    with (
+                        torch.autocast(device.type, dtype=amp.dtype, enabled=amp.enabled),
+                        sdpa_kernel(attention_order, set_priority=True),  # step 17: cuDNN first
+                    ):
+                        if liger_ce is not None:  # step 12: out_head and the loss in one op
+                            hidden = model(inputs, return_hidden=True)  # (B/k, T, C): no logits
+                            loss = liger_ce(
+                                out_head.weight, hidden.flatten(0, 1), targets.flatten()
+                            )
+                        else:  # step 12: where Liger cannot run, step 11's loss
+                            loss = calc_loss_batch(inputs, targets, model)
                         loss = loss / k  # step 18: the gradients add up to the batch's mean
-                    amp.scaler.scale(loss).backward()  # step 05: fp16: loss scaled up
+                    scaler.scale(loss).backward()  # step 05: fp16: loss scaled up
                 batch_loss += loss.detach()  # step 18: a tensor, no host sync
-            weights.step(optimizer, amp.scaler)  # step 15: fp32 grads, fp32 update, bf16 weights
-            amp.scaler.update()  # step 05: the scale adapts; bf16/fp32: the scaler does nothing
+            weights.step(optimizer, scaler)  # step 15: fp32 grads, fp32 update, bf16 weights
+            scaler.update()  # step 05: the scale adapts; bf16/fp32: the scaler does nothing
             run.step_done(batch_loss, tokens=input_batch.numel())  # step 18: the whole batch
 
             if run.eval_due():

@@ -83,23 +83,38 @@ def load_step(name: str):
     return load_script(f"steps/{name}.py")
 
 
-@pytest.fixture(scope="module")
-def step12():
-    return load_step("12_liger_fused_ce")
+LIGER = "liger_kernel.transformers"
 
 
-def fused_loss_fallback():
-    """Step 12's loss where Liger cannot run (speed_ladder.fused_loss on a CPU without Triton's
-    interpreter): step 11's linear + cross-entropy, its `fallback_reason` said. Its torch.compile
-    compiles on the first call: a test that needs no compiled graph calls it under
-    `torch.compiler.set_stance("force_eager")`."""
+def fake_liger(monkeypatch, forward=None) -> list:
+    """liger_kernel (and its .transformers) in sys.modules, with a LigerFusedLinearCrossEntropyLoss
+    in torch (or one whose forward is `forward`, one that raises); no Triton is imported. Returns
+    the list of the modules built, each with the keywords it was built with (`made`) and its
+    calls' shapes (`calls`)."""
+    import types
+
     import torch
 
-    from speed_ladder.fused_loss import fused_linear_cross_entropy
+    built = []
 
-    fused = fused_linear_cross_entropy(torch.device("cpu"))
-    assert fused.fallback_reason is not None, "Liger ran: TRITON_INTERPRET=1 in this process?"
-    return fused
+    class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
+        def __init__(self, **kwargs):
+            super().__init__()
+            self.made, self.calls = kwargs, []
+            built.append(self)
+
+        def forward(self, lin_weight, _input, target):
+            self.calls.append((tuple(lin_weight.shape), tuple(_input.shape), tuple(target.shape)))
+            if forward is not None:
+                return forward()
+            return torch.nn.functional.cross_entropy(_input @ lin_weight.T, target)
+
+    package, mod = types.ModuleType("liger_kernel"), types.ModuleType(LIGER)
+    mod.LigerFusedLinearCrossEntropyLoss = LigerFusedLinearCrossEntropyLoss
+    package.transformers = mod
+    monkeypatch.setitem(sys.modules, "liger_kernel", package)
+    monkeypatch.setitem(sys.modules, LIGER, mod)
+    return built
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,9 +2,9 @@
 suite (tests/test_liger.py, through Triton's interpreter: TRITON_INTERPRET=1 in a subprocess
 running this file) and the GPU suite (tests/test_gpu.py, the same cases on CUDA, compiled).
 
-Every case builds the loss as step 12 does (`speed_ladder.fused_loss`, which
-`run.fused_linear_cross_entropy()` calls: Liger's public LigerFusedLinearCrossEntropyLoss with
-`accum_dtype=torch.float32`) and calls it as the step does, under its autocast, with the fp32
+Every case builds the loss as step 12 does (Liger's public LigerFusedLinearCrossEntropyLoss with
+`accum_dtype=torch.float32`, where the harness's `liger_unavailable` says it can run) and calls
+it as the step does, under its autocast, with the fp32
 weight as the leaf: so the import, the module's arguments, `ignore_index=-100`, Liger's chunks
 (its default rule: 16 chunks of 4 rows in the fp32 and bf16 cases, 32 of 16 in the accumulation
 cases), its AMP path and the fp32 accumulation are what these cases see. `python
@@ -68,12 +68,16 @@ def _reference(h, w, t):
 
 
 def step12_loss(device):
-    """The loss step 12 builds here (speed_ladder.fused_loss): Liger's, or the test fails."""
-    from speed_ladder.fused_loss import fused_linear_cross_entropy
+    """The loss step 12 builds here: Liger's, or the test fails (where the harness says Liger
+    cannot run, the step would run step 11's loss instead). tests/test_step_fixes.py checks that
+    every step from 12 on builds exactly this module."""
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-    fused = fused_linear_cross_entropy(torch.device(device))
-    assert fused.fallback_reason is None, fused.fallback_reason
-    return fused
+    from speed_ladder.measure.inactive import liger_unavailable
+
+    why = liger_unavailable(torch.device(device), torch.bfloat16)
+    assert why is None, why
+    return LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)
 
 
 def _liger(device, bf16, h, w, t, control=False):

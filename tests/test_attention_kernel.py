@@ -1,18 +1,18 @@
 """Which SDPA kernel ran (speed_ladder/measure/attention_kernel.py): read from the ops of the last
-warm-up step, the record's `attention_kernel`, and steps 07 and 17 judged on it; step 17's order
-(speed_ladder/attention_order.py) puts cuDNN before math; the summary's `attention_kernel` and
-`inactive_rungs` columns and the tag page's lines about them."""
+warm-up step, the record's `attention_kernel`, and steps 07 and 17 judged on it; step 17's own
+`sdpa_kernel` order puts cuDNN first in its training forward and nowhere else; the summary's
+`attention_kernel` and `inactive_rungs` columns and the tag page's lines about them."""
 
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, VERDICT, load_script, records, run_script
 from torch.nn.attention import SDPBackend
 
-from speed_ladder import attention_order
 from speed_ladder.measure import attention_kernel as ak
+from speed_ladder.measure import inactive
 from speed_ladder.measure.run import Run
 from speed_ladder.report import summary, tag_page
 
@@ -32,7 +32,7 @@ class _Run:
 
     def __init__(self, step, drop=0.0, warmup=2):
         self.step, self.notes, self.inactive_reason, self.inactive_rungs = step, [], None, {}
-        self.device, self.cfg, self.fused_loss = CPU, TINY | {"drop_rate": drop}, None
+        self.device, self.cfg = CPU, TINY | {"drop_rate": drop}
         self.settings = {"warmup_steps": warmup, "drop_rate": drop}
         self.attention = ak.Watch(self)
 
@@ -149,9 +149,10 @@ class _Profiled:
 
 
 def _watched(step, names, before, why=None, monkeypatch=None):
-    """A run of `step` whose last warm-up step ran `names`; `before`: the kernel torch chose for
-    the training call before step 17 changed the order (its default order's choice)."""
-    monkeypatch.setattr(attention_order, "_STATE", {"why": why, "before": before, "order": None})
+    """A run of `step` whose last warm-up step ran `names`; `before`: the kernel torch's own
+    order chooses for the training call; `why`: why cuDNN cannot take it (None: it can)."""
+    monkeypatch.setattr(ak, "dispatcher_choice", lambda *a: before)
+    monkeypatch.setattr(inactive, "cudnn_attention_unavailable", lambda *a: why)
     run = _Run(step)
     run.attention.prof, run.attention.watched = _Profiled(names), 2
     assert run.attention.at(2)
@@ -184,32 +185,50 @@ def test_both_priority_orders_are_recorded_as_what_ran(default, step, ran, activ
         assert not any("cuDNN attention ran" in n for n in run.notes)
 
 
-def test_where_cudnn_cannot_run_step_17_says_why_and_which_kernel_ran(monkeypatch):
-    monkeypatch.setattr(attention_order, "_STATE", dict(attention_order._STATE))
-    why = attention_order.cudnn_attention_first(CPU, TINY, False)
+def test_where_cudnn_cannot_run_step_17_says_why_and_which_kernel_ran():
+    why = inactive.cudnn_attention_unavailable(CPU, TINY, torch.float32)
     assert why == "cuDNN attention is CUDA's: on cpu step 07's attention kernel stays"
-    assert attention_order.kernel_before() is None
-    run = _watched("17", [FLASH_CPU], None, why, monkeypatch)
+    run = _Run("17")
+    run.attention.prof, run.attention.watched = _Profiled([FLASH_CPU]), 2
+    assert run.attention.at(2)
     assert run.inactive_reason == f"flash attention ran, not cuDNN's ({why})"
 
 
-def test_step_17_puts_cudnn_first_and_math_after_it(monkeypatch):
-    """The order step 17 sets through torch's public sdpa_kernel(..., set_priority=True): cuDNN,
-    flash, efficient, math; and torch's choice before it, for step 17's check."""
-    monkeypatch.setattr(attention_order, "_STATE", dict(attention_order._STATE))
-    monkeypatch.setattr(attention_order, "cudnn_attention_unavailable", lambda *a: None)
-    monkeypatch.setattr(attention_order, "dispatcher_choice", lambda *a: "flash")
-    before = torch._C._get_sdp_priority_order()
-    try:
-        assert attention_order.cudnn_attention_first(CPU, TINY, False) is None
-        order = torch._C._get_sdp_priority_order()
-        assert order[0] == int(SDPBackend.CUDNN_ATTENTION)
-        assert order.index(int(SDPBackend.CUDNN_ATTENTION)) < order.index(int(SDPBackend.MATH))
-        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
-        assert attention_order.kernel_before() == "flash"
-    finally:
-        attention_order._STATE["order"].__exit__(None, None, None)
-    assert torch._C._get_sdp_priority_order() == before
+@pytest.mark.parametrize("cudnn", [True, False])
+def test_step_17_puts_cudnn_first_in_its_training_forward_alone(cudnn, tmp_path, monkeypatch):
+    """Step 17 on tiny, eager: every training call of scaled_dot_product_attention runs under the
+    step's own sdpa_kernel(..., set_priority=True) order, cuDNN first, then flash, efficient and
+    math; where the harness says cuDNN cannot take the call, the same order without cuDNN (it is
+    off). Evaluation, outside the training forward, runs under torch's own order."""
+    cudnn_on = int(SDPBackend.CUDNN_ATTENTION)
+    if cudnn:  # as on a GPU whose cuDNN takes the call (the CPU then runs its own kernel)
+        monkeypatch.setattr(inactive, "cudnn_attention_unavailable", lambda *a: None)
+    own = torch._C._get_sdp_priority_order()
+    real, seen = torch.nn.functional.scaled_dot_product_attention, []
+
+    def sdpa(*a, **k):
+        seen.append((torch.is_grad_enabled(), torch._C._get_sdp_priority_order(),
+                     torch.backends.cuda.cudnn_sdp_enabled()))  # fmt: skip
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    monkeypatch.setenv("SPEED_LADDER_BF16", "0")
+    out = tmp_path / "r.jsonl"
+    argv = ["17", "--device", "cpu", "--preset", "tiny", "--max-steps", "2",
+            "--warmup-steps", "1", "--data", str(VERDICT), "--results", str(out)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with torch._dynamo.config.patch(disable=True):
+        load_script("steps/17_cudnn_attention.py").main()
+    training = {(order[0], on) for grad, order, on in seen if grad}
+    if cudnn:
+        assert training == {(cudnn_on, True)}
+    else:
+        assert len(training) == 1 and next(iter(training))[1] is False  # cuDNN off
+    evaluation = [order for grad, order, _ in seen if not grad]
+    assert evaluation and all(order == own for order in evaluation)
+    assert torch._C._get_sdp_priority_order() == own  # left as it was
+    (rec,) = records(out)
+    assert rec["attention_kernel"] == "flash" and rec["step_active"] is False
 
 
 def _record(step, kernel, rungs, **kw):

@@ -137,14 +137,13 @@ def test_liger_cases_shared_with_the_cpu_interpreter_tests(case):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("bf16", [False, True])
 def test_liger_loss_and_gradients_match_plain_cross_entropy(bf16):
-    """Step 12's loss as it builds and calls it (speed_ladder.fused_loss: Liger's public module,
-    fp32 accumulation; under the step's autocast, the fp32 weight the leaf) at a GPT-2 width of
-    vocabulary, against plain cross-entropy of fp32 logits from the same (rounded) inputs."""
+    """Step 12's loss as it builds and calls it (Liger's public module, fp32 accumulation;
+    under the step's autocast, the fp32 weight the leaf) at a GPT-2 width of vocabulary, against
+    plain cross-entropy of fp32 logits from the same (rounded) inputs."""
     pytest.importorskip("liger_kernel", reason=LIGER)
-    from speed_ladder.fused_loss import fused_linear_cross_entropy
+    from liger_cases import step12_loss
 
-    fused = fused_linear_cross_entropy(GPU)
-    assert fused.fallback_reason is None, fused.fallback_reason
+    fused = step12_loss("cuda")
 
     torch.manual_seed(0)
     n, c, v = 2048, 256, 50304  # more rows than one chunk; the padded GPT-2 vocabulary

@@ -315,6 +315,38 @@ def test_step_lines_are_tagged():
         assert any(f"step {step}" in ln for ln in code), f"step {step} adds no tagged line"
 
 
+def _code(line: str) -> str:
+    """A diff line's code: its comment and string-free words are what a learner types."""
+    code = line[1:].split("  #")[0]
+    return "" if code.lstrip().startswith("#") else code
+
+
+def test_each_rungs_diff_adds_a_line_that_uses_the_api_it_teaches():
+    """A learner who diffs a rung against its base sees the technique in the library's own API
+    (the registry's `api`, e.g. LigerFusedLinearCrossEntropyLoss, sdpa_kernel, GradScaler): an
+    added line of code, not a comment or the docstring, uses each name."""
+    from speed_ladder.ladder import rungs
+
+    api = {r.num: r.api for r in rungs()}
+    for a, b in ladder.pairs():
+        step = ladder.step_of(b)
+        assert api[step], f"step {step} names no api in speed_ladder/data/ladder.json"
+        diff = ladder.unified(a, b).split('"""\n', 1)[-1].splitlines()  # after the docstring
+        added = [_code(ln) for ln in diff if ln.startswith("+") and not ln.startswith("+++")]
+        for name in api[step]:
+            assert any(name in ln for ln in added), f"step {step}'s diff uses no {name}"
+
+
+def test_the_golden_diffs_stay_short():
+    """Every rung's diff is its idea and little else: all of them together under 700 changed
+    lines."""
+    changed = 0
+    for a, b in ladder.pairs():
+        lines = ladder.unified(a, b).splitlines()
+        changed += sum(ln[:1] in "+-" and ln[:3] not in ("+++", "---") for ln in lines)
+    assert changed < 700, changed
+
+
 @pytest.mark.parametrize("script", ["00_orig.py", "steps/07_flash_attention_sdpa.py", SUMMARIES[1]])
 def test_help(script, capsys, monkeypatch):
     """--help works for a script at the root and in steps/, and shows the path it was started by

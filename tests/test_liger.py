@@ -4,7 +4,7 @@ Triton reads TRITON_INTERPRET when it is first imported, and pytest imports ever
 in one process (others import triton without the interpreter), so every check here runs in a
 subprocess with the variable set in its environment:
 - the numerics cases of tests/liger_cases.py (shared with tests/test_gpu.py, which runs them on
-  CUDA compiled): step 12's loss, Liger's public module as speed_ladder.fused_loss builds it,
+  CUDA compiled): step 12's loss, Liger's public module as the step builds it,
   against plain linear + cross-entropy in fp32 and under bf16 autocast with ignored targets,
   over several chunks, the weight gradient's fp32 accumulation, and a control that sums in bf16
   and must fail (so the accumulation case can);
@@ -82,10 +82,11 @@ def test_liger_public_module_imports_without_the_transformers_package():
     blocked (an import of it raises), step 12 still builds Liger's module."""
     code = (
         "import sys, torch; sys.path.insert(0, sys.argv[1]); sys.modules['transformers'] = None\n"
-        "from speed_ladder.fused_loss import fused_linear_cross_entropy\n"
-        "f = fused_linear_cross_entropy(torch.device('cpu'))\n"
-        "assert f.fallback_reason is None, f.fallback_reason\n"
-        "print(type(f).__name__)"
+        "from speed_ladder.measure.inactive import liger_unavailable\n"
+        "why = liger_unavailable(torch.device('cpu'), torch.bfloat16)\n"
+        "assert why is None, why\n"
+        "from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss as L\n"
+        "print(type(L(accum_dtype=torch.float32)).__name__)"
     )
     proc = run_script([sys.executable, "-c", code, ROOT], env=INTERPRET, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -119,7 +120,7 @@ def test_step12_without_the_interpreter_on_a_cpu_keeps_the_fallback():
 
     from speed_ladder.measure.inactive import liger_unavailable
 
-    assert "no CUDA device" in liger_unavailable(torch.device("cpu"))
+    assert "no CUDA device" in liger_unavailable(torch.device("cpu"), torch.float32)
 
 
 # Rank 0 writes out_head's full weight gradient after the first step (gathered from FSDP2's

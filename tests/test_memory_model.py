@@ -97,7 +97,8 @@ def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
            "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
     run = SimpleNamespace(cfg=cfg, step="13", device=torch.device("cpu"), preset_name="tiny",
                           batch_size=8, print=printed.append, note=notes.append,
-                          spec=SimpleNamespace(half=None), settings=PRESETS["tiny"])  # fmt: skip
+                          spec=SimpleNamespace(half=None), settings=PRESETS["tiny"],
+                          fused_loss=None)  # fmt: skip
     monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
     fields = rank_memory.announce(run, model)
@@ -148,7 +149,8 @@ def test_step_12_predicts_the_loss_that_runs(monkeypatch):
     p = PRESETS["gpt2-124m"]
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     for dev in ("cuda", "cpu", "mps"):
-        assert mm.liger_runs_on(dev) == (liger_unavailable(torch.device(dev)) is None), dev
+        why = liger_unavailable(torch.device(dev), torch.bfloat16)  # liger-kernel installed
+        assert mm.liger_runs_on(dev) == (why is None), (dev, why)
     assert mm.liger_runs_on("cuda") and not mm.liger_runs_on("cpu")
     total = lambda step, dev, **k: mm.predict_run(p, step, 1, 32, True, dev, **k).total_bytes
     assert total("12", "cpu") == total("11", "cpu")  # the fallback: step 11's computation
@@ -163,7 +165,7 @@ def test_step_12_predicts_the_loss_that_runs(monkeypatch):
     assert mm.liger_runs_on("cpu") and total("12", "cpu") == total("12", "cpu", fused=True)
 
 
-def test_announce_predicts_the_fallback_the_run_built(monkeypatch):
+def test_announce_predicts_the_loss_the_step_computes(monkeypatch):
     from types import SimpleNamespace
 
     cfg = {"vocab_size": mm.VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
@@ -171,11 +173,11 @@ def test_announce_predicts_the_fallback_the_run_built(monkeypatch):
     monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
     kinds = {}
-    for ran, why in (("liger", None), ("fallback", "no CUDA device")):
+    for ran, loss in (("liger", torch.nn.Module()), ("fallback", None)):
         run = SimpleNamespace(cfg=cfg, step="12", device=torch.device("cpu"), preset_name="tiny",
                               batch_size=8, print=lambda *a: None, note=lambda *a: None,
                               spec=SimpleNamespace(half=None), settings=PRESETS["tiny"],
-                              fused_loss=SimpleNamespace(fallback_reason=why))  # fmt: skip
+                              fused_loss=loss)  # fmt: skip
         kinds[ran] = rank_memory.announce(run, model)["memory_model"]
     assert kinds["liger"]["kind"] == "fused" and kinds["liger"]["loss"] == "fused"
     assert kinds["fallback"]["kind"] == "logits" and kinds["fallback"]["loss"] == "logits"

@@ -1,12 +1,12 @@
-"""Steps 12 and 13 on CPU: step 12's fallback is step 11's loss, the record says which loss ran on
-every rung built on 12, and checkpointing's memory."""
+"""Steps 12 and 13 on CPU: the record says which loss ran on every rung built on 12, and
+checkpointing's memory."""
 
 import json
 import sys
 
 import pytest
 import torch
-from conftest import ROOT, RSS_FOLLOWS_TENSORS, fused_loss_fallback, load_step, run_script
+from conftest import ROOT, RSS_FOLLOWS_TENSORS, fake_liger, run_script
 
 from speed_ladder import ladder
 from speed_ladder.measure import inactive
@@ -14,32 +14,6 @@ from speed_ladder.measure.run import Run
 
 TINY = {"vocab_size": 512, "context_length": 16, "emb_dim": 32, "n_heads": 2, "n_layers": 2,
         "drop_rate": 0.0, "qkv_bias": False}  # fmt: skip
-
-
-@pytest.mark.parametrize("bf16", [False, True])
-def test_the_fallback_computes_step_11s_loss_bit_for_bit(step12, bf16):
-    """Where Liger cannot run, step 12 changes nothing: its loss and every gradient equal step
-    11's (the same model's logits through step 11's cross-entropy), in fp32 and under bf16
-    autocast, with ignored targets; eager here, as both run with torch.compile off."""
-    step11 = load_step("11_ddp")
-    torch.manual_seed(0)
-    model = step12.GPTModel(TINY)
-    x = torch.randint(0, 512, (3, 16))
-    y = torch.randint(0, 512, (3, 16))
-    y[0, 3] = y[2, 15] = -100  # ignored, as F.cross_entropy's default
-
-    def grads(loss):
-        model.zero_grad(set_to_none=True)
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-    fused = fused_loss_fallback()
-    with torch.compiler.set_stance("force_eager"), torch.autocast("cpu", enabled=bf16):
-        ref = grads(step11.calc_loss_batch(x, y, model))
-        hidden = model(x, return_hidden=True)
-        got = grads(fused(model.out_head.weight, hidden.flatten(0, 1), y.flatten()))
-    assert torch.equal(got[0], ref[0]), (got[0], ref[0])
-    assert all(torch.equal(a, b) for a, b in zip(got[1], ref[1], strict=True))
 
 
 class _Run:
@@ -58,9 +32,9 @@ class _Run:
 CPU = torch.device("cpu")
 
 
-def report(run, fused, device=CPU, cfg=TINY):
-    """What Run.set_model records for run.step and the rungs it builds on, with step 12's loss."""
-    for step, reason, acted in inactive.asked(run.step, device, cfg, 0.0, fused):
+def report(run, device=CPU, cfg=TINY):
+    """What Run.set_model records for run.step and the rungs it builds on."""
+    for step, reason, acted in inactive.asked(run.step, device, cfg, 0.0):
         run.inactive(step, reason, acted)
 
 
@@ -70,49 +44,41 @@ def bf16_off(monkeypatch):
     monkeypatch.setenv("SPEED_LADDER_BF16", "0")
 
 
-def test_every_rung_built_on_12_records_which_loss_ran(bf16_off):
-    fused = fused_loss_fallback()
+def test_every_rung_built_on_12_records_which_loss_ran(bf16_off, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     on_12 = ["12", *(r.num for r in ladder.descendants("12"))]
     assert on_12 == ["12", "13", "14", "15", "16", "17", "18"]
     for step in on_12:
         run = _Run(step)
-        report(run, fused)
-        report(run, fused)  # asked again: noted once
+        report(run)
+        report(run)  # asked again: noted once
         said = [n for n in run.notes if n.startswith("step 12: ")]
-        assert len(said) == 1 and "linear + cross-entropy ran" in said[0], run.notes
-        assert "no CUDA device" in said[0]
+        assert said == [
+            "step 12: PyTorch linear + cross-entropy ran (step 11's loss), not Liger's (Liger "
+            "runs Triton GPU kernels: no CUDA device (cpu))"
+        ], run.notes
         if step == "12":  # the record: step_active false, and why
             assert "no CUDA device" in run.inactive_reason
         else:
             assert "Liger" not in (run.inactive_reason or "")
-    run = _Run("11")  # a rung before 12 asks nothing of it, even given a loss
-    report(run, fused)
+    run = _Run("11")  # a rung before 12 asks nothing of it
+    report(run)
     assert not any(n.startswith("step 12") for n in run.notes)
 
 
-def test_where_liger_ran_the_record_says_so_and_step_12_is_active(bf16_off):
-    class Liger:
-        fallback_reason = None
-
+def test_where_liger_can_run_the_record_says_so_and_step_12_is_active(bf16_off, monkeypatch):
+    fake_liger(monkeypatch)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Liger may run on this CPU
     run = _Run("17")
-    report(run, Liger())
+    report(run)
     assert run.inactive_reason is None  # 17's own check waits for the kernel that ran
-    for step, reason, acted in inactive.asked(
-        "17", CPU, TINY, 0.0, Liger(), attention_kernel="flash"
-    ):
+    for step, reason, acted in inactive.asked("17", CPU, TINY, 0.0, attention_kernel="flash"):
         run.inactive(step, reason, acted)
     assert run.inactive_reason.startswith("flash attention ran, not cuDNN's")
     assert "step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)" in run.notes
     run = _Run("12")
-    report(run, Liger())
+    report(run)
     assert run.inactive_reason is None
-
-
-def test_a_step_that_built_no_fused_loss_is_not_asked_about_it(bf16_off):
-    run = _Run("13")
-    report(run, None)
-    assert not any(n.startswith("step 12") for n in run.notes)
-    assert any(n.startswith("step 02: TF32") for n in run.notes)
 
 
 @pytest.mark.slow  # two full-size steps of a 650 MB-activation config: 35 s on 2 cores

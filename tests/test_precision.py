@@ -20,11 +20,13 @@ TINY = ["--preset", "tiny", "--device", "cpu", "--max-steps", 3, "--warmup-steps
 
 @pytest.fixture
 def amp(monkeypatch):
-    """amp(kind): step 05's MixedPrecision on this CPU with SPEED_LADDER_AMP=kind."""
+    """amp(kind): step 05's MixedPrecision on this CPU with SPEED_LADDER_AMP=kind, and its loss
+    scaler as the step builds it."""
 
     def make(kind):
         monkeypatch.setenv(dev.AMP_ENV, kind)
-        return precision.mixed_precision(CPU)
+        a = precision.mixed_precision(CPU)
+        return a, torch.amp.GradScaler(CPU.type, enabled=a.dtype == torch.float16)
 
     return make
 
@@ -39,9 +41,9 @@ def test_the_scaler_keeps_fp16_gradients_that_would_flush_to_zero(amp):
     """A gradient of 1e-8 is below fp16's smallest number (2^-24, 6e-8): without the scale the
     fp16 activation's gradient is 0 and so is the weight's; scaled by 2^16, then unscaled, it
     is the fp32 value."""
-    a = amp("fp16")
-    assert a.dtype == torch.float16 and a.enabled and a.scaler.is_enabled()
-    assert a.scaler.get_scale() == 2.0**16
+    a, scaler = amp("fp16")
+    assert a.dtype == torch.float16 and a.enabled and scaler.is_enabled()
+    assert scaler.get_scale() == 2.0**16
     x = torch.ones(4, 8)
 
     def grad(scaled):
@@ -50,9 +52,9 @@ def test_the_scaler_keeps_fp16_gradients_that_would_flush_to_zero(amp):
             y = model(x)
             assert y.dtype == torch.float16
             loss = (y.float() * 1e-8).sum()
-        (a.scaler.scale(loss) if scaled else loss).backward()
+        (scaler.scale(loss) if scaled else loss).backward()
         if scaled:
-            a.scaler.unscale_(opt)
+            scaler.unscale_(opt)
         return model.weight.grad
 
     assert torch.count_nonzero(grad(scaled=False)) == 0
@@ -63,7 +65,7 @@ def test_a_step_with_an_inf_gradient_is_skipped_and_the_scale_halved(amp):
     """step 05's three lines on the fused AdamW of the steps: a good step updates and keeps the
     scale; an inf in the gradients leaves the weights and AdamW's state as they were and halves
     the scale; the next good step updates again."""
-    a = amp("fp16")
+    a, scaler = amp("fp16")
     model, opt = _model()
     x = torch.randn(4, 8)
 
@@ -72,32 +74,32 @@ def test_a_step_with_an_inf_gradient_is_skipped_and_the_scale_halved(amp):
         with torch.autocast("cpu", dtype=a.dtype, enabled=a.enabled):
             loss = model(x).float().pow(2).mean() * (float("inf") if poison else 1.0)
         before = [p.detach().clone() for p in model.parameters()]
-        a.scaler.scale(loss).backward()
-        a.scaler.step(opt)
-        a.scaler.update()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
 
-    assert step() and a.scaler.get_scale() == 2.0**16
+    assert step() and scaler.get_scale() == 2.0**16
     steps = opt.state[model.weight]["step"].item()
     assert not step(poison=True)
-    assert a.scaler.get_scale() == 2.0**15 and opt.state[model.weight]["step"].item() == steps
-    assert step() and a.scaler.get_scale() == 2.0**15
+    assert scaler.get_scale() == 2.0**15 and opt.state[model.weight]["step"].item() == steps
+    assert step() and scaler.get_scale() == 2.0**15
 
 
 @pytest.mark.parametrize("kind", ["bf16", "fp32"])
 def test_without_fp16_the_scaler_does_nothing(kind, amp):
     """bf16 keeps fp32's exponent range (no underflow to guard) and fp32 needs none: the same
     three lines then run the plain backward and optimizer step."""
-    a = amp(kind)
+    a, scaler = amp(kind)
     assert a.dtype == precision.DTYPES[kind] and a.enabled is (kind == "bf16")
-    assert not a.scaler.is_enabled()
+    assert not scaler.is_enabled()
     model, opt = _model()
     loss = model(torch.randn(4, 8)).pow(2).mean()
-    assert a.scaler.scale(loss) is loss
+    assert scaler.scale(loss) is loss
     loss.backward()
     w = model.weight.detach().clone()
-    a.scaler.step(opt)
-    a.scaler.update()
+    scaler.step(opt)
+    scaler.update()
     assert not torch.equal(w, model.weight)
 
 

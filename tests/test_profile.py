@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, VERDICT, fused_loss_fallback, load_script, py, records
+from conftest import ROOT, VERDICT, load_script, py, records
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
@@ -64,22 +64,22 @@ def test_op_names_give_categories():
     assert op_categories.kernel_category("Memcpy HtoD (Pinned -> Device)") == "data_host"
 
 
-def test_step12s_fallback_counts_its_matmul_as_matmul_and_its_cross_entropy_as_loss():
-    """Where Liger cannot run, step 12's loss is step 11's: the output layer's matmuls (forward
-    and both gradients) are matmul, the cross-entropy's ops loss (eager here: compiled, inductor
-    names its kernels by the ops they fuse, as step 11's)."""
+def test_step12s_loss_without_liger_counts_its_matmul_as_matmul_and_its_cross_entropy_as_loss():
+    """Where Liger cannot run, step 12's loss is step 11's: out_head's matmuls (forward and both
+    gradients) are matmul, the cross-entropy's ops loss (eager here: compiled, inductor names
+    its kernels by the ops they fuse, as step 11's)."""
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    fused = fused_loss_fallback()
-    weight = torch.randn(2000, 64, requires_grad=True)
-    hidden = torch.randn(256, 64, requires_grad=True)
-    targets = torch.randint(0, 2000, (256,))
+    step12 = load_script("steps/12_liger_fused_ce.py")
+    torch.manual_seed(0)
+    model = step12.GPTModel(SMALL)
+    x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
     with torch.compiler.set_stance("force_eager"):
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             with record_function(f"{breakdown.STEP_RANGE}0"):
-                fused(weight, hidden, targets).backward()
+                step12.calc_loss_batch(x, y, model).backward()
     by_name: dict = {}
     breakdown.breakdown(prof.events(), 1, use_device=False, by_name=by_name)
     cats: dict = {}

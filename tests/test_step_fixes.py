@@ -1,126 +1,134 @@
 """What steps 09, 11 and 12 do on a GPU, shown on a CPU by simulating the GPU's side.
 
-Step 12: on CUDA the step's loss is Liger's public module (a stand-in for it here, in torch),
-built with fp32 accumulation; it falls back to step 11's loss only where Liger cannot run; a CUDA
-out-of-memory or a Triton error inside it is the run's result; no step reaches into Liger's
-internals. Step 11: a bad DDP_BACKEND is one line. Step 09: generation never picks a padded id.
+Step 12 builds Liger's public module itself, with fp32 accumulation, where the harness says
+Liger can run (here: Triton's interpreter flag and a stand-in liger_kernel in torch), and runs
+step 11's loss elsewhere, the record saying which; a CUDA out-of-memory or a Triton error inside
+Liger is the run's result, never a fallback. Step 11: a bad DDP_BACKEND is one line. Step 09:
+generation never picks a padded id.
 """
 
 import sys
-import types
 
 import pytest
 import torch
-from conftest import ROOT, load_step
-from test_memory_steps import _Run, report
+from conftest import LIGER, VERDICT, fake_liger, load_script, load_step, records
 
 import speed_ladder
-from speed_ladder import errors
-from speed_ladder.fused_loss import fused_linear_cross_entropy
-
-LIGER = "liger_kernel.transformers"
-
-
-def fake_liger(monkeypatch, forward=None):
-    """liger_kernel.transformers with a LigerFusedLinearCrossEntropyLoss in torch (or one whose
-    forward is `forward`, one that raises); returns the list of the modules built, each with the
-    keywords it was built with (`made`) and its calls (`calls`)."""
-    built = []
-
-    class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
-        def __init__(self, **kwargs):
-            super().__init__()
-            self.made, self.calls = kwargs, []
-            built.append(self)
-
-        def forward(self, lin_weight, _input, target):
-            self.calls.append((lin_weight.shape, _input.shape, target.shape))
-            if forward is not None:
-                return forward()
-            return torch.nn.functional.cross_entropy(_input @ lin_weight.T, target)
-
-    mod = types.ModuleType(LIGER)
-    mod.LigerFusedLinearCrossEntropyLoss = LigerFusedLinearCrossEntropyLoss
-    monkeypatch.setitem(sys.modules, LIGER, mod)
-    return built
-
-
-def data():
-    torch.manual_seed(0)
-    return torch.randn(50, 8), torch.randn(20, 8), torch.randint(0, 50, (20,))
-
+from speed_ladder import ladder
+from speed_ladder.measure import inactive
+from speed_ladder.presets import PRESETS
 
 CUDA = torch.device("cuda", 0)  # only a name here: nothing is allocated on it
+TINY = ["--device", "cpu", "--preset", "tiny", "--max-steps", 3, "--warmup-steps", 1,
+        "--batch-size", 2, "--data", VERDICT]  # fmt: skip
+RAN = "step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)"
 
 
-def test_on_cuda_step_12_runs_liger_public_module_with_fp32_accumulation(monkeypatch):
-    built = fake_liger(monkeypatch)
-    fused = fused_linear_cross_entropy(CUDA)
-    ((liger,),) = [built]
-    assert fused is liger and fused.fallback_reason is None
-    assert liger.made == {"accum_dtype": torch.float32}  # the weight gradient summed in fp32
-    w, h, t = data()
-    torch.testing.assert_close(fused(w, h, t), torch.nn.functional.cross_entropy(h @ w.T, t))
-    assert liger.calls == [((50, 8), (20, 8), (20,))]  # weight, hidden, targets
-    run = _Run()
+def step_here(script, tmp_path, monkeypatch, interpret=True):
+    """`python SCRIPT` on tiny, eager, in this process under speed_ladder.main, with bf16 off;
+    `interpret`: TRITON_INTERPRET=1, so that the harness lets Liger run on this CPU. Returns
+    (exit code, its record: the run's, or its failure's)."""
+    out = tmp_path / "r.jsonl"
+    monkeypatch.setattr(sys, "argv", [script, *map(str, TINY), "--results", str(out)])
     monkeypatch.setenv("SPEED_LADDER_BF16", "0")
-    report(run, fused, device=torch.device("cpu"))  # the record: Liger ran, step 12 active
-    assert run.inactive_reason is None
-    assert "step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)" in run.notes
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    code = 0
+    try:
+        with torch._dynamo.config.patch(disable=True):
+            speed_ladder.main(load_script(script).main)
+    except SystemExit as e:
+        code = e.code
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    (rec,) = records(out)
+    return code, rec
 
 
-def _fails_inside_liger(monkeypatch, error):
-    """Liger raises `error` in a step run under the flags' main wrapper: (exit code, the failure
-    records it wrote as [(status, reason)], the step's loss)."""
-
-    def raise_():
-        raise error
-
-    fake_liger(monkeypatch, raise_)
-    fused = fused_linear_cross_entropy(CUDA)
-    recorded = []
-    monkeypatch.setattr(errors.on_failure, "_write", lambda s, r: recorded.append((s, r)))
-    with pytest.raises(SystemExit) as e:
-        errors.main(lambda: fused(*data()))
-    return e.value.code, recorded, fused
+ON_12 = [ladder.rung("12"), *ladder.descendants("12")]
 
 
-def test_a_cuda_oom_inside_liger_is_recorded_oom_not_a_fallback(monkeypatch):
-    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (GPU 0)")
-    code, recorded, fused = _fails_inside_liger(monkeypatch, oom)
-    assert code == 3
-    assert recorded == [("oom", "CUDA out of memory. Tried to allocate 6.00 GiB (GPU 0)")]
-    assert fused.fallback_reason is None  # no silent fallback
-
-
-def test_a_triton_error_inside_liger_is_recorded_error_with_its_reason(monkeypatch):
-    CompilationError = type("CompilationError", (Exception,), {"__module__": "triton.compiler"})
-    error = CompilationError("at 12:4: out of resources: shared memory")
-    code, recorded, _ = _fails_inside_liger(monkeypatch, error)
-    assert code == 1
-    ((status, reason),) = recorded
-    assert status == "error" and "CompilationError" in reason and "shared memory" in reason
-
-
-def test_liger_not_installed_falls_back_to_step_11s_loss_and_says_so(monkeypatch):
-    monkeypatch.setitem(sys.modules, LIGER, None)  # import raises ModuleNotFoundError
-    fused = fused_linear_cross_entropy(CUDA)
-    assert "liger-kernel unavailable: ModuleNotFoundError" in fused.fallback_reason
-    assert "linear + cross-entropy ran" in fused.fallback_reason
-
-
-def test_without_cuda_liger_is_never_built(monkeypatch):
+@pytest.mark.parametrize("script", [r.rel for r in ON_12])
+def test_where_liger_can_run_the_step_builds_its_public_module_with_fp32_sums(
+    script, tmp_path, monkeypatch
+):
+    """Every rung from 12 on: Liger's LigerFusedLinearCrossEntropyLoss, built once with
+    accum_dtype=torch.float32 (the weight gradient summed in fp32), called each step with
+    out_head's (V, C) weight, the (B*T, C) hidden states and the (B*T,) targets; the record says
+    Liger ran, and step 12 is active."""
     built = fake_liger(monkeypatch)
-    fused = fused_linear_cross_entropy(torch.device("cpu"))
-    w, h, t = data()
-    with torch.compiler.set_stance("force_eager"):
-        torch.testing.assert_close(fused(w, h, t), torch.nn.functional.cross_entropy(h @ w.T, t))
-    assert built == [] and "no CUDA device" in fused.fallback_reason
+    code, rec = step_here(script, tmp_path, monkeypatch)
+    assert code == 0 and rec["status"] == "ok"
+    ((liger,),) = [built]
+    assert liger.made == {"accum_dtype": torch.float32}
+    c, t = PRESETS["tiny"]["emb_dim"], rec["context_length"]
+    rows = t * (1 if script.startswith("steps/18") else 2)  # step 18: 2 micro-batches of 1
+    assert set(liger.calls) == {((50304, c), (rows, c), (rows,))}  # step 09's padded vocabulary
+    assert len(liger.calls) >= 3  # each training step; evaluation takes the logits
+    assert RAN in rec["notes"] and not any(
+        n.startswith("step 12: Liger runs") for n in rec["notes"]
+    )
+    if script.startswith("steps/12"):
+        assert rec["step_active"] is True
+    assert rec["interpreted"] is True  # no measurement: Triton's interpreter flag was on
+
+
+def test_where_liger_cannot_run_step_12_trains_step_11s_loss_and_says_why(tmp_path, monkeypatch):
+    """No CUDA and no interpreter: Liger is never built; the step computes step 11's loss, the
+    same floats (its record's losses equal step 11's), and its record says why it is inactive."""
+    built = fake_liger(monkeypatch)
+    code, rec12 = step_here("steps/12_liger_fused_ce.py", tmp_path, monkeypatch, False)
+    assert code == 0 and built == []
+    assert rec12["step_active"] is False and "no CUDA device" in rec12["inactive_reason"]
+    (tmp_path / "11").mkdir()
+    code, rec11 = step_here("steps/11_ddp.py", tmp_path / "11", monkeypatch, False)
+    assert code == 0 and rec12["losses"] == rec11["losses"]
+
+
+def test_a_cuda_oom_inside_liger_is_recorded_oom_not_a_fallback(tmp_path, monkeypatch):
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (GPU 0)")
+
+    built = fake_liger(monkeypatch, oom)
+    code, rec = step_here("steps/12_liger_fused_ce.py", tmp_path, monkeypatch)
+    assert code == 3 and len(built) == 1  # no second loss built after it
+    assert rec["status"] == "oom"
+    assert rec["reason"] == "CUDA out of memory. Tried to allocate 6.00 GiB (GPU 0)"
+
+
+def test_a_triton_error_inside_liger_is_recorded_error_with_its_reason(tmp_path, monkeypatch):
+    CompilationError = type("CompilationError", (Exception,), {"__module__": "triton.compiler"})
+
+    def fail():
+        raise CompilationError("at 12:4: out of resources: shared memory")
+
+    fake_liger(monkeypatch, fail)
+    code, rec = step_here("steps/12_liger_fused_ce.py", tmp_path, monkeypatch)
+    assert code == 1 and rec["status"] == "error"
+    assert "CompilationError" in rec["reason"] and "shared memory" in rec["reason"]
+
+
+def test_the_harness_says_where_liger_cannot_run(monkeypatch):
+    """On a CUDA GPU (a name only here): Liger runs in bf16 and fp32; not under fp16, and not
+    where liger-kernel does not import; never on a CPU without Triton's interpreter."""
+    fake_liger(monkeypatch)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert inactive.liger_unavailable(CUDA, torch.bfloat16) is None
+    assert inactive.liger_unavailable(CUDA, torch.float32) is None
+    fallback = inactive.LIGER_FALLBACK
+    fp16 = inactive.liger_unavailable(CUDA, torch.float16)
+    assert fp16 == f"{fallback} ({inactive.LIGER_FP16})"
+    cpu = inactive.liger_unavailable(torch.device("cpu"), torch.bfloat16)
+    assert cpu == f"{fallback} (Liger runs Triton GPU kernels: no CUDA device (cpu))"
+    monkeypatch.setitem(sys.modules, LIGER, None)  # import raises ModuleNotFoundError
+    why = inactive.liger_unavailable(CUDA, torch.bfloat16)
+    assert why.startswith(f"{fallback} (liger-kernel unavailable: ModuleNotFoundError")
 
 
 def test_the_installed_liger_kernel_has_the_public_module_the_step_uses():
     """liger-kernel's public LigerFusedLinearCrossEntropyLoss takes accum_dtype and (weight,
-    hidden, targets); no step file reaches into liger_kernel.ops (a private signature)."""
+    hidden, targets), as every step from 12 on builds and calls it."""
     import inspect
 
     liger = pytest.importorskip(LIGER, exc_type=ImportError)
@@ -128,8 +136,11 @@ def test_the_installed_liger_kernel_has_the_public_module_the_step_uses():
     assert "accum_dtype" in inspect.signature(cls).parameters
     forward = list(inspect.signature(cls.forward).parameters)
     assert forward[1:4] == ["lin_weight", "_input", "target"]
-    for f in [ROOT / "00_orig.py", *sorted((ROOT / "steps").glob("[0-9][0-9]_*.py"))]:
-        assert "liger_kernel" not in f.read_text(), f.name  # through speed_ladder.fused_loss
+    for r in ladder.rungs():
+        text = r.path.read_text()
+        uses = "LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)" in text
+        assert uses == (r in ON_12), r.rel
+        assert "liger_kernel.ops" not in text, r.rel  # a private signature
 
 
 # ---------------------------------------------------------------- step 11

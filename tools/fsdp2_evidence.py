@@ -50,11 +50,11 @@ def one(a) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     sys.path.insert(0, str(ROOT))
-    from speed_ladder.fused_loss import fused_linear_cross_entropy
     from speed_ladder.measure import device as dev
     from speed_ladder.measure import memory_model as mm
     from speed_ladder.measure import rank_memory
     from speed_ladder.measure.data import load_split
+    from speed_ladder.measure.inactive import liger_unavailable
     from speed_ladder.presets import PRESETS
 
     s14 = load_step14()
@@ -126,7 +126,14 @@ def one(a) -> dict:
     # step 12's loss (Liger's, or step 11's where Liger cannot run), under autocast as the step
     # calls it (the mixed-precision variant's bf16 logits too: its loss in fp32); eager
     loss_autocast = use_bf16 or a.variant == "fsdp2-mp"
-    fused_ce = fused_linear_cross_entropy(device)
+    dtype = torch.bfloat16 if loss_autocast else torch.float32
+    if liger_unavailable(device, dtype) is None:  # as step 14 builds it
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        fused_ce = LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)
+    else:  # step 11's: out_head, then the cross-entropy of the full logits
+        F = torch.nn.functional
+        fused_ce = lambda weight, hidden, y: F.cross_entropy(F.linear(hidden, weight), y)
 
     losses, times, state = [], [], None
     t_last = time.perf_counter()

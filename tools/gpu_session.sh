@@ -185,7 +185,7 @@ if [ -n "$WHEELS" ]; then
 fi
 [ -d "$OUT/site" ] && export PYTHONPATH="$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
 
-# ---- Liger for step 12: the import the step makes (speed_ladder/fused_loss.py); without it step
+# ---- Liger for step 12: the import the step makes (steps/12_liger_fused_ce.py); without it step
 # 12 falls back to step 11's PyTorch loss (its record says so, step_active false), and
 # status.txt says so here too
 if LIGER=$("$PY" -c "import importlib.metadata as md

@@ -161,7 +161,7 @@ class Watch:
         """The kernel found, noted, and the checks that take it asked (measure/inactive.py)."""
         run, self.kernel, self.pending = self.run, kernel, False
         run.note(f"attention kernel: {kernel or 'unknown'} ({how})")
-        facts = (run.step, run.device, run.cfg, run.settings["drop_rate"], run.fused_loss)
+        facts = (run.step, run.device, run.cfg, run.settings["drop_rate"])
         judged = asked(*facts, attention_kernel=kernel or "unknown", only="attention_kernel")
         for step, reason, acted in judged:
             run.inactive(step, reason, acted)

@@ -3,8 +3,8 @@ this device, or None where it acts. The registry names each rung's check (`inact
 speed_ladder/data/ladder.json), and the harness asks it (`asked`, from Run.set_model) for the
 run's own step and every rung it builds on, with the facts its parameters name: `device`,
 `cfg` (the step's GPT_CONFIG), `dtype` (step 05's autocast dtype, fp32 where it is off:
-`precision.choice`), `step` (the rung asked about), `drop_rate` (the preset's), `fused_loss`
-(step 12's, speed_ladder.fused_loss), `batch` (the run's sequences per step and process),
+`precision.choice`), `step` (the rung asked about), `drop_rate` (the preset's), `batch` (the
+run's sequences per step and process),
 `accum_steps` (the preset's) and `attention_kernel` (the SDPA kernel the training call
 ran, known after the warm-up: measure/attention_kernel.py, which asks the checks that take it
 then). Each reason is a note of the record (`step NN: reason`, and in its `inactive_rungs`); the
@@ -153,20 +153,45 @@ LIGER_INTERPRETED = (
 )
 
 
-def liger_unavailable(device: torch.device) -> str | None:
-    """Step 12: why Liger's fused linear cross-entropy cannot run on this device, or None where
-    it can: a CUDA GPU, or a CPU with Triton's interpreter on (TRITON_INTERPRET=1, for checking
-    the kernel's numerics and the step's call path: the record then says `interpreted: true`
-    and is no measurement). Whether liger-kernel imports is the step's to find out."""
-    if device.type == "cuda" or (device.type == "cpu" and triton_interpreted()):
-        return None
-    return f"Liger runs Triton GPU kernels: no CUDA device ({device.type})"
+LIGER_FALLBACK = "PyTorch linear + cross-entropy ran (step 11's loss), not Liger's"
+LIGER_FP16 = (
+    "step 05 computes in fp16 here: Liger computes the loss's gradient in its forward pass, in "
+    "fp16, before GradScaler's scale reaches it, and most of it would flush to zero"
+)
 
 
-def liger_fallback(fused_loss) -> str | None:
-    """Step 12: why the loss the step built (speed_ladder.fused_loss) is the PyTorch fallback,
-    or None where Liger's fused loss computes it."""
-    return fused_loss.fallback_reason
+def liger_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Step 12: why Liger's fused linear cross-entropy cannot run here, or None where it can, so
+    that the step builds `LigerFusedLinearCrossEntropyLoss` and its record says Liger ran. It
+    needs:
+
+    - a CUDA GPU, or a CPU with Triton's interpreter on (TRITON_INTERPRET=1, for checking the
+      kernel's numerics and the step's call path: the record then says `interpreted: true` and
+      is no measurement);
+    - step 05 not in fp16 (`dtype`, a GPU without native bf16: V100, T4). Liger computes the
+      gradient of the loss in its forward pass, in the autocast dtype, before backward brings
+      GradScaler's scale: the gradient of a mean over B*T targets is (p - y) / (B*T) per logit,
+      about 6e-10 for a non-target logit of gpt2-124m at batch 32 (p ~ 1/V), far below fp16's
+      smallest number (6e-8), so it flushes to zero and the scale brings nothing back. Measured
+      on a CPU through Triton's interpreter (8192 rows, V = 8192, fp16 autocast, loss scale
+      2^16): the hidden state's gradient was 1.6e-2 off fp32's (relative norm), 0.9% of it
+      zero, against 3.2e-4 and none for linear + cross-entropy under the same autocast and scale;
+    - liger-kernel and Triton installed (liger-kernel >= 0.6.2 on Linux, pyproject.toml), asked
+      by importing its public module, as the step does. Asked last: on a CPU, importing Triton
+      only costs seconds.
+
+    Where it says why, the step computes step 11's loss (the same floats), and is inactive."""
+    why = None
+    if not (device.type == "cuda" or (device.type == "cpu" and triton_interpreted())):
+        why = f"Liger runs Triton GPU kernels: no CUDA device ({device.type})"
+    elif dtype == torch.float16:
+        why = LIGER_FP16
+    else:
+        try:  # liger_kernel.transformers imports the transformers package only where installed
+            import liger_kernel.transformers  # noqa: F401
+        except ImportError as e:  # not installed (macOS, Windows), or no Triton
+            why = f"liger-kernel unavailable: {type(e).__name__}: {e}"
+    return None if why is None else f"{LIGER_FALLBACK} ({why})"
 
 
 def dropout_already_off(drop_rate) -> str | None:
@@ -227,19 +252,22 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, dtype: torch.dt
     return None
 
 
-def cudnn_attention_no_change(attention_kernel: str) -> str | None:
+def cudnn_attention_no_change(
+    attention_kernel: str, device: torch.device, cfg: dict, dtype: torch.dtype
+) -> str | None:
     """Step 17: why the training call's attention is not cuDNN's in place of the kernel step 16
     runs, judged on the kernel that ran (measure/attention_kernel.py), or None where cuDNN ran
-    and torch's own order would have given the call another kernel (speed_ladder.attention_order
-    asks torch which, before it puts cuDNN first). Where torch's own order already puts cuDNN
-    first (recent PyTorch on Hopper with a new enough cuDNN), step 16 ran cuDNN too."""
-    from speed_ladder.attention_order import kernel_before, why_not_first
+    and torch's own order would have given the call another kernel. Asked after the warm-up,
+    between steps, where the step's `sdpa_kernel` order is not in force: the dispatcher then
+    answers with torch's own order. Where that is cuDNN already (recent PyTorch on Hopper with a
+    new enough cuDNN), step 16 ran cuDNN too."""
+    from speed_ladder.measure.attention_kernel import dispatcher_choice  # it imports this module
 
     if attention_kernel != "cudnn":
-        why = why_not_first()  # what the step found before training (no second trial call)
+        why = cudnn_attention_unavailable(device, cfg, dtype)
         why = f" ({why})" if why else ": SDPA did not take cuDNN, though it came first"
         return f"{attention_kernel} attention ran, not cuDNN's{why}"
-    if kernel_before() == "cudnn":
+    if dispatcher_choice(device, cfg, dtype) == "cudnn":
         return (
             "cuDNN attention was already torch's choice for the training call (its own order "
             "puts cuDNN first here): step 16 ran it too"
@@ -277,7 +305,6 @@ def asked(
     device,
     cfg: dict,
     drop_rate,
-    fused_loss,
     batch=None,
     accum_steps=None,
     attention_kernel=None,
@@ -287,13 +314,13 @@ def asked(
     (ladder.lineage), the first rung first: each rung's registry check asked with the facts its
     parameters name (the module doc; `dtype` is asked of precision.choice only where a check
     names it), the rung's fixed `why` in place of the check's words. A check whose fact the run
-    lacks (None: no fused loss built, the kernel not known yet) is not asked, nor any where
-    `step` is no rung here; `only`: a fact's name, the checks that take it alone."""
+    lacks (None: the kernel not known yet) is not asked, nor any where `step` is no rung here;
+    `only`: a fact's name, the checks that take it alone."""
     try:
         chain = ladder.lineage(step)
     except UserError:
         return []
-    facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate, "fused_loss": fused_loss,
+    facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate,
              "batch": batch, "accum_steps": accum_steps,
              "attention_kernel": attention_kernel}  # fmt: skip
     out = []

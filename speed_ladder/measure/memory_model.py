@@ -33,7 +33,7 @@ fused loss (12+) keeps one chunk of logits instead, in the activations' dtype, t
 written over them (Liger's rule with its default LIGER_CHUNK_MEM_CONST: 512 rows at gpt2-124m's
 batch 32, 52 MB in bf16), beside the fp32 weight gradient and the hidden states' gradient, which
 it holds from forward to backward. Where Liger cannot run (a CPU, no liger-kernel), step 12's
-fallback is step 11's loss (speed_ladder/fused_loss.py): the full logits, as steps <= 11
+loss is step 11's (the step's few lines of fallback): the full logits, as steps <= 11
 (`predict_run`'s `fused`: the run says which ran, a prediction before it what the device can
 run). Checkpointing (13+) keeps each block's input only (the fp32 residual stream) plus one
 block's full activations while it is recomputed. Gradient accumulation (18) splits the batch

@@ -7,10 +7,10 @@ The boundaries come from hooks that `run.set_model` installs, never from a line 
   after a pause) to the forward's start, a forward pre-hook on the model the step hands
   `set_model` (torch.compile's wrapper, DDP and FSDP2 run a module's hooks outside any compiled
   graph: nothing recompiles). The loader, the copy to the device and `zero_grad`.
-- forward: to backward's start, the first gradient hook that backward reaches: on the loss where
-  the harness builds it (step 12's fused loss on, `run.fused_linear_cross_entropy()`), else on
-  the model's output, so that before step 12 the cross-entropy, computed after the model, counts
-  in forward with its own backward (one elementwise pass over the logits).
+- forward: to backward's start, the first gradient hook that backward reaches: on the loss
+  module where the step hands one to `set_model` (step 12's Liger loss, where it runs), else on
+  the model's output, so that the cross-entropy, computed after the model, counts in forward
+  with its own backward (one elementwise pass over the logits).
 - backward: to backward's end, a callback on the autograd engine (`queue_callback`, queued when
   backward starts) that queues the mark once more, so that it is taken after the callbacks that
   DDP and FSDP2 queue during backward (their wait for the last gradient reduction).

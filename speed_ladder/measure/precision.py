@@ -1,5 +1,5 @@
-"""Step 05's mixed precision: which dtype autocast computes in, and the loss scaler that fp16
-needs, decided once per device type before the model is built.
+"""Step 05's mixed precision: which dtype autocast computes in (and so whether the step's loss
+scaler is on: fp16 alone needs it), decided once per device type before the model is built.
 
 - **bf16** where bf16 is native (`device.bf16_is_fast`: CUDA compute capability >= 8.0, AMD by
   arch; a CPU or MPS where its measured bf16 matmul beats fp32). bf16 keeps fp32's exponent
@@ -18,7 +18,8 @@ needs, decided once per device type before the model is built.
 $SPEED_LADDER_AMP (bf16, fp16 or fp32) forces the choice, as $SPEED_LADDER_BF16 (1 or 0:
 bf16 or fp32) does; the tests run the fp16 path on a CPU that way (CPU autocast takes fp16).
 
-The scaler of a bf16 or fp32 run is `GradScaler(enabled=False)`, whose `scale(loss)` is the
+The step builds the scaler itself, `torch.amp.GradScaler(device.type, enabled=amp.dtype ==
+torch.float16)`. The scaler of a bf16 or fp32 run is disabled, and its `scale(loss)` is the
 loss, `step(optimizer)` is `optimizer.step()` and `update()` does nothing: every later step
 runs the same lines in every regime. It works under DDP (gradients are all-reduced before it
 reads them) and FSDP2 without FSDP1's ShardedGradScaler (a sharded gradient's inf check is
@@ -43,12 +44,12 @@ _DECIDED: dict[str, tuple[tuple, str]] = {}
 @dataclass(frozen=True)
 class MixedPrecision:
     """What a step computes with: `torch.autocast(device.type, dtype=amp.dtype,
-    enabled=amp.enabled)`, then `amp.scaler.scale(loss).backward()`, `amp.scaler.step(optimizer)`,
-    `amp.scaler.update()`."""
+    enabled=amp.enabled)`, and its loss scaler, `torch.amp.GradScaler(device.type,
+    enabled=amp.dtype == torch.float16)` (then `scaler.scale(loss).backward()`,
+    `scaler.step(optimizer)`, `scaler.update()`)."""
 
     kind: str  # "bf16", "fp16" or "fp32"
     why: str
-    scaler: torch.amp.GradScaler  # enabled for fp16 only
 
     @property
     def dtype(self) -> torch.dtype:
@@ -90,8 +91,6 @@ def decided(device_type: str) -> str | None:
 
 
 def mixed_precision(device: torch.device) -> MixedPrecision:
-    """Step 05's call, once, before the model is built: the autocast dtype and the loss scaler
-    (enabled for fp16 only)."""
-    kind, why = choice(device)
-    scaler = torch.amp.GradScaler(device.type, enabled=kind == "fp16")
-    return MixedPrecision(kind, why, scaler)
+    """Step 05's call, once, before the model is built: the autocast dtype (fp16: the step's
+    loss scaler on)."""
+    return MixedPrecision(*choice(device))

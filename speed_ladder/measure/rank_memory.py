@@ -14,16 +14,15 @@ PREDICTED_ENV = "SPEED_LADDER_PREDICTED"  # set by the sweep, which printed the 
 def announce(run, model) -> dict:
     """Called by Run.set_model before the first step: print the prediction for this run (from
     the preset's shape, the run's accum_steps, its RunSpec's autocast (bf16 or fp16: 16-bit
-    activations), the loss step 12 built (Liger's or the fallback's full logits); the mode from
-    the model: FSDP2, DDP or one process;
-    not printed again under the sweep, which printed it before the run), note when it exceeds
-    the device's memory, and return the record's fields."""
+    activations), the loss the step computes (Liger's chunks where step 12 built its module,
+    else the full logits), and the mode from the model: FSDP2, DDP or one process; not printed
+    again under the sweep, which printed it before the run), note when it exceeds the device's
+    memory, and return the record's fields."""
     cfg, step, device = run.cfg, run.step, run.device
     shape = {**PRESETS[run.preset_name], **cfg}
     shape["accum_steps"] = run.settings["accum_steps"]  # the preset's, or --accum-steps
     vocab = cfg.get("vocab_size", VOCAB)  # every step passes it; a bare test config may not
-    loss = getattr(run, "fused_loss", None)  # step 12's, where built: Liger's or its fallback
-    fused = None if loss is None else loss.fallback_reason is None
+    fused = run.fused_loss is not None  # step 12's Liger loss ran; else the full logits
     p = predict_run(shape, step, _world(), run.batch_size, run.spec.half, device.type,
                     detect_mode(model), vocab, run.preset_name, fused)  # fmt: skip
     if not os.environ.get(PREDICTED_ENV):

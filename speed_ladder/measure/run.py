@@ -67,7 +67,7 @@ class Run:
         self.notes: list[str] = []
         self.inactive_reason: str | None = None  # why this step's own optimization did nothing
         self.inactive_rungs: dict = {}  # {rung: why} of its chain's rungs that did nothing here
-        self.fused_loss = None  # step 12's loss, where the step builds it
+        self.fused_loss = None  # step 12's Liger loss, where the step built one (set_model)
         self.device = dev.resolve(args.device)
         # every place this run writes, checked now rather than after the training
         if args.results is not None and self.is_rank0:
@@ -136,27 +136,21 @@ class Run:
     def tokenizer(self):
         return gpt2_tokenizer()
 
-    def fused_linear_cross_entropy(self):
-        """Step 12's loss, `loss(weight, hidden, targets)`: Liger's fused linear cross-entropy
-        where it can run, else the plain linear + cross-entropy (speed_ladder/fused_loss.py);
-        set_model records which ran."""
-        from speed_ladder.fused_loss import fused_linear_cross_entropy
-
-        self.fused_loss = fused_linear_cross_entropy(self.device)
-        return self.fused_loss
-
     def load_tokens(self, context_length: int, batch_size: int):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         return load_split(self.args.data, context_length, batch_size, world)
 
-    def set_model(self, model: torch.nn.Module, cfg: dict, batch_size: int) -> None:
+    def set_model(
+        self, model: torch.nn.Module, cfg: dict, batch_size: int, fused_loss=None
+    ) -> None:
         """Record why each rung of this step does nothing here (`inactive`), count FLOPs per
-        token and start the clock (call right before the training loop)."""
-        self.cfg, self.batch_size = cfg, batch_size
+        token and start the clock (call right before the training loop). `fused_loss`: step 12's
+        Liger module where the step built one (its memory prediction and phase hooks), else
+        None (its loss is in the model's logits and the compiled cross-entropy)."""
+        self.cfg, self.batch_size, self.fused_loss = cfg, batch_size, fused_loss
         drop = self.settings["drop_rate"]
         accum = self.settings["accum_steps"]  # step 18's micro-batches, where they split the batch
-        for step, reason, acted in asked(self.step, self.device, cfg, drop, self.fused_loss,
-                                         batch_size, accum):  # fmt: skip
+        for step, reason, acted in asked(self.step, self.device, cfg, drop, batch_size, accum):
             self.inactive(step, reason, acted)
         # lazy: rank_memory imports memory_model, which `python -m ...memory_model` runs as __main__
         from speed_ladder.measure.rank_memory import announce
