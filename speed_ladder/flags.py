@@ -55,6 +55,20 @@ def seed(text: str) -> int:
     return value
 
 
+def loss_target(text: str) -> float | str:
+    """--to-loss: a validation loss above 0 (in nats: GPT-2's vocabulary starts near 10.8), or
+    `preset` (bare --to-loss): the preset's measured target."""
+    if text == "preset":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a loss such as 6.5, got {text!r}") from None
+    if not 0 < value < 100:  # nan and inf fail here too
+        raise argparse.ArgumentTypeError(f"must be a loss above 0 (nats), got {text}")
+    return value
+
+
 @dataclass(frozen=True)
 class Flag:
     """One step flag: its name, help, argparse options, and whether the sweep passes it to every
@@ -107,6 +121,21 @@ STEP_FLAGS = (
         "micro-batches each batch is split into from step 18 on, one optimizer step per batch "
         "(default: the preset's, 2)",
         {"type": positive, "metavar": "N"},
+    ),
+    Flag(
+        "--to-loss",
+        "train until the validation loss reaches L (bare: the preset's measured target), "
+        "evaluating every few thousand tokens, or until --token-budget tokens; the record says "
+        "the tokens and training time it took (docs/measurement.md, time to a target loss)",
+        {"type": loss_target, "nargs": "?", "const": "preset", "metavar": "L"},
+        passed=True,
+    ),
+    Flag(
+        "--token-budget",
+        "with --to-loss: tokens after which the run stops, target not reached (default: the "
+        "preset's)",
+        {"type": positive, "metavar": "N"},
+        passed=True,
     ),
     Flag(
         "--data",

@@ -112,6 +112,7 @@ PRESETS = {
         "eval_freq": 0,
         "eval_iters": 1,
         "sample_tokens": 5,
+        "to_loss": {"target": 9.0, "budget_tokens": 8192, "eval_tokens": 512, "val_tokens": 256},
     },
 }
 

@@ -64,7 +64,7 @@ class RunSpec:
     def record(self) -> dict:
         """The record's `spec` (its one configuration; the batch rule is its own field)."""
         keys = ("max_steps", "epochs", "warmup_steps", "batch_size", "large_batch_size",
-                "accum_steps")  # fmt: skip
+                "accum_steps", "to_loss")  # fmt: skip
         return {"preset": self.preset, "device": self.device,
                 **{k: self.settings[k] for k in keys}, "seed": self.seed,
                 "batch_size_override": self.batch_size_override, "data": self.data,
@@ -77,11 +77,15 @@ KEY_FIELDS = ("device", "preset", "max_steps", "warmup_steps", "data", "seed")
 
 def sweep_config(spec: RunSpec, nproc: int) -> dict:
     """What a sweep's run is matched by (`sweep.config` in its record: the up-to-date check, the
-    summary's rounds): the RunSpec's KEY_FIELDS and the processes. --profile and --trace are not
-    among them (speed_ladder.measure.profile), nor the batch: the same GPU resolves the same."""
+    summary's rounds): the RunSpec's KEY_FIELDS and the processes, and a --to-loss run's
+    resolved `to_loss` (its target and token budget). --profile and --trace are not among them
+    (speed_ladder.measure.profile), nor the batch: the same GPU resolves the same."""
     fields = dict(spec.settings, device=spec.device, preset=spec.preset, data=spec.data,
                   seed=spec.seed)  # fmt: skip
-    return dict({k: fields[k] for k in KEY_FIELDS}, nproc=nproc)
+    config = dict({k: fields[k] for k in KEY_FIELDS}, nproc=nproc)
+    if spec.settings["to_loss"] is not None:  # a time-to-loss run: its target, budget, evals
+        config["to_loss"] = spec.settings["to_loss"]
+    return config
 
 
 def resolved_config(config, machine) -> dict:
@@ -152,6 +156,10 @@ def resolve_spec(values: dict, device_type: str, gpu: tuple[int, str] | None = N
         if p["batch_rule"] is not None:
             p["batch_size"] = p["batch_rule"]["batch"]
             p["large_batch_size"] = p["batch_rule"]["large_batch"]
+    p["to_loss"] = to_loss_settings(name, p, values.get("to_loss"), values.get("token_budget"))
+    if p["to_loss"] is not None:  # the target or the budget ends the run, not a step count
+        p["max_steps"] = values.get("max_steps")
+        p["epochs"] = values.get("epochs") or TO_LOSS_EPOCHS
     if p["max_steps"] is not None and p["max_steps"] <= p["warmup_steps"]:
         raise UserError(
             f"--max-steps {p['max_steps']} leaves no timed step after "
@@ -169,6 +177,32 @@ def resolve_spec(values: dict, device_type: str, gpu: tuple[int, str] | None = N
         data=data_id(values.get("data")),
         batch_size_override=override,
     )
+
+
+# ---------------------------------------------------------------- time to a target loss
+TO_LOSS_EPOCHS = 10**6  # --to-loss: epochs without end; the target or the token budget stops it
+
+
+def to_loss_settings(name: str, p: dict, target, budget: int | None) -> dict | None:
+    """A --to-loss run's settings (measure/curve.py): the target (`preset`: the preset's
+    measured one), the token budget (--token-budget, else the preset's), how often it evaluates
+    (`eval_tokens`) and over how many validation tokens (`val_tokens`), from the preset's
+    `to_loss`; None without --to-loss."""
+    if target is None:
+        if budget is not None:
+            raise UserError("--token-budget is for a --to-loss run; add --to-loss L")
+        return None
+    measured = p.get("to_loss")
+    if measured is None:
+        raise UserError(
+            f"preset {name} has no measured time-to-loss settings (how often to evaluate, on "
+            "how many tokens): use a preset that has them, e.g. --preset cpu-small or "
+            "--preset gpt2-124m"
+        )
+    if target == "preset":
+        target = measured["target"]
+    out = {k: measured[k] for k in ("eval_tokens", "val_tokens")}
+    return {"target": float(target), "budget_tokens": budget or measured["budget_tokens"], **out}
 
 
 # ---------------------------------------------------------------- a batch that fits this GPU

@@ -314,8 +314,7 @@ def main():
                     train_loss, val_loss = evaluate_model(
                         model, train_loader, val_loader, device, SETTINGS["eval_iter"]
                     )
-                    run.print(f"Ep {epoch + 1} (step {run.steps_done:06d}): "
-                              f"train loss {train_loss:.3f}, val loss {val_loss:.3f}")  # fmt: skip
+                    run.evaluated(epoch, train_loss, val_loss)  # printed; the loss curve
             if run.finished:
                 break
         if run.sample_due():  # a short greedy sample at the end of each epoch

@@ -227,11 +227,12 @@ def test_a_measuring_run_evaluates_only_after_its_last_step():
     empties the allocator. The final evaluation stays."""
     from types import SimpleNamespace as NS
 
+    from speed_ladder.measure.curve import LossCurve
     from speed_ladder.measure.run import Run
 
     def due(max_steps, results, step):
         run = NS(settings={"eval_freq": 50}, args=NS(max_steps=max_steps, results=results),
-                 steps_done=step)  # fmt: skip
+                 steps_done=step, curve=LossCurve(None))  # fmt: skip
         return Run.eval_due(run)
 
     assert due(None, None, 50) and not due(None, None, 49)

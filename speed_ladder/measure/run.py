@@ -40,6 +40,7 @@ from speed_ladder.measure import attention_kernel, cpu_load, profile
 from speed_ladder.measure import device as dev
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
 from speed_ladder.measure.clock import StepClock
+from speed_ladder.measure.curve import LossCurve, val_batches
 from speed_ladder.measure.data import gpt2_tokenizer, load_split
 from speed_ladder.measure.gpu_idle import IdleMeter
 from speed_ladder.measure.inactive import (
@@ -81,6 +82,8 @@ class Run:
                    f"{self.device.type}: {dev.name(self.device)}")  # fmt: skip
         if self.settings["batch_rule"] is not None:  # a GPU too small for the preset's batch
             self.note(f"batch rule: {self.settings['batch_rule']['reason']}")
+        if self.settings["to_loss"] is not None:  # every rung evaluates on the same tokens
+            self.settings["eval_iters"] = self._val_batches(self.settings["to_loss"])
 
         self.steps_done = 0
         self.clock = StepClock(self.device)  # step times and losses (clock.py)
@@ -100,7 +103,16 @@ class Run:
         self._window_peak = None  # (reserved, allocated) at the window's end, when work follows
         self.profiler = profile.from_args(args, self)  # --profile/--trace, else None
         self.attention = attention_kernel.Watch(self)  # the SDPA kernel the training call ran
+        self.curve = LossCurve(self.settings["to_loss"])  # evaluations on the training clock
         on_failure.register(self.write_failure)  # from here on, a failure can be recorded
+
+    def _val_batches(self, to_loss: dict) -> int:
+        """--to-loss: the evaluation's batches of this rung's batch that cover `val_tokens`."""
+        try:
+            batch = self.spec.batch(self.step)
+        except UserError:  # not a rung of the ladder (a test's script)
+            batch = self.settings["batch_size"]
+        return val_batches(to_loss["val_tokens"], batch, self.settings["context_length"])
 
     # ------------------------------------------------------------ helpers for the step
     def print(self, *a, **k) -> None:
@@ -172,22 +184,33 @@ class Run:
         self.clock.phases.attach(model, self.fused_loss)  # data/forward/... hooks (phases.py)
         self._profile_or_window()
         self.clock.restart()
+        self.curve.start()
 
     @property
     def finished(self) -> bool:
         m = self.settings["max_steps"]
         more = self.profiler is not None and self.profiler.wants_more  # profiled steps to come
-        return m is not None and self.steps_done >= m and not more
+        return (m is not None and self.steps_done >= m and not more) or self.curve.done()
 
     def eval_due(self) -> bool:
-        """Every eval_freq steps in a tutorial run. A measuring run (--max-steps or --results,
-        as in the sweep) evaluates once, after its last step (the step's `finish`): an
-        evaluation inside the run costs wall time that no record shows (gpt2-124m evaluated at
-        step 50 of 60, inside the timed window), and its pause empties the allocator's cache,
-        so the next step allocates its memory again (tens of GB on a GPU)."""
+        """Every eval_freq steps in a tutorial run; with --to-loss, every `eval_tokens` tokens
+        (measure/curve.py). Another measuring run (--max-steps or --results, as in the sweep)
+        evaluates once, after its last step (the step's `finish`): an evaluation inside the run
+        costs wall time that no record shows (gpt2-124m evaluated at step 50 of 60, inside the
+        timed window), and its pause empties the allocator's cache, so the next step allocates
+        its memory again (tens of GB on a GPU)."""
+        if self.curve.to_loss is not None:
+            return self.curve.eval_due()
         f = self.settings["eval_freq"]
         measuring = self.args.max_steps is not None or self.args.results is not None
         return bool(f) and not measuring and self.steps_done % f == 0
+
+    def evaluated(self, epoch: int, train_loss: float, val_loss: float) -> None:
+        """An evaluation's losses (inside run.paused()): printed, and a point of the record's
+        loss curve at the tokens and training time so far (measure/curve.py)."""
+        self.curve.add(val_loss)
+        self.print(f"Ep {epoch + 1} (step {self.steps_done:06d}, {self.curve.tokens:,} tokens): "
+                   f"train loss {train_loss:.3f}, val loss {val_loss:.3f}")  # fmt: skip
 
     def sample_due(self) -> bool:
         """Epoch-end samples belong to tutorial runs; a measuring run (--max-steps or
@@ -199,6 +222,7 @@ class Run:
         """Evaluation, sampling and printing inside this block are not timed, and the memory
         they take is not in the recorded peak (device.PeakWindow)."""
         dev.synchronize(self.device)
+        self.curve.pause()
         self.clock.read(wait=True)  # the steps so far, closed before the pause
         self._memory.pause()
         self._idle.pause()
@@ -210,10 +234,12 @@ class Run:
             self._memory.resume()
             self._idle.resume()
             self.clock.restart()
+            self.curve.start()
 
     # ------------------------------------------------------------ timing
     def _start_window(self) -> None:
         dev.synchronize(self.device)
+        self.curve.warmed_up()
         self._window = "open"
         self._window_note = self._memory.start()
         if self.is_rank0:
@@ -258,6 +284,7 @@ class Run:
         running = p is not None and p.state == "running"
         warm = self.steps_done <= self.settings["warmup_steps"]
         self.clock.step_end(loss, timed=not warm and not running)
+        self.curve.step(tokens * self._world())
         if running:  # its range ends with its device work (breakdown.py); outside the window
             dev.synchronize(self.device)
             p.step_ended(self.steps_done)
@@ -312,6 +339,9 @@ class Run:
         """Reduce across ranks, print the summary and append the record (rank 0)."""
         if self.profiler is not None:
             self.profiler.close()  # a profile the data cut short keeps its whole steps
+        self.curve.pause()  # the training is over
+        if val_loss is not None:
+            self.curve.add(val_loss)  # the final evaluation
         if self._window == "open":  # an epoch-mode run, or the data ran out
             self._end_window()
         self.clock.read(wait=True)  # the losses of the steps after it (profiled)
@@ -373,6 +403,7 @@ class Run:
             **busy,
             **self._idle.fields(sum(self.step_times) / len(self.step_times)),
             **self.clock.phases.fields(self.note),  # phase_ms, data_share
+            **self.curve.fields(m.step_time, self.settings["warmup_steps"]),  # curve, to_loss
         )
         if rec["gpu_idle_share"] is None and self.device.type == "cuda":
             self.note(f"GPU idle share: none ({rec['gpu_idle_source']})")

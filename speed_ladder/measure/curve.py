@@ -1,0 +1,108 @@
+"""A run's loss curve against its training clock, and time to a target loss (`--to-loss`).
+
+Every evaluation a step makes (`run.evaluated`, inside `run.paused()`) adds a point to the
+record's `curve`: `[tokens, train_s, val_loss]`, the tokens trained on so far (all ranks), the
+training time so far and the validation loss. The training time is the wall time between the
+pauses: `run.paused()` synchronizes the device before evaluation and the clock restarts after
+it, so evaluation and sampling are never in it, and the time adds up at those boundaries with
+no extra synchronization. `warmup_s` is the time of the warm-up steps (torch.compile, the
+allocator, cuDNN plans), read where the timed window starts (synchronized there too).
+
+With `--to-loss L` a run evaluates every `eval_tokens` tokens (the same token counts on every
+rung, whatever its batch) on the same first `val_tokens` tokens of the validation split (the
+evaluation's batches per rung: `val_batches`), and stops at the first evaluation at or below L,
+or when `budget_tokens` are spent (`reached: false`). Its record's `to_loss` says:
+- `tokens`: tokens trained on up to that evaluation (its resolution: `eval_tokens`);
+- `train_s`: the training time up to it, warm-up and compiling included;
+- `time_s`: the same with the warm-up steps counted at the run's median step time, so that a
+  compiled rung's one-time compile (`warmup_s`, reported on its own) does not hide its speed.
+  This is the time to target that rungs are compared by.
+"""
+
+import math
+import time
+
+
+def val_batches(val_tokens: int, batch: int, context_length: int) -> int:
+    """Evaluation batches of `batch` sequences that cover the first `val_tokens` tokens of the
+    validation split (the loader keeps its order there): the same tokens on every rung."""
+    return max(1, math.ceil(val_tokens / (batch * context_length)))
+
+
+class LossCurve:
+    """The training clock, the tokens trained on and the evaluations (see the module doc).
+    `to_loss`: the run's `--to-loss` settings ({target, budget_tokens, eval_tokens,
+    val_tokens}), or None."""
+
+    def __init__(self, to_loss: dict | None):
+        self.to_loss = to_loss
+        self.points: list[list] = []  # [tokens, train_s, val_loss]
+        self.tokens = 0
+        self.warmup_s: float | None = None
+        self.reached: list | None = None  # the first point at or below the target
+        self._train_s = 0.0
+        self._since: float | None = None  # the clock's last (re)start; None while paused
+        self._evaluated_at = 0  # tokens at the last evaluation
+
+    # ------------------------------------------------------------ the training clock
+    def start(self) -> None:
+        """The training clock runs (set_model, and after each pause)."""
+        self._since = time.perf_counter()
+
+    def pause(self) -> None:
+        """The training clock stops (the device synchronized before it)."""
+        if self._since is not None:
+            self._train_s += time.perf_counter() - self._since
+            self._since = None
+
+    def train_s(self) -> float:
+        running = time.perf_counter() - self._since if self._since is not None else 0.0
+        return self._train_s + running
+
+    def warmed_up(self) -> None:
+        """The warm-up steps are done (the timed window's start, synchronized)."""
+        if self.warmup_s is None:
+            self.warmup_s = self.train_s()
+
+    def step(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    # ------------------------------------------------------------ evaluations and the target
+    def eval_due(self) -> bool:
+        """--to-loss: another `eval_tokens` tokens trained on since the last evaluation."""
+        if self.to_loss is None:
+            return False
+        return self.tokens - self._evaluated_at >= self.to_loss["eval_tokens"]
+
+    def add(self, val_loss: float) -> None:
+        """An evaluation's validation loss, at the tokens and training time so far."""
+        self._evaluated_at = self.tokens
+        if self.points and self.points[-1][0] == self.tokens:
+            return  # the run's final evaluation, right after the last one: the same point
+        point = [self.tokens, round(self.train_s(), 3), float(val_loss)]
+        self.points.append(point)
+        target = self.to_loss and self.to_loss["target"]
+        if target and self.reached is None and val_loss <= target:
+            self.reached = point
+
+    def done(self) -> bool:
+        """--to-loss: the target reached, or the token budget spent."""
+        if self.to_loss is None:
+            return False
+        return self.reached is not None or self.tokens >= self.to_loss["budget_tokens"]
+
+    def fields(self, median_step_s: float | None, warmup_steps: int) -> dict:
+        """The record's `curve`, `warmup_s` and `to_loss` (None without --to-loss)."""
+        warmup_s = self.warmup_s if self.warmup_s is not None else 0.0
+        out = {"curve": self.points, "warmup_s": round(warmup_s, 3), "to_loss": None}
+        if self.to_loss is None:
+            return out
+        result = dict(self.to_loss, reached=self.reached is not None, tokens=None,
+                      train_s=None, time_s=None)  # fmt: skip
+        if self.reached is not None:
+            tokens, train_s, _ = self.reached
+            steady = warmup_steps * median_step_s if median_step_s else warmup_s
+            result.update(tokens=tokens, train_s=train_s,
+                          time_s=round(train_s - warmup_s + steady, 3))  # fmt: skip
+        out["to_loss"] = result
+        return out

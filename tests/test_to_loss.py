@@ -1,0 +1,119 @@
+"""Time to a target loss (speed_ladder/measure/curve.py): a step file's --to-loss run on `tiny`
+that reaches its target, one that spends its token budget first, bad values, and the same
+validation tokens on every rung whatever its batch."""
+
+import argparse
+
+import pytest
+from conftest import VERDICT, py, records
+
+from speed_ladder.measure.curve import LossCurve, val_batches
+from speed_ladder.measure.run import Run
+from speed_ladder.presets import PRESETS
+
+TINY = ["--device", "cpu", "--preset", "tiny", "--data", VERDICT, "--warmup-steps", 2]
+EAGER = {"TORCH_COMPILE_DISABLE": "1", "SPEED_LADDER_BF16": "0"}
+
+
+def to_loss_run(tmp_path, *flags, script="00_orig.py"):
+    out = tmp_path / "r.jsonl"
+    proc = py(script, *TINY, "--results", out, *flags, env=EAGER, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (rec,) = records(out)
+    return rec, proc.stdout
+
+
+def test_a_run_stops_at_the_first_evaluation_at_or_below_its_target(tmp_path):
+    """Bare --to-loss takes the preset's target; the run evaluates every eval_tokens tokens on
+    the training clock, stops at the first evaluation at or below the target, and records the
+    tokens and time it took, compiling and warm-up on their own."""
+    rec, out = to_loss_run(tmp_path, "--to-loss")
+    preset = PRESETS["tiny"]["to_loss"]
+    t = rec["to_loss"]
+    assert t["target"] == preset["target"] and t["budget_tokens"] == preset["budget_tokens"]
+    assert t["reached"] is True and t["tokens"] < t["budget_tokens"]
+    curve = rec["curve"]
+    tokens, train_s, losses = zip(*curve, strict=True)
+    step_tokens = 4 * 32  # tiny's batch x context
+    assert [n % preset["eval_tokens"] < step_tokens for n in tokens] == [True] * len(curve)
+    assert list(tokens) == sorted(set(tokens)) and list(train_s) == sorted(train_s)
+    assert losses[-1] <= t["target"] < min(losses[:-1])  # stopped at the first one below
+    assert (t["tokens"], t["train_s"]) == (tokens[-1], train_s[-1])
+    assert 0 < rec["warmup_s"] < t["train_s"]
+    median_s = rec["step_time_ms"] / 1000
+    assert t["time_s"] == pytest.approx(t["train_s"] - rec["warmup_s"] + 2 * median_s, abs=2e-3)
+    assert rec["tokens_per_sec"] > 0 and rec["timed_steps"] == len(rec["losses"]) - 2
+    assert f"{tokens[0]:,} tokens): train loss" in out  # each evaluation printed
+
+
+def test_a_run_that_spends_its_budget_says_not_reached(tmp_path):
+    rec, _ = to_loss_run(tmp_path, "--to-loss", "2.5", "--token-budget", "1024")
+    t = rec["to_loss"]
+    assert t["reached"] is False and t["tokens"] is None and t["time_s"] is None
+    assert t["target"] == 2.5 and t["budget_tokens"] == 1024
+    assert rec["curve"][-1][0] == 1024 and rec["curve"][-1][2] > 2.5  # its last evaluation
+    assert len(rec["losses"]) == 1024 // (4 * 32)  # stopped at the budget
+
+
+def test_a_run_without_to_loss_records_its_final_evaluation_on_the_curve(tmp_path):
+    rec, _ = to_loss_run(tmp_path, "--max-steps", "4")
+    assert rec["to_loss"] is None
+    ((tokens, train_s, val_loss),) = rec["curve"]
+    assert tokens == 4 * 4 * 32 and val_loss == rec["val_loss"] and train_s > 0
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--to-loss", "abc"], "argument --to-loss: expected a loss such as 6.5, got 'abc'"),
+        (["--to-loss", "-1"], "argument --to-loss: must be a loss above 0 (nats), got -1"),
+        (["--to-loss", "nan"], "argument --to-loss: must be a loss above 0 (nats), got nan"),
+        (["--token-budget", "100"], "--token-budget is for a --to-loss run; add --to-loss L"),
+        (["--to-loss", "5", "--token-budget", "0"], "argument --token-budget: must be at least 1"),
+    ],
+)
+def test_a_bad_to_loss_is_one_line_and_a_nonzero_exit(flags, words):
+    proc = py("00_orig.py", *TINY, *flags, env=EAGER, timeout=120)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_a_preset_without_measured_settings_says_so():
+    proc = py("00_orig.py", "--device", "cpu", "--preset", "gpt2-xl", "--to-loss", "5",
+              env=EAGER, timeout=120)  # fmt: skip
+    assert proc.returncode != 0 and "has no measured time-to-loss settings" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_every_rung_evaluates_on_the_same_validation_tokens(monkeypatch):
+    """Step 10 doubles the batch: it evaluates half as many batches, the same tokens."""
+    monkeypatch.setenv("SPEED_LADDER_BF16", "0")
+    args = argparse.Namespace(device="cpu", preset="tiny", epochs=None, max_steps=None,
+                              warmup_steps=None, batch_size=None, accum_steps=None,
+                              data=str(VERDICT), results=None, seed=123, to_loss=9.0,
+                              token_budget=None, profile=None, trace=None)  # fmt: skip
+    val = PRESETS["tiny"]["to_loss"]["val_tokens"]
+    batches = {step: Run(args, step, __file__).settings["eval_iters"] for step in ("09", "10")}
+    assert batches == {"09": val // (4 * 32), "10": val // (8 * 32)}
+    assert val_batches(val, 3, 32) == 3  # a part batch: one more
+
+
+def test_the_curve_leaves_evaluation_out_of_the_training_clock(monkeypatch):
+    now = iter([0.0, 2.0, 2.0, 5.0, 100.0, 101.0]).__next__
+    monkeypatch.setattr("speed_ladder.measure.curve.time.perf_counter", now)
+    c = LossCurve({"target": 1.0, "budget_tokens": 10, "eval_tokens": 4, "val_tokens": 8})
+    c.start()  # 0
+    c.step(4)
+    c.warmed_up()  # 2: the warm-up's 2 s
+    assert c.eval_due()
+    c.pause()  # 2
+    c.add(3.0)
+    assert not c.eval_due() and not c.done()
+    c.start()  # 5: the 3 s of evaluation left out
+    c.step(4)
+    c.pause()  # 100
+    c.add(0.5)  # 95 s of training in all
+    assert c.done() and c.points == [[4, 2.0, 3.0], [8, 97.0, 0.5]]
+    fields = c.fields(median_step_s=1.0, warmup_steps=1)
+    assert fields["to_loss"]["time_s"] == 97.0 - 2.0 + 1.0 and fields["warmup_s"] == 2.0
