@@ -1,14 +1,15 @@
 """Device choice, clocks, memory and peak FLOP/s: everything that differs between CPU and GPUs."""
 
 import os
-import platform
 from pathlib import Path
 
 import torch
 
-from speed_ladder import machine
 from speed_ladder.errors import UserError
-from speed_ladder.measure import gpus
+from speed_ladder.measure import gpus, matmul_peak
+
+# dev.name and dev.synchronize: the harness's clock and Run call them through this module
+from speed_ladder.measure.torch_device import name, synchronize  # noqa: F401
 
 
 def resolve(name: str) -> torch.device:
@@ -79,22 +80,6 @@ def ddp_backend(device: torch.device) -> str:
                 "visible: use --nproc_per_node at most the GPU count"
             )
     return backend
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work, so a host clock read after it is honest."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "mps":
-        return f"Apple MPS ({platform.machine()})"
-    return machine.cpu_model()
 
 
 # ---------------------------------------------------------------- peak memory
@@ -251,18 +236,11 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
     """
     if device.type == "cuda":
         return gpus.peak_for(torch.cuda.get_device_properties(device))
-    from speed_ladder.measure.matmul_peak import (
-        PEAK_ENV,
-        fixed_rates,
-        measured_matmul_rates,
-        rates_problem,
-    )
-
-    rates = measured_matmul_rates(device)
+    rates = matmul_peak.measured_matmul_rates(device)
     what = f"measured {device.type} matmul peak"
-    if fixed_rates() is not None:
-        what = f"{device.type} matmul peak set by {PEAK_ENV}"
-    why = rates_problem(device, rates)
+    if matmul_peak.fixed_rates() is not None:
+        what = f"{device.type} matmul peak set by {matmul_peak.PEAK_ENV}"
+    why = matmul_peak.rates_problem(device, rates)
     if why is not None:
         return None, f"{what} implausible ({why}): MFU left empty"
     best = max(rates, key=rates.get)
@@ -327,7 +305,7 @@ def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
     (slower than fp32). ROCm: by the AMD arch (speed_ladder.measure.gpus.has_native_bf16).
     """
     forced = bf16_forced()
-    fixed = os.environ.get("SPEED_LADDER_PEAK_FLOPS")  # matmul_peak.PEAK_ENV (it imports us)
+    fixed = os.environ.get(matmul_peak.PEAK_ENV)
     depends = (forced, amp_forced()) if forced is not None else (name(device), fixed)
     memo = _BF16.get(device.type)
     if memo is None or memo[0] != depends:
@@ -343,16 +321,10 @@ def _bf16_rule(device: torch.device, forced: bool | None) -> tuple[bool, str]:
         ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
         why = f"{name(device)}: {why}"
     else:
-        from speed_ladder.measure.matmul_peak import (
-            PEAK_ENV,
-            fixed_rates,
-            measured_matmul_rates,
-            rates_problem,
-        )
-
-        r = measured_matmul_rates(device)
-        how = "measured matmul" if fixed_rates() is None else f"matmul set by {PEAK_ENV}"
-        problem = rates_problem(device, r)
+        r = matmul_peak.measured_matmul_rates(device)
+        fixed = matmul_peak.fixed_rates() is not None
+        how = f"matmul set by {matmul_peak.PEAK_ENV}" if fixed else "measured matmul"
+        problem = matmul_peak.rates_problem(device, r)
         if problem is not None:
             ok, why = False, f"{how} rates implausible ({problem})"
         else:
