@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from speed_ladder.autocast_env import AMP_ENV, BF16_ENV, amp_forced, bf16_forced
 from speed_ladder.errors import UserError
 from speed_ladder.measure import gpus, matmul_peak
 
@@ -259,37 +260,8 @@ def gpu_memory(device: torch.device) -> tuple[int, str] | None:
     return props.total_memory, gpus.autocast_for(props, is_rocm())
 
 
-BF16_ENV = "SPEED_LADDER_BF16"  # 1/on or 0/off: step 05's rule forced, e.g. by the tests
-AMP_ENV = "SPEED_LADDER_AMP"  # bf16, fp16 or fp32: step 05's autocast forced (measure/precision.py)
-AMP_KINDS = ("bf16", "fp16", "fp32")
 # bf16_is_fast's memo: device type -> (what it depends on, the answer)
 _BF16: dict[str, tuple[tuple, tuple[bool, str]]] = {}
-
-
-def amp_forced() -> str | None:
-    """$SPEED_LADDER_AMP (bf16, fp16 or fp32), or None when unset (or `auto`)."""
-    raw = os.environ.get(AMP_ENV, "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    if raw in AMP_KINDS:
-        return raw
-    raise UserError(f"{AMP_ENV}={raw!r}: use {', '.join(AMP_KINDS)} or auto")
-
-
-def bf16_forced() -> bool | None:
-    """bf16 forced on or off: by $SPEED_LADDER_AMP where set (on for bf16 only), else by
-    $SPEED_LADDER_BF16 as True/False; None when neither forces it (unset, or `auto`)."""
-    amp = amp_forced()
-    if amp is not None:
-        return amp == "bf16"
-    raw = os.environ.get(BF16_ENV, "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    if raw in ("1", "on", "true", "yes"):
-        return True
-    if raw in ("0", "off", "false", "no"):
-        return False
-    raise UserError(f"{BF16_ENV}={raw!r}: use 1 (bf16 on), 0 (off) or auto")
 
 
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
