@@ -44,6 +44,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from speed_ladder.errors import UserError
+
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
@@ -168,8 +170,6 @@ def pool_name() -> str | None:
     if not name:
         return None
     if not _POOL.fullmatch(name):
-        from speed_ladder.errors import UserError
-
         raise UserError(
             f"{HOST_ENV}={name!r}: use 1-64 letters, digits, '.', '_' and '-' (a name for "
             "machines you pool as one)"

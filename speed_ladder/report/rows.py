@@ -6,6 +6,7 @@ they say the same thing; a step's effect over a rung other than the file before 
 
 import math
 
+from speed_ladder import ladder
 from speed_ladder.records import mfu_problem
 
 
@@ -110,8 +111,6 @@ def effect_text(row: dict, prefix: str = "gain_vs_prev", verdict: str = "verdict
 def effect_cell(row: dict, one_round: bool = True) -> str:
     """effect_text, with 'vs 12: ' first where the step's effect is over another rung than the
     file before it (its `after` in the registry), which a "vs previous step" column would hide."""
-    from speed_ladder import ladder
-
     cell, base = effect_text(row, one_round=one_round), text(row.get("prev_step"))
     steps = list(ladder.rungs())
     skipping = {s.num for s, skip in zip(steps, ladder.skips(steps), strict=True) if skip}

@@ -30,7 +30,7 @@ from speed_ladder.records import mfu_problem
 from speed_ladder.report.rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
 from speed_ladder.report.validity import marked
 from speed_ladder.spec import config_of
-from speed_ladder.store import matching, ok_since_failure
+from speed_ladder.store import load_runs, matching, ok_since_failure
 
 SUMMARY = "summary.csv"
 GIB = 2**30
@@ -333,8 +333,6 @@ def rebuild(tag_dir: Path, ladder: list[Step], single: dict | None = None, nproc
     """A tag's summary from its runs.jsonl alone (`plot_results.py --rebuild`, after the
     summary's columns changed): per step, the runs of its last record's configuration, script
     and machine, as many rounds as they hold. Returns (the table, the used runs)."""
-    from speed_ladder.store import load_runs
-
     records = load_runs(tag_dir)
     groups = {s.num: _group(records, s) for s in ladder}
     configs = {n: g[0] for n, g in groups.items()}

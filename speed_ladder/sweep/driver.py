@@ -60,6 +60,7 @@ from speed_ladder.errors import UserError
 from speed_ladder.files import LOCAL_RESULTS, RESULTS, ROOT, portable_path, shown, tracked
 from speed_ladder.flags import child_argv
 from speed_ladder.ladder import discover, expected_steps, parse_steps, processes_suffix
+from speed_ladder.measure.data import check_text_file
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.device import resolve as resolve_torch_device
 from speed_ladder.measure.gpus import autocast_for
@@ -211,8 +212,6 @@ def _values(args) -> dict:
     """The flags' values, --data and --trace absolute: the steps' command lines (sweep_config
     names the text portably for the records, files.data_id)."""
     if args.data is not None:
-        from speed_ladder.measure.data import check_text_file
-
         check_text_file(args.data)
     data = str(Path(args.data).resolve()) if args.data is not None else None
     values = dict(vars(args), data=data)
