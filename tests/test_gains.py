@@ -3,7 +3,7 @@ floor; the summary's columns from old and new records. In-process, milliseconds.
 
 import pytest
 
-from speed_ladder import gains
+from speed_ladder import gains, selection
 from speed_ladder.ladder import Step
 from speed_ladder.report import summary
 from speed_ladder.report.rows import busy_text, effect_text, inactive
@@ -221,7 +221,7 @@ def test_a_sweep_of_some_steps_summarizes_the_others_as_a_rebuild_does():
         old, new = _rec("00", rnd, 100, **_at(10 * rnd)), _rec("01", rnd, 110, **_at(10 * rnd + 2))
         old["sweep"]["script_sha256"], new["sweep"]["script_sha256"] = "old00", "new01"
         recs += [old, new]
-    configs, shas = summary.settled(
+    configs, shas = selection.settled(
         recs, steps, {"00": {}, "01": {}}, {"00": "cur00", "01": "new01"}
     )
     assert shas == {"00": "old00", "01": "new01"} and configs == {"00": {}, "01": {}}

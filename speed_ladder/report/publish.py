@@ -35,7 +35,8 @@ from speed_ladder.records import jsonl_lines
 from speed_ladder.report import check, redraw
 from speed_ladder.report.peers import PEERS
 from speed_ladder.report.summary import find_tags, read_summary
-from speed_ladder.store import RUNS, foreign, load_runs
+from speed_ladder.selection import foreign
+from speed_ladder.store import RUNS, load_runs
 
 _TAG = re.compile(r"(.+)(-x\d+)$")
 

@@ -29,8 +29,8 @@ from speed_ladder.measure.phases import PHASE_COLUMNS, phase_columns
 from speed_ladder.records import mfu_problem
 from speed_ladder.report.rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
 from speed_ladder.report.validity import marked
-from speed_ladder.spec import config_of
-from speed_ladder.store import load_runs, matching, ok_since_failure
+from speed_ladder.selection import collect, judged_by, used_runs
+from speed_ladder.store import load_runs
 
 SUMMARY = "summary.csv"
 GIB = 2**30
@@ -215,13 +215,6 @@ def _interpreted(row: dict, oks: list[dict]) -> None:
     row.update(status="interpreted", reason=INTERPRETED)
 
 
-def used_runs(step: Step, runs: list[dict], repeats: int) -> list[dict]:
-    """The runs a row summarizes: the last `repeats` ok ones, when the last run was ok."""
-    if not runs or runs[-1].get("status") != "ok":
-        return []
-    return ok_since_failure(runs)[-repeats:]
-
-
 def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
     row = dict.fromkeys(SUMMARY_COLUMNS)
     row.update(step=step.num, title=step.title, script=step.rel, runs=0, busy_runs=0)
@@ -231,10 +224,10 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
     if runs[-1].get("status") != "ok":
         _failed(row, runs)
     else:
-        _measured(row, used_runs(step, runs, repeats))
-        _interpreted(row, used_runs(step, runs, repeats))
-    _activity(row, used_runs(step, runs, repeats) or runs[-1:])
-    _ran(row, used_runs(step, runs, repeats) or runs[-1:])
+        _measured(row, used_runs(runs, repeats))
+        _interpreted(row, used_runs(runs, repeats))
+    _activity(row, used_runs(runs, repeats) or runs[-1:])
+    _ran(row, used_runs(runs, repeats) or runs[-1:])
     if row.get("mfu_invalid"):
         row["mfu"] = None
     last = runs[-1]
@@ -245,24 +238,6 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
         torch_version=last.get("torch_version"),
     )
     return row
-
-
-def collect(steps, records, configs: dict, shas: dict, repeats: int, machine=None, tag=None):
-    """Per step, its matching runs (this config, script and machine) and the runs a row uses;
-    plus the A/A control runs, by step. An ok record that is impossible or foreign to
-    `tag` (validity.py, against the ladder `steps`) counts as a failed run, status `invalid`:
-    never an ok step."""
-    records = marked(records, tag, steps)
-    runs = {s.num: matching(records, s, configs[s.num], shas[s.num], machine) for s in steps}
-    used = {s.num: used_runs(s, runs[s.num], repeats) for s in steps}
-    used = {k: v for k, v in used.items() if v}
-    control = {}  # each sweep's first step runs twice a round: any step may have them
-    for s in steps:
-        if s.num in used:
-            ctl = matching(records, s, configs[s.num], shas[s.num], machine, True)
-            if ctl := ok_since_failure(ctl)[-repeats:]:
-                control[s.num] = ctl
-    return runs, used, control
 
 
 def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=None,
@@ -276,10 +251,13 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=N
 def table_and_runs(steps, records, configs: dict, shas: dict, repeats: int, machine=None,
                    single: dict | None = None, nproc: int = 1, tag: str | None = None):  # fmt: skip
     """(summarize's table, the runs each row used: what a tag of more processes is scaled by),
-    from one pass over the records."""
+    from one pass over the records. An ok record that is impossible or foreign to `tag`
+    (validity.py, against the ladder `steps`) counts as a failed run, status `invalid`: never an
+    ok step; then selection.collect takes each row's runs."""
     import pandas as pd
 
-    runs, used, control = collect(steps, records, configs, shas, repeats, machine, tag)
+    records = marked(records, tag, steps)
+    runs, used, control = collect(steps, records, configs, shas, repeats, machine)
     rows = [_row(s, runs[s.num], configs[s.num], repeats) for s in steps]
     base = next((r for r in rows if r["step"] == BASELINE), None)
     base_tps = base["tokens_per_sec_median"] if base and base["status"] == "ok" else None
@@ -301,45 +279,12 @@ def table_and_runs(steps, records, configs: dict, shas: dict, repeats: int, mach
     return df, used
 
 
-def _group(records: list[dict], step: Step):
-    """(config, sha, machine) of a step's last non-control record in a tag, and its rounds."""
-    mine = [r for r in records if r.get("step") == step.num
-            and not (r.get("sweep") or {}).get("control")]  # fmt: skip
-    if not mine:
-        return {}, "", None, 1
-    sw, config = mine[-1].get("sweep") or {}, config_of(mine[-1])
-    same = matching(mine, step, config, sw.get("script_sha256"), sw.get("machine"))
-    rounds = [(r.get("sweep") or {}).get("round") or (r.get("sweep") or {}).get("repeat") or 1
-              for r in same]  # fmt: skip
-    return config, sw.get("script_sha256"), sw.get("machine"), max(rounds, default=1)
-
-
-def settled(records: list[dict], steps: list[Step], configs: dict, shas: dict):
-    """(configs, shas) with, for each step that no record of `configs`/`shas` (a sweep's own:
-    this checkout's script, this run's settings) measured, its last record's instead, as
-    `rebuild` takes them: a sweep of some steps summarizes the others as `check` and
-    `publish` judge them (a step whose file changed since its runs keeps them, with a note)."""
-    configs, shas = dict(configs), dict(shas)
-    for s in steps:
-        mine = [r for r in records if r.get("step") == s.num]
-        if not any((r.get("sweep") or {}).get("script_sha256") == shas.get(s.num) for r in mine):
-            config, sha, _, _ = _group(records, s)
-            if sha:
-                configs[s.num], shas[s.num] = config, sha
-    return configs, shas
-
-
 def rebuild(tag_dir: Path, ladder: list[Step], single: dict | None = None, nproc: int = 1):
     """A tag's summary from its runs.jsonl alone (`plot_results.py --rebuild`, after the
     summary's columns changed): per step, the runs of its last record's configuration, script
     and machine, as many rounds as they hold. Returns (the table, the used runs)."""
     records = load_runs(tag_dir)
-    groups = {s.num: _group(records, s) for s in ladder}
-    configs = {n: g[0] for n, g in groups.items()}
-    shas = {n: g[1] for n, g in groups.items()}
-    repeats = max((g[3] for g in groups.values()), default=1)
-    machines = {str(g[2]) for g in groups.values() if g[1]}
-    machine = groups[next(n for n, g in groups.items() if g[1])][2] if len(machines) == 1 else None
+    configs, shas, repeats, machine = judged_by(records, ladder)
     tag = Path(tag_dir).name
     return table_and_runs(ladder, records, configs, shas, repeats, machine, single, nproc, tag)
 

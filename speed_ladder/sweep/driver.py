@@ -69,8 +69,9 @@ from speed_ladder.report import committed
 from speed_ladder.report import redraw as report
 from speed_ladder.report.rows import pooled_text
 from speed_ladder.report.summary import SUMMARY, format_table
+from speed_ladder.selection import foreign
 from speed_ladder.spec import RunSpec, resolve_spec, sweep_config
-from speed_ladder.store import RUNS, foreign, load_runs, recover
+from speed_ladder.store import RUNS, load_runs, recover
 from speed_ladder.sweep import preflight
 from speed_ladder.sweep.launch import Lock
 from speed_ladder.sweep.plan import Job, Pass, Plan, summarize
