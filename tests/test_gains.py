@@ -117,7 +117,7 @@ def test_rebuild_a_summary_from_old_records(tmp_path):
                 sweep = {"run_id": f"{n}{rep}", "config": {"nproc": 1}, "repeat": rep,
                          "script_sha256": "x"}  # fmt: skip
                 rate = tps * (int(n) + 1) * scale
-                # the fields every ok record has had (report/validity.py's REQUIRED)
+                # the fields every ok record has had (report/checks/validity.py's REQUIRED)
                 rec = {"step": n, "status": "ok", "tokens_per_sec": rate,
                        "step_time_ms": 100 * w / rate * 1000, "world_size": w, "batch_size": 1,
                        "context_length": 100, "device": "cpu", "device_name": "AMD EPYC",

@@ -535,7 +535,7 @@ def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, c
     step's beyond its rule (speed_ladder/data/ladder.json) is `off` in the summary, named in the
     closing status line and shown in the README table and LADDER.md; the others are `ok`; the
     exit code stays 0 (information, not a failure)."""
-    from speed_ladder.report import ladder_page, tag_page
+    from speed_ladder.report.pages import ladder_page, tag_page
 
     results = tmp_path / "results"
     monkeypatch.setenv("SWEEP_FIXTURE_LOSS_OFF", "03:0.01")  # 03 (close, fp32: 1e-4) is off
@@ -577,7 +577,7 @@ def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, c
 def test_the_sweeps_own_summary_marks_an_impossible_record_invalid(tmp_path, capsys,
                                                                    monkeypatch):  # fmt: skip
     """The summary the sweep writes after its runs judges its records by its tag folder, as a
-    rebuilt one does (report/validity.py): a step whose record has NaN losses is `invalid`
+    rebuilt one does (report/checks/validity.py): a step whose record has NaN losses is `invalid`
     with the reason, never `ok` until a rebuild; the fixture's own records are valid."""
     from speed_ladder.report.summary import rebuild
 

@@ -1,6 +1,6 @@
 """Runs started by hand beside a tag's sweep (`results/<tag>/by-hand/*.jsonl`, each with its log):
 not sweep runs, so never rows of its summary, never in a gain chain or a chart; the tag's page
-(tag_page.py) names them in one labelled line under its table."""
+(pages/tag_page.py) names them in one labelled line under its table."""
 
 from pathlib import Path
 

@@ -27,8 +27,7 @@ from speed_ladder.measure.cpu_load import is_busy
 from speed_ladder.measure.op_categories import CATEGORIES as TIME_CATEGORIES
 from speed_ladder.measure.phases import PHASE_COLUMNS, phase_columns
 from speed_ladder.records import mfu_problem
-from speed_ladder.report.rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
-from speed_ladder.report.validity import marked
+from speed_ladder.report.checks.validity import marked
 from speed_ladder.selection import collect, judged_by, used_runs
 from speed_ladder.store import load_runs
 
@@ -250,10 +249,10 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=N
 
 def table_and_runs(steps, records, configs: dict, shas: dict, repeats: int, machine=None,
                    single: dict | None = None, nproc: int = 1, tag: str | None = None):  # fmt: skip
-    """(summarize's table, the runs each row used: what a tag of more processes is scaled by),
-    from one pass over the records. An ok record that is impossible or foreign to `tag`
-    (validity.py, against the ladder `steps`) counts as a failed run, status `invalid`: never an
-    ok step; then selection.collect takes each row's runs."""
+    """(summarize's table, the runs each row used: what a tag of more processes is scaled by), from
+    one pass over the records. An ok record that is impossible or foreign to `tag`
+    (checks/validity.py, against the ladder `steps`) counts as a failed run, status `invalid`: never
+    an ok step; then selection.collect takes each row's runs."""
     import pandas as pd
 
     records = marked(records, tag, steps)

@@ -11,7 +11,7 @@ a step without them gets a label saying why, never a bar.
 from pathlib import Path
 
 from speed_ladder.measure.phases import PHASE_MS, PHASES
-from speed_ladder.report.chart_style import (
+from speed_ladder.report.charts.chart_style import (
     is_ok,
     label_after,
     layout,
@@ -20,7 +20,8 @@ from speed_ladder.report.chart_style import (
     save,
     step_bars_frame,
 )
-from speed_ladder.report.summary import describe, number, read_summary
+from speed_ladder.report.rows import describe, number
+from speed_ladder.report.summary import read_summary
 
 PHASE_CHART = "phases.png"
 COLORS = {"data": "#ff7f0e", "forward": "#1f77b4", "backward": "#2ca02c", "optimizer": "#9467bd"}

@@ -69,7 +69,7 @@ from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.files import RESULTS, ROOT
 from speed_ladder.report.by_hand import BY_HAND
-from speed_ladder.report.record_checks import (
+from speed_ladder.report.checks.record_checks import (
     Git,
     Report,
     check_arithmetic,
@@ -82,8 +82,8 @@ from speed_ladder.report.record_checks import (
     read_records,
     who,
 )
-from speed_ladder.report.summary_checks import check_claims, check_summary, rebuilt
-from speed_ladder.report.validity import impossible
+from speed_ladder.report.checks.summary_checks import check_claims, check_summary, rebuilt
+from speed_ladder.report.checks.validity import impossible
 from speed_ladder.store import RUNS
 
 

@@ -1,7 +1,7 @@
-"""What every chart of the report shares (charts.py, comparison_chart.py, gain_chart.py,
-time_chart.py): the colors, the title width, the step labels, the label of a step without a
-value, an inactive step's note, the layout that keeps every label inside the figure, and the
-atomic save. Headless: matplotlib's Agg backend.
+"""What every chart of the report shares (bar_charts.py, comparison_chart.py, gain_chart.py,
+time_chart.py, phase_chart.py): the colors, the title width, the step labels, the label of a step
+without a value, an inactive step's note, the layout that keeps every label inside the figure, and
+the atomic save. Headless: matplotlib's Agg backend.
 
 Labels are wrapped or shortened at word boundaries (`textwrap`), never cut mid-word; a label
 placed after its bar widens the axis until it ends inside it (`fit_right`), so no text runs past

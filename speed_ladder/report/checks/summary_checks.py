@@ -12,7 +12,7 @@ from pathlib import Path
 
 from speed_ladder import gains, ladder
 from speed_ladder.errors import UserError
-from speed_ladder.report.record_checks import Report
+from speed_ladder.report.checks.record_checks import Report
 from speed_ladder.report.rows import number, text
 from speed_ladder.report.summary import _DIGITS, SUMMARY, read_summary, rebuild
 from speed_ladder.selection import matching, ok_since_failure
