@@ -30,6 +30,11 @@ def speedup_text(s: float) -> str:
     return f"{s:.2f}x" if s < 10 else f"{s:.1f}x"
 
 
+def short_tps(v: float) -> str:
+    """'412.7K' for 412,662 tok/s; '950' below a thousand."""
+    return f"{v / 1000:.1f}K" if v >= 1000 else f"{v:.0f}"
+
+
 def describe(df) -> str:
     """'<device name>, preset <p>, torch <v>' from the summary rows that have them."""
     rows = df.to_dict("records")

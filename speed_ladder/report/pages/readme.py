@@ -10,7 +10,6 @@ from pathlib import Path
 
 from speed_ladder.files import ROOT, atomic_write_bytes
 from speed_ladder.ladder import BASELINE, tag_processes
-from speed_ladder.report.by_hand import short_tps
 from speed_ladder.report.charts.comparison_chart import COMPARISON, GPU_CHART
 from speed_ladder.report.compare.reference import (
     REFERENCE_CSV,
@@ -29,7 +28,7 @@ from speed_ladder.report.pages.tag_page import (
     method_note,
     titled,
 )
-from speed_ladder.report.rows import effect_cell, number, speedup_text, text
+from speed_ladder.report.rows import effect_cell, number, short_tps, speedup_text, text
 from speed_ladder.report.summary import read_summary
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
