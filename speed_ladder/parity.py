@@ -110,7 +110,7 @@ def regime_atol(*regimes: str | None) -> float:
 def rule(step: str, prev_regime: str | None, cur_regime: str | None, device: str = "cpu",
          preset: str | None = None):  # fmt: skip
     """{"rule": "exact"|"close", "atol": float|None, "why": str} for step `step` against the
-    previous step, each run in its regime (None: a record from before records said); on CUDA the
+    previous step, each run in its regime (None: a record that does not say); on CUDA the
     tolerance of `preset` (tiny's where none is named). None where no CUDA tolerance covers the
     preset (`holds`)."""
     m = manifest()

@@ -21,7 +21,7 @@ def matching(
     records: list[dict], step: Step, config: dict, sha: str, machine=None, control: bool = False
 ) -> list[dict]:
     """The records of `step` run with this sweep configuration (spec.sweep_config; a record's is
-    read by spec.config_of, which resolves one from before the RunSpec) and this script, on
+    read by spec.config_of, which resolves one that holds the sweep's flags) and this script, on
     `machine` (a fingerprint; None: any machine); the A/A control runs with `control`, else the
     others."""
     out = []

@@ -83,8 +83,8 @@ def sweep_config(spec: RunSpec, nproc: int) -> dict:
 
 
 def resolved_config(config, machine) -> dict:
-    """A record's `sweep.config` as `sweep_config` makes it. Records from before the RunSpec
-    hold the flags the sweep passed (`preset: null` for the default, `device: auto`, `max_steps:
+    """A record's `sweep.config` as `sweep_config` makes it. A record made without a RunSpec
+    holds the flags the sweep passed (`preset: null` for the default, `device: auto`, `max_steps:
     null` for the preset's): resolved here as the step resolved them, the device from the
     record's fingerprint (`machine`: a GPU's has `gpus`, a CPU's `cpu`); one that does not say
     (or a configuration of another shape) is returned as it is. Resolving twice changes

@@ -389,7 +389,7 @@ def test_an_impossible_mfu_is_never_shown_as_a_number(tmp_path):
     for shown in (table, md, " ".join(texts)):  # the absurd number is printed nowhere
         assert "3703949853" not in shown and "37039498" not in shown and "-20.0%" not in shown
 
-    # a summary written before MFU was checked: its number is flagged too, not drawn
+    # a summary without `mfu_invalid`: its impossible number is flagged too, not drawn
     old = tmp_path / "old" / TAG
     old.mkdir(parents=True)
     df.drop(columns=["mfu_invalid"]).assign(mfu=[0.25, 37039498.539, -0.2, 7.5]).to_csv(

@@ -170,7 +170,7 @@ def _later(recs: list[dict], name: str) -> list[dict]:
 def test_a_later_sweep_of_one_step_does_not_pair_with_its_predecessors_old_runs():
     """Rounds are numbered from 1 in every sweep: step 01 run again hours after 00 and 01 were
     swept together pairs with nothing (no effect, not 01's new run over 00's old one); runs
-    minutes apart still pair, and records without a start time pair by round as before."""
+    minutes apart still pair, and records without a start time pair by round."""
     first = []
     for rnd in (1, 2, 3):  # 00 then 01, 3 minutes apart, in each round
         first += [_rec("00", rnd, 100, **_at(10 * rnd)), _rec("01", rnd, 110, **_at(10 * rnd + 3))]
@@ -183,7 +183,7 @@ def test_a_later_sweep_of_one_step_does_not_pair_with_its_predecessors_old_runs(
     # a resumed sweep, 40 minutes after the first: the same session, the rounds pair
     soon = _later([_rec("01", rnd, 120, **_at(40 + 10 * rnd)) for rnd in (1, 2, 3)], "-soon")
     assert _summary(first + soon, ("00", "01"))["01"]["gain_vs_prev"] == pytest.approx(1.20)
-    # no start times (records from before them): by round alone, as before
+    # no start times: by round alone
     bare = [{k: v for k, v in r.items() if k != "started_at"} for r in first + later]
     assert _summary(bare, ("00", "01"))["01"]["gain_vs_prev"] == pytest.approx(1.50)
 
@@ -230,4 +230,4 @@ def test_a_sweep_of_some_steps_summarizes_the_others_as_a_rebuild_does():
     }
     assert rows["00"]["status"] == "ok" and rows["01"]["gain_vs_prev"] == pytest.approx(1.10)
     strict = summary.summarize(steps, recs, {"00": {}, "01": {}}, {"00": "cur00", "01": "new01"}, 3)
-    assert list(strict["status"]) == ["not run", "ok"]  # what the sweep wrote before
+    assert list(strict["status"]) == ["not run", "ok"]  # the sweep's own shas alone

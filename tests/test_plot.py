@@ -161,7 +161,7 @@ def test_a_tags_table_notes_and_charts(tags, tmp_path):
         "| step | title | tok/s | vs previous step | speedup | peak reserved GiB | MFU | val loss "
         "| loss parity | status |" in block
     )
-    # an older summary (no gain or parity columns): those cells are empty, the rest as before
+    # a summary without gain or parity columns: those cells are empty, the others filled
     assert "| 00 | the baseline | 1,000 | – | 1.00x | 0.60 | 12.0% | 10.957 | – | ok |" in block
     assert "*loss parity*" not in block  # no summary here says: no note
     bf16 = "| 05 | bfloat16 mixed precision (autocast) | 3,100 | – | 3.10x | 0.31 | 37.2% |"

@@ -505,7 +505,7 @@ def test_another_machines_folder_is_not_skipped_and_its_files_are_unchanged(tmp_
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
     base += ["--steps", "00,01"]
     assert sweep_here(capsys, *base)[0] == 0  # charts too: files of every kind in the folder
-    # the same runs, as if made on another machine (and one from before fingerprints)
+    # the same runs, as if made on another machine (and one without a fingerprint)
     rows = runs_of(results)
     rows[0]["sweep"]["machine"] = dict(rows[0]["sweep"]["machine"], host_id="0123456789ab")
     del rows[1]["sweep"]["machine"]
@@ -777,8 +777,8 @@ def test_a_sweep_guesses_from_its_hardwares_committed_tag_whatever_its_tag(tmp_p
     assert f"{said}; 1 rough: 40 s a run on cpu" in out
 
 
-def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():
-    """sweep.config is the RunSpec's (spec.sweep_config); a record from before it holds the
+def test_a_record_of_the_sweeps_flags_is_matched_as_its_step_resolved_them():
+    """sweep.config is the RunSpec's (spec.sweep_config); a record made without one holds the
     flags the sweep passed (`preset: null`, `device: auto`), read as the step resolved them, so
     a sweep's earlier runs stay up to date (results/cpu-amd-epyc-f25-m17-bf16-2c-x1)."""
     from speed_ladder.spec import config_of, resolve_spec, sweep_config

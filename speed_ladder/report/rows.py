@@ -65,7 +65,7 @@ def pooled_text(rows: list[dict]) -> str | None:
 
 def mfu_flag(row: dict) -> str | None:
     """Why a summary row's MFU is not to be shown as a number, or None: its `mfu_invalid`, or
-    an `mfu` outside (0, 1] (a summary written before MFU was checked)."""
+    an `mfu` outside (0, 1] (a summary without `mfu_invalid` may hold one)."""
     if row.get("status") != "ok":
         return None
     if isinstance(row.get("mfu_invalid"), str) and row["mfu_invalid"]:

@@ -12,7 +12,7 @@ number outside (0, 100%]: `mfu_invalid` says why) and losses. From the records: 
 Triton's interpreter are `interpreted`, with no tok/s, memory or MFU. `parity` says whether the
 per-step losses keep the previous step's under its rung's rule (parity.py: `ok`, `off`, `not
 comparable`), round with round; `parity_detail` says by how much, against which bound, in which
-rounds. Records without the newer fields leave their cells empty.
+rounds. A record without one of these fields leaves its cell empty.
 """
 
 import math
@@ -147,7 +147,7 @@ def _ran(row: dict, runs: list[dict]) -> None:
     """What the runs ran: `attention_kernel` ("flash"; "cudnn/flash" where runs differ) and
     `inactive_rungs`, the earlier rungs of the step's chain whose idea did nothing in them (the
     records' `inactive_rungs`, the step's own left out: that is `step_active`); empty for
-    records without them (older results)."""
+    records without them."""
     kernels = {k for r in runs if isinstance(k := r.get("attention_kernel"), str)}
     rungs = {
         k for r in runs if isinstance(r.get("inactive_rungs"), dict) for k in r["inactive_rungs"]
@@ -158,7 +158,7 @@ def _ran(row: dict, runs: list[dict]) -> None:
 
 def hosts_text(runs: list[dict]) -> str | None:
     """'3fa2c1a9b0c2,77e0...': the real hosts (`sweep.host`) of the runs, sorted; None if none
-    says (a step run by hand, a record from before pooling)."""
+    says (a step run by hand, a record without `sweep.host`)."""
     hosts = {(r.get("sweep") or {}).get("host") for r in runs}
     return ",".join(sorted(h for h in hosts if isinstance(h, str) and h)) or None
 
@@ -304,7 +304,7 @@ REBUILD = (
 def read_summary(tag_dir: Path):
     """A tag's summary.csv; `step` stays the two-digit string ("00"). One that cannot be read
     as a summary (empty, no `step` column, not CSV, not UTF-8) is a UserError saying how to
-    rebuild it; a column it lacks (an older summary) is empty, a number that is not one NaN."""
+    rebuild it; a column it lacks is empty, a number that is not one NaN."""
     import pandas as pd
 
     path = Path(tag_dir) / SUMMARY

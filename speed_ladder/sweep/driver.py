@@ -27,7 +27,7 @@ tag folder at a time.
   (speed_ladder.measure.profile) do not change the configuration, but a profiled sweep counts only
   the latest runs that have a time breakdown, and reruns the others.
 - **Another machine's folder.** A tag folder holding records of another machine (committed
-  results, or records from before fingerprints) is never written: the sweep uses
+  results, or records without a fingerprint) is never written: the sweep uses
   `<hardware>-<6 hex digits of this machine's fingerprint>-xN` instead and says so.
 - **A budget** (`--budget SECONDS`, for a GPU rented by the hour or a batch job's limit): a
   run starts only when its expected duration (preflight.py) fits in what is left (one that does
