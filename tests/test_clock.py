@@ -263,6 +263,16 @@ def test_idle_share_is_none_with_its_reason_never_a_made_up_number(monkeypatch):
     assert odd.share() == (None, "NVML utilization samples up to 700: not percents")
 
 
+def test_nvml_installed_without_a_gpu_is_a_reason_not_a_failure():
+    """nvidia-ml-py is installed on every Linux machine (pyproject.toml), GPU or not: where NVML
+    cannot start (no NVIDIA driver), the idle share is None with that reason."""
+    pytest.importorskip("pynvml")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: NVML may read it")
+    share, why = gpu_idle.IdleMeter(torch.device("cuda")).share()
+    assert share is None and why.startswith("NVML utilization samples unavailable: "), why
+
+
 def test_nvml_samples_are_read_from_pynvml_s_structures():
     """nvmlDeviceGetSamples's answer as nvidia-ml-py gives it (ctypes samples with timeStamp and
     sampleValue.uiVal); NVML_ERROR_NOT_FOUND (nothing newer) is no sample, not a failure."""
