@@ -2,12 +2,12 @@
 
     python plot_results.py [results/<tag> ...] [--no-readme] [--readme PATH] [--rebuild]
 
-The command users run; the work is done in speed_ladder/report/redraw.py.
+The command users run; the work is done in speed_ladder/report/pages/redraw.py.
 """
 
 import sys
 
-from speed_ladder.report.redraw import main
+from speed_ladder.report.pages.redraw import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,7 +12,8 @@ import sys
 
 from speed_ladder.errors import UserError, fail, pipe_safe
 from speed_ladder.flags import Parser
-from speed_ladder.report import check, publish
+from speed_ladder.report import publish
+from speed_ladder.report.checks import check
 from speed_ladder.sweep import command as sweep_command
 
 

@@ -3,7 +3,7 @@ round, with an interval, a verdict, and the noise floor that verdict is judged a
 
 - **Pairs.** `python -m speed_ladder run --repeats K` runs K rounds (every step once per round), so
   a step and its predecessor are measured minutes apart in each round. A record's round is
-  `sweep.round` (`sweep.repeat` in records from before rounds: then the i-th run of each step).
+  `sweep.round` (a record without it may say `sweep.repeat`: then the i-th run of each step).
   Two runs of the same round pair only if they started within `PAIR_WINDOW_S` (an hour) of each
   other: a later sweep that runs a step again but not its predecessor numbers its rounds from 1
   too, and its runs must not be paired with runs of another session (other load, other
@@ -89,8 +89,8 @@ def _started(rec: dict) -> float | None:
 
 
 def same_session(a: dict, b: dict) -> bool:
-    """Whether two runs started within PAIR_WINDOW_S of each other (a run without a start time,
-    from before records had one, pairs by its round alone, as it always did)."""
+    """Whether two runs started within PAIR_WINDOW_S of each other (a run without a start time
+    pairs by its round alone)."""
     ta, tb = _started(a), _started(b)
     return ta is None or tb is None or abs(ta - tb) <= PAIR_WINDOW_S
 

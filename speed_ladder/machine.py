@@ -15,9 +15,9 @@ A step writes its own (`machine` in its record); the sweep computes this machine
 without initializing CUDA (it asks a child process), keeps it in each record's `sweep.machine`,
 and counts or summarizes only records whose fingerprint is this machine's: a committed record
 from another machine is never "up to date" here and never mixes into this machine's summary.
-Records written before the fingerprint had `cpu`/`gpus` (four keys: name, count, host, torch)
-still match each other by those four, so their tags summarize as before; they never match a
-machine fingerprinted now, which measures itself instead of trusting them.
+A fingerprint without `cpu`/`gpus` (four keys: name, count, host, torch) matches another of
+those four keys, so the tags that hold such records summarize; it never matches a full
+fingerprint, so this machine measures itself instead of trusting them.
 
 **A pool of interchangeable machines** (a batch cluster or a cloud instance type where every job
 starts on a fresh machine of the same kind): set
@@ -43,6 +43,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from speed_ladder.errors import UserError
 
 
 def slug(text: str) -> str:
@@ -168,8 +170,6 @@ def pool_name() -> str | None:
     if not name:
         return None
     if not _POOL.fullmatch(name):
-        from speed_ladder.errors import UserError
-
         raise UserError(
             f"{HOST_ENV}={name!r}: use 1-64 letters, digits, '.', '_' and '-' (a name for "
             "machines you pool as one)"

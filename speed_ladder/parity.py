@@ -42,6 +42,8 @@ from functools import cache
 from pathlib import Path
 
 from speed_ladder import ladder
+from speed_ladder.gains import measured, round_of
+from speed_ladder.presets import PRESETS
 
 MANIFEST = Path(__file__).parent / "data" / "loss_parity.json"
 
@@ -51,6 +53,7 @@ def regime(device) -> str:
     `fp16`, with `-compiled` when torch.compile compiled a graph here."""
     import torch
 
+    # imported here: precision imports torch, and the report reads parity without torch
     from speed_ladder.measure.precision import decided
 
     if decided(device.type) in ("bf16", "fp16"):  # step 05's autocast
@@ -107,7 +110,7 @@ def regime_atol(*regimes: str | None) -> float:
 def rule(step: str, prev_regime: str | None, cur_regime: str | None, device: str = "cpu",
          preset: str | None = None):  # fmt: skip
     """{"rule": "exact"|"close", "atol": float|None, "why": str} for step `step` against the
-    previous step, each run in its regime (None: a record from before records said); on CUDA the
+    previous step, each run in its regime (None: a record that does not say); on CUDA the
     tolerance of `preset` (tiny's where none is named). None where no CUDA tolerance covers the
     preset (`holds`)."""
     m = manifest()
@@ -163,8 +166,6 @@ def compare(prev: list[float], cur: list[float], r: dict) -> tuple[bool, float]:
 
 def drop_rate(preset) -> float | None:
     """The preset's dropout (speed_ladder/presets.py); None for a preset this checkout lacks."""
-    from speed_ladder.presets import PRESETS
-
     return (PRESETS.get(preset) or {}).get("drop_rate") if isinstance(preset, str) else None
 
 
@@ -240,8 +241,6 @@ def pair_runs(step: str, prev_runs: list[dict], runs: list[dict]) -> tuple[str, 
     round with round (gains.round_of), else the last run with the last; the worst round counts
     (`off` over `not comparable` over `ok`, then the larger difference). None when no pair has
     losses on both sides."""
-    from speed_ladder.gains import round_of
-
     a = {round_of(r, i): r for i, r in enumerate(prev_runs)}
     b = {round_of(r, i): r for i, r in enumerate(runs)}
     common = sorted(set(a) & set(b))
@@ -265,8 +264,6 @@ def add_columns(rows: list[dict], used: dict[str, list[dict]]) -> None:
     empty. A rule compares a step with the step it changes: where that step has no ok runs
     here, the pair is `not comparable`, never judged against an earlier step (step 12 against
     10 where 11 was not run differs by all that 11 changes)."""
-    from speed_ladder.gains import measured
-
     by_step = {r["step"]: r for r in rows}
     bases = ladder.bases([r["step"] for r in rows])
     for i, (row, base) in enumerate(zip(rows, bases, strict=True)):

@@ -16,17 +16,15 @@ sweep predicts is the run the step does; the record keeps it (`spec`).
   measuring: forced by $SPEED_LADDER_AMP or $SPEED_LADDER_BF16, or a CUDA GPU's (native bf16,
   else fp16 on tensor cores: measure.gpus.autocast_for); None on a CPU or MPS, where the step
   measures it (measure.precision.choice, cached) and memory_model.act_bytes_of asks the same.
-
-speed_ladder.measure.memory_model is imported where it is used: speed_ladder/__init__.py imports
-this module (through run.py), and `python -m speed_ladder.measure.memory_model` must find that
-module not yet imported.
 """
 
 from dataclasses import dataclass
 
 from speed_ladder import ladder
+from speed_ladder.autocast_env import amp_forced, bf16_forced
 from speed_ladder.errors import UserError
 from speed_ladder.files import data_id
+from speed_ladder.measure import memory_model
 from speed_ladder.presets import GPT2_VOCAB, PRESETS
 
 # speed_ladder.measure.memory_model counts fused ops (Korthikanti et al.): step 00's hand-written
@@ -89,8 +87,8 @@ def sweep_config(spec: RunSpec, nproc: int) -> dict:
 
 
 def resolved_config(config, machine) -> dict:
-    """A record's `sweep.config` as `sweep_config` makes it. Records from before the RunSpec
-    hold the flags the sweep passed (`preset: null` for the default, `device: auto`, `max_steps:
+    """A record's `sweep.config` as `sweep_config` makes it. A record made without a RunSpec
+    holds the flags the sweep passed (`preset: null` for the default, `device: auto`, `max_steps:
     null` for the preset's): resolved here as the step resolved them, the device from the
     record's fingerprint (`machine`: a GPU's has `gpus`, a CPU's `cpu`); one that does not say
     (or a configuration of another shape) is returned as it is. Resolving twice changes
@@ -128,8 +126,6 @@ def preset_name(flag: str | None, device_type: str) -> tuple[str, str]:
 def amp_known(device_type: str, gpu_amp: str | None) -> str | None:
     """Step 05's autocast where it needs no measuring: $SPEED_LADDER_AMP, $SPEED_LADDER_BF16
     (bf16 or fp32), else a CUDA GPU's (`gpu_amp`); None on a CPU or MPS (measured there)."""
-    from speed_ladder.measure.device import amp_forced, bf16_forced
-
     if amp_forced() is not None:
         return amp_forced()
     if bf16_forced() is not None:
@@ -211,8 +207,6 @@ def _heaviest(shape: dict, batch: int, large: int, half: bool) -> tuple[str, int
     until step 05 (and after, on a GPU with neither bf16 nor fp16 tensor cores), materialized
     attention until step 07, the padded vocabulary from step 09, the large batch from step 10,
     DDP's buckets from 11."""
-    from speed_ladder.measure import memory_model
-
     worst = (ladder.BASELINE, 0)
     for r in ladder.rungs():
         m = r.memory
@@ -234,8 +228,6 @@ def fit_batch(name: str, p: dict, gpu_bytes: int, amp: str) -> dict | None:
     `gpu_bytes` (amp: step 05's autocast there, bf16, fp16 or fp32); else what was chosen and
     why, for the record (`batch_rule`). Where no batch fits (the state alone is too big: the
     GPT-2 family's larger presets on small GPUs, for FSDP2 on several), the preset's is kept."""
-    from speed_ladder.measure import memory_model
-
     GIB = memory_model.GIB
 
     def need(batch, large):

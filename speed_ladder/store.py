@@ -11,10 +11,7 @@ but lacks its newline (an editor saved it so) is a record: it gets its newline, 
 A line the sweep cannot use (not UTF-8, not JSON, JSON of the wrong shape) is skipped with one
 warning naming it, and left in the file as it is.
 
-A step counts as done when runs.jsonl holds enough `ok` records for the same sweep
-configuration, the same script sha256 and this machine's fingerprint (`sweep.machine`, see
-machine.py), none of them followed by a failure. A record's `sweep.round` says in which round of
-an interleaved sweep it ran; `sweep.control` marks the A/A control run (gains.py).
+Which of its records count (a step's runs, done, used by its summary row) is selection.py's.
 """
 
 import json
@@ -24,7 +21,6 @@ from pathlib import Path
 from speed_ladder.errors import warn
 from speed_ladder.ladder import Step
 from speed_ladder.records import append_jsonl, jsonl_lines, read_jsonl
-from speed_ladder.spec import config_of
 
 RUNS = "runs.jsonl"
 CUT = "runs.jsonl.cut"  # torn last lines cut off by a repair, kept here
@@ -187,41 +183,3 @@ def recover(tag_dir: Path) -> int:
             copied += 1
         tmp.unlink(missing_ok=True)
     return copied
-
-
-def matching(
-    records: list[dict], step: Step, config: dict, sha: str, machine=None, control: bool = False
-) -> list[dict]:
-    """The records of `step` run with this sweep configuration (spec.sweep_config; a record's is
-    read by spec.config_of, which resolves one from before the RunSpec) and this script, on
-    `machine` (a fingerprint; None: any machine); the A/A control runs with `control`, else the
-    others."""
-    out = []
-    for r in records:
-        sw = r.get("sweep") or {}
-        if (
-            r.get("step") == step.num
-            and config_of(r) == config
-            and sw.get("script_sha256") == sha
-            and (machine is None or sw.get("machine") == machine)
-            and bool(sw.get("control")) == control
-        ):
-            out.append(r)
-    return out
-
-
-def ok_since_failure(records: list[dict]) -> list[dict]:
-    """The ok records after the last failed one."""
-    last_fail = max((i for i, r in enumerate(records) if r.get("status") != "ok"), default=-1)
-    return records[last_fail + 1 :]
-
-
-def done_runs(records, step: Step, config: dict, sha: str, machine=None, control=False) -> int:
-    """ok runs that count toward --repeats (same config, script and machine, after the last
-    failure)."""
-    return len(ok_since_failure(matching(records, step, config, sha, machine, control)))
-
-
-def foreign(records: list[dict], machine: dict) -> list[dict]:
-    """The records not made on `machine` (a record without a fingerprint is another's)."""
-    return [r for r in records if (r.get("sweep") or {}).get("machine") != machine]

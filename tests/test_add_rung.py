@@ -64,7 +64,8 @@ assert "| NEW |" in mm.fit_table() and "step NEW x4" in mm.breakdown_table(["LAS
 assert mm.predict("gpt2-124m").line() == mm.predict("gpt2-124m", step="NEW").line()
 
 # a results tag that measured it: summary and check
-from speed_ladder.report import check, tag_page
+from speed_ladder.report.checks import check
+from speed_ladder.report.pages import tag_page
 from speed_ladder.report.summary import rebuild, write_summary, read_summary
 head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                       check=True).stdout.strip()
@@ -92,8 +93,8 @@ lines = []
 assert check.check([str(tag)], say=lines.append) == 0, lines
 
 # charts and the tag's table
-from speed_ladder.report import charts
-written = charts.plot_tag(tag)
+from speed_ladder.report.charts import bar_charts
+written = bar_charts.plot_tag(tag)
 assert len(written) >= 3 and all(p.stat().st_size for p in written), written
 assert "| NEW | a dummy rung |" in tag_page.tag_markdown(tag, ROOT)
 

@@ -14,7 +14,7 @@ from conftest import ROOT
 
 from speed_ladder import ladder, machine
 from speed_ladder.errors import UserError
-from speed_ladder.report import check, record_checks, validity
+from speed_ladder.report.checks import check, record_checks, validity
 from speed_ladder.report.summary import SUMMARY, rebuild, write_summary
 
 TEMPLATES = ROOT / "results" / "cpu-amd-epyc-2c-x1" / "runs.jsonl"

@@ -9,7 +9,8 @@ import pytest
 from conftest import ROOT
 
 from speed_ladder import ladder
-from speed_ladder.report import by_hand, check
+from speed_ladder.report import by_hand
+from speed_ladder.report.checks import check
 from speed_ladder.report.summary import read_summary, rebuild, write_summary
 
 TAG = ROOT / "results" / "nvidia-h200-x1"

@@ -3,7 +3,7 @@ window. speed_ladder.measure.clock and gpu_idle, on this CPU:
 
 - a real tiny run of step 10 (in-process, torch.compile off): between the timed window's start
   and end no synchronize and no `.item()`, and the losses read in batches, at most once per
-  progress line; its losses are each step's `.item()`, as before;
+  progress line; its losses are each step's `.item()`;
 - the CUDA clock with a fake `torch.cuda.Event` on a made-up GPU timeline (no GPU here): step
   times are the gaps between step-end events, warm-up, a pause and the profiled steps left out,
   and the progress line reads only what the GPU has passed;
@@ -82,7 +82,7 @@ def test_a_real_step_neither_synchronizes_nor_reads_a_loss_per_step(
     def step_done(self, loss, tokens):
         was = phase["window"]
         phase["window"] = False
-        seen_losses.append(real_item(loss))  # the old record's value, not counted
+        seen_losses.append(real_item(loss))  # each step's .item(), outside the window's count
         phase["window"] = was
         real_done(self, loss, tokens)
         if phase["window"] and capsys.readouterr().out.count("  step "):
@@ -261,6 +261,16 @@ def test_idle_share_is_none_with_its_reason_never_a_made_up_number(monkeypatch):
     odd.source.held += [(2, 500), (3, 700)]
     odd.stop()
     assert odd.share() == (None, "NVML utilization samples up to 700: not percents")
+
+
+def test_nvml_installed_without_a_gpu_is_a_reason_not_a_failure():
+    """nvidia-ml-py is installed on every Linux machine (pyproject.toml), GPU or not: where NVML
+    cannot start (no NVIDIA driver), the idle share is None with that reason."""
+    pytest.importorskip("pynvml")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: NVML may read it")
+    share, why = gpu_idle.IdleMeter(torch.device("cuda")).share()
+    assert share is None and why.startswith("NVML utilization samples unavailable: "), why
 
 
 def test_nvml_samples_are_read_from_pynvml_s_structures():

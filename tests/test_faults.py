@@ -24,8 +24,12 @@ from speed_ladder import flags as cli
 from speed_ladder.errors import UserError
 from speed_ladder.ladder import discover, processes_suffix
 from speed_ladder.measure import data, device, matmul_peak
-from speed_ladder.report import chart_style, charts, reference, summary, tag_page
-from speed_ladder.report import redraw as report
+from speed_ladder.report import summary
+from speed_ladder.report.charts import bar_charts, chart_style
+from speed_ladder.report.compare import reference
+from speed_ladder.report.pages import redraw as report
+from speed_ladder.report.pages import tag_page
+from speed_ladder.report.rows import format_table
 from speed_ladder.store import load_runs, recover
 from speed_ladder.sweep import driver as sweep
 from speed_ladder.sweep import launch
@@ -365,7 +369,7 @@ def test_an_impossible_mfu_is_never_shown_as_a_number(tmp_path):
     back = summary.read_summary(tag)
     assert list(back["mfu_invalid"])[1:] == [rows[n]["mfu_invalid"] for n in ("01", "02", "03")]
 
-    table = summary.format_table(back)  # the terminal
+    table = format_table(back)  # the terminal
     lines = {ln.split()[0]: ln for ln in table.splitlines()[2:6]}
     assert "25.0%" in lines["00"] and all("invalid" in lines[n] for n in ("01", "02", "03"))
     assert "MFU of step 01 not shown: MFU above 100%: the peak FLOP/s" in table
@@ -375,7 +379,7 @@ def test_an_impossible_mfu_is_never_shown_as_a_number(tmp_path):
     assert "MFU not shown: step 01: MFU above 100%: the peak FLOP/s" in md
 
     plt = chart_style.pyplot()  # the chart: a flag label, no bar
-    fig = charts._mfu_figure(plt, back.to_dict("records"), "t")
+    fig = bar_charts._mfu_figure(plt, back.to_dict("records"), "t")
     ax = fig.axes[0]
     assert [round(p.get_width(), 1) for p in ax.patches] == [25.0]
     texts = [t.get_text() for t in ax.texts]
@@ -385,14 +389,14 @@ def test_an_impossible_mfu_is_never_shown_as_a_number(tmp_path):
     for shown in (table, md, " ".join(texts)):  # the absurd number is printed nowhere
         assert "3703949853" not in shown and "37039498" not in shown and "-20.0%" not in shown
 
-    # a summary written before MFU was checked: its number is flagged too, not drawn
+    # a summary without `mfu_invalid`: its impossible number is flagged too, not drawn
     old = tmp_path / "old" / TAG
     old.mkdir(parents=True)
     df.drop(columns=["mfu_invalid"]).assign(mfu=[0.25, 37039498.539, -0.2, 7.5]).to_csv(
         old / "summary.csv", index=False
     )
     back = summary.read_summary(old)
-    assert summary.format_table(back).count("invalid") == 3
+    assert format_table(back).count("invalid") == 3
     assert tag_page.tag_markdown(old, tmp_path).count("| invalid |") == 3
 
 
@@ -682,7 +686,7 @@ def test_plot_results_interrupted_is_one_line(tags_dir, capsys, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(charts, "plot_tag", interrupted)
+    monkeypatch.setattr(bar_charts, "plot_tag", interrupted)
     monkeypatch.setattr(report, "plot_tag", interrupted)
     capsys.readouterr()
     try:

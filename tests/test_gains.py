@@ -3,7 +3,7 @@ floor; the summary's columns from old and new records. In-process, milliseconds.
 
 import pytest
 
-from speed_ladder import gains
+from speed_ladder import gains, selection
 from speed_ladder.ladder import Step
 from speed_ladder.report import summary
 from speed_ladder.report.rows import busy_text, effect_text, inactive
@@ -117,7 +117,7 @@ def test_rebuild_a_summary_from_old_records(tmp_path):
                 sweep = {"run_id": f"{n}{rep}", "config": {"nproc": 1}, "repeat": rep,
                          "script_sha256": "x"}  # fmt: skip
                 rate = tps * (int(n) + 1) * scale
-                # the fields every ok record has had (report/validity.py's REQUIRED)
+                # the fields every ok record has had (report/checks/validity.py's REQUIRED)
                 rec = {"step": n, "status": "ok", "tokens_per_sec": rate,
                        "step_time_ms": 100 * w / rate * 1000, "world_size": w, "batch_size": 1,
                        "context_length": 100, "device": "cpu", "device_name": "AMD EPYC",
@@ -170,7 +170,7 @@ def _later(recs: list[dict], name: str) -> list[dict]:
 def test_a_later_sweep_of_one_step_does_not_pair_with_its_predecessors_old_runs():
     """Rounds are numbered from 1 in every sweep: step 01 run again hours after 00 and 01 were
     swept together pairs with nothing (no effect, not 01's new run over 00's old one); runs
-    minutes apart still pair, and records without a start time pair by round as before."""
+    minutes apart still pair, and records without a start time pair by round."""
     first = []
     for rnd in (1, 2, 3):  # 00 then 01, 3 minutes apart, in each round
         first += [_rec("00", rnd, 100, **_at(10 * rnd)), _rec("01", rnd, 110, **_at(10 * rnd + 3))]
@@ -183,7 +183,7 @@ def test_a_later_sweep_of_one_step_does_not_pair_with_its_predecessors_old_runs(
     # a resumed sweep, 40 minutes after the first: the same session, the rounds pair
     soon = _later([_rec("01", rnd, 120, **_at(40 + 10 * rnd)) for rnd in (1, 2, 3)], "-soon")
     assert _summary(first + soon, ("00", "01"))["01"]["gain_vs_prev"] == pytest.approx(1.20)
-    # no start times (records from before them): by round alone, as before
+    # no start times: by round alone
     bare = [{k: v for k, v in r.items() if k != "started_at"} for r in first + later]
     assert _summary(bare, ("00", "01"))["01"]["gain_vs_prev"] == pytest.approx(1.50)
 
@@ -221,7 +221,7 @@ def test_a_sweep_of_some_steps_summarizes_the_others_as_a_rebuild_does():
         old, new = _rec("00", rnd, 100, **_at(10 * rnd)), _rec("01", rnd, 110, **_at(10 * rnd + 2))
         old["sweep"]["script_sha256"], new["sweep"]["script_sha256"] = "old00", "new01"
         recs += [old, new]
-    configs, shas = summary.settled(
+    configs, shas = selection.settled(
         recs, steps, {"00": {}, "01": {}}, {"00": "cur00", "01": "new01"}
     )
     assert shas == {"00": "old00", "01": "new01"} and configs == {"00": {}, "01": {}}
@@ -230,4 +230,4 @@ def test_a_sweep_of_some_steps_summarizes_the_others_as_a_rebuild_does():
     }
     assert rows["00"]["status"] == "ok" and rows["01"]["gain_vs_prev"] == pytest.approx(1.10)
     strict = summary.summarize(steps, recs, {"00": {}, "01": {}}, {"00": "cur00", "01": "new01"}, 3)
-    assert list(strict["status"]) == ["not run", "ok"]  # what the sweep wrote before
+    assert list(strict["status"]) == ["not run", "ok"]  # the sweep's own shas alone

@@ -1,4 +1,4 @@
-"""speed_ladder.measure.gpus: every GPU the issue names resolves to its datasheet figure, and no
+"""speed_ladder.measure.gpus: every GPU of REQUIRED resolves to its datasheet figure, and no
 other.
 
 The names are torch.cuda.get_device_name() strings as public code and reports print them:
@@ -33,7 +33,7 @@ def _samples() -> list[tuple]:
 
 SAMPLES = _samples()
 
-# The issue's list, by the label of the row that covers it.
+# The GPUs the table must cover, by the label of the row that covers each.
 REQUIRED = {
     "A100 SXM", "A100 PCIe", "H100 SXM", "H100 PCIe", "H100 NVL", "H200 SXM", "H200 NVL",
     "H800 SXM", "A800 SXM", "L4", "L40S", "A10", "A10G", "GeForce RTX 3090", "GeForce RTX 4090",

@@ -16,7 +16,7 @@ from conftest import ROOT
 
 from speed_ladder import machine
 from speed_ladder.report.summary import rebuild
-from speed_ladder.store import foreign
+from speed_ladder.selection import foreign
 from speed_ladder.sweep import driver as sweep
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

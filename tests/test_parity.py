@@ -55,7 +55,7 @@ def test_rounds_pair_with_their_round_and_the_worst_counts():
 
 
 def test_a_record_without_a_regime_is_held_to_fp32():
-    """Records from before `regime` (the committed 2c tags: a CPU without native bf16, so fp32)
+    """Records without `regime` (the committed 2c tags: a CPU without native bf16, so fp32)
     get the fp32 tolerance; a step's own larger one still holds."""
     used = {"05": [rec("05", 0, None)], "06": [rec("06", 5e-4, None)]}
     assert columns(used)["06"][0] == "off"  # 5e-4 > fp32's 1e-4

@@ -312,7 +312,7 @@ def test_the_comparison_sets_each_peer_beside_the_rungs_of_its_model(tmp_path):
         f"in short: step {a} 1.125x peer; step {b} 1.100x peer-no-dropout; step {top} not run"
     )
     # a tag's page shows the same lines under its own heading, and none without a peer.jsonl
-    from speed_ladder.report import peers
+    from speed_ladder.report.compare import peers
 
     section = peers.page_section(tmp_path)
     assert section[0] == "## Beside the peer" and "(peer.jsonl)" in section[2]

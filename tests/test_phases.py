@@ -189,9 +189,9 @@ def test_no_phases_where_they_cannot_be_timed_and_a_note_says_why():
 
 
 def test_the_chart_and_the_page_line_only_where_the_summary_has_phases(tmp_path):
-    from speed_ladder.report.phase_chart import PHASE_CHART, plot_phases
+    from speed_ladder.report.charts.phase_chart import PHASE_CHART, plot_phases
+    from speed_ladder.report.pages.tag_page import page_markdown
     from speed_ladder.report.summary import read_summary, write_summary
-    from speed_ladder.report.tag_page import page_markdown
 
     tag = tmp_path / "cpu-fixture"
     shutil.copytree(FIXTURE_TAG, tag)

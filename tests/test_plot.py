@@ -1,5 +1,5 @@
-"""plot_results.py (speed_ladder.report.redraw): headless charts from a summary.csv, the README
-table, completeness."""
+"""plot_results.py (speed_ladder.report.pages.redraw): headless charts from a summary.csv, the
+README table, completeness."""
 
 import os
 import shutil
@@ -11,12 +11,12 @@ import pytest
 from conftest import ROOT
 
 from speed_ladder.ladder import descendants, discover, expected_steps, rungs
-from speed_ladder.report.charts import CHARTS, plot_tag
-from speed_ladder.report.readme import update_readme
-from speed_ladder.report.redraw import TAG_CHARTS
-from speed_ladder.report.reference import read_reference
+from speed_ladder.report.charts.bar_charts import CHARTS, plot_tag
+from speed_ladder.report.compare.reference import read_reference
+from speed_ladder.report.pages.readme import update_readme
+from speed_ladder.report.pages.redraw import TAG_CHARTS
+from speed_ladder.report.pages.tag_page import tag_markdown
 from speed_ladder.report.summary import SUMMARY, find_tags, read_summary
-from speed_ladder.report.tag_page import tag_markdown
 from speed_ladder.store import load_runs
 
 FIXTURE_TAG = Path(__file__).resolve().parent / "fixtures" / "summary" / "cpu-fixture"
@@ -161,7 +161,7 @@ def test_a_tags_table_notes_and_charts(tags, tmp_path):
         "| step | title | tok/s | vs previous step | speedup | peak reserved GiB | MFU | val loss "
         "| loss parity | status |" in block
     )
-    # an older summary (no gain or parity columns): those cells are empty, the rest as before
+    # a summary without gain or parity columns: those cells are empty, the others filled
     assert "| 00 | the baseline | 1,000 | – | 1.00x | 0.60 | 12.0% | 10.957 | – | ok |" in block
     assert "*loss parity*" not in block  # no summary here says: no note
     bf16 = "| 05 | bfloat16 mixed precision (autocast) | 3,100 | – | 3.10x | 0.31 | 37.2% |"
@@ -308,7 +308,7 @@ def test_committed_results_are_complete(tag):
 
 def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     from speed_ladder.ladder import discover
-    from speed_ladder.report import ladder_page
+    from speed_ladder.report.pages import ladder_page
 
     by = {s.num: s for s in discover(ROOT)}
     assert ladder_page.change(by["02"], by["01"])[1].startswith(
@@ -348,8 +348,8 @@ def test_a_gpu_tag_sets_the_published_a100_figures_beside_its_steps(tmp_path):
     """A GPU tag's table (its records ran on CUDA) has a column with the published A100
     figure of each step and that step's gain over the published step before it, labelled as
     Raschka's figures under the table; LADDER.md says the same per GPU tag. CPU tags: none."""
-    from speed_ladder.report import ladder_page, tag_page
-    from speed_ladder.report.reference import published
+    from speed_ladder.report.compare.reference import published
+    from speed_ladder.report.pages import ladder_page, tag_page
 
     pub = {r["step"]: r["tokens_per_sec"] for r in read_reference().to_dict("records")}
     cpu, gpu = ROOT / "results" / "cpu-amd-epyc-2c-x1", ROOT / "results" / "nvidia-h200-x1"
@@ -414,7 +414,7 @@ def test_no_label_leaves_the_figure_or_is_cut_mid_word(tags, monkeypatch):
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from speed_ladder.report.redraw import draw_charts
+    from speed_ladder.report.pages.redraw import draw_charts
 
     results = tags[0].parent
     for name in ("cpu-amd-epyc-2c-x1", "cpu-amd-epyc-2c-x2"):
@@ -480,8 +480,8 @@ def test_the_comparison_is_each_tags_speedup_over_its_own_step_00(tags, monkeypa
     measurement is a label at 1x, never a bar."""
     import matplotlib.pyplot as plt
 
-    from speed_ladder.report.comparison_chart import plot_comparison
-    from speed_ladder.report.reference import REF_LABEL
+    from speed_ladder.report.charts.comparison_chart import plot_comparison
+    from speed_ladder.report.compare.reference import REF_LABEL
 
     x2 = tags[0].parent / "cpu-fixture-x2"  # the distributed steps only: no step 00 of its own
     x2.mkdir()

@@ -433,8 +433,8 @@ def test_a_profiled_sweep_reruns_steps_without_a_breakdown_and_charts_it(tmp_pat
     from conftest import sweep_here
     from test_sweep import FIXTURES, runs_of, summary_of
 
-    from speed_ladder.report.tag_page import tag_markdown
-    from speed_ladder.report.time_chart import TIME_CHART
+    from speed_ladder.report.charts.time_chart import TIME_CHART
+    from speed_ladder.report.pages.tag_page import tag_markdown
 
     results = tmp_path / "results"
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
@@ -462,8 +462,8 @@ def test_time_chart_bars_only_profiled_steps(tmp_path, monkeypatch):
     import pandas as pd
     from test_plot import FIXTURE_TAG
 
+    from speed_ladder.report.charts.time_chart import plot_time_breakdown
     from speed_ladder.report.summary import TIME_COLUMNS
-    from speed_ladder.report.time_chart import plot_time_breakdown
 
     tag = tmp_path / "cpu-fixture"
     tag.mkdir()

@@ -12,7 +12,9 @@ import pytest
 from conftest import ROOT, command_here
 
 from speed_ladder import ladder, machine
-from speed_ladder.report import check, publish, redraw
+from speed_ladder.report import publish
+from speed_ladder.report.checks import check
+from speed_ladder.report.pages import redraw
 from speed_ladder.report.summary import rebuild, write_summary
 
 TEMPLATES = ROOT / "results" / "cpu-amd-epyc-2c-x1" / "runs.jsonl"

@@ -11,8 +11,8 @@ import pytest
 from conftest import ROOT
 from test_docs import relative_links
 
-from speed_ladder.report import readme, tag_page
-from speed_ladder.report.reference import read_reference, single_gpu
+from speed_ladder.report.compare.reference import read_reference, single_gpu
+from speed_ladder.report.pages import readme, tag_page
 from speed_ladder.report.summary import find_tags, read_summary
 
 README = ROOT / "README.md"

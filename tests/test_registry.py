@@ -14,9 +14,9 @@ from speed_ladder.files import ROOT
 from speed_ladder.measure import memory_model as mm
 from speed_ladder.presets import PRESETS
 
-# Before the registry each of these was a step-number comparison somewhere (memory_model.py's
-# step_kind and mode_of_step, spec.py, preflight's source grep, ladder.py's): the fold of the
-# entries must give the same answer for every rung.
+# What each rung is, written down a second time on purpose (docs/developing.md, "Add a rung"):
+# the fold of the registry's entries must give these answers for every rung, so that an edit of
+# an entry never changes a rung silently.
 #        num: (distributed, compiled, state, activations, bf16 autocast, flash, padded, large batch)
 FROZEN = {
     "00": (False, False, "single", "logits", False, False, False, False),
@@ -40,8 +40,8 @@ FROZEN = {
     "18": (True, True, "ddp", "fused", True, True, True, True),  # micro-batches: the same terms
 }
 
-# memory_model.predict_run(gpt2-124m, step, world, its batch, bf16, device).total_bytes as the
-# step-number comparisons computed it: world 1 then 4, each bf16 then fp32, each cuda then cpu;
+# memory_model.predict_run(gpt2-124m, step, world, its batch, bf16, device).total_bytes, written
+# down a second time on purpose: world 1 then 4, each bf16 then fp32, each cuda then cpu;
 # steps 11-13 in a world of one without DDP's buckets since step 11 wraps only 2 processes or more;
 # 12 on, Liger's default chunk (512 rows) beside the hidden states' gradient on cuda, and step 11's
 # full logits on a cpu, where step 12 runs its fallback, step 11's loss
@@ -96,7 +96,7 @@ FIT_TABLE_SHA = "5c35cc36d584b027db53082a1044cb97e2f0e79ef785f8bd4965d74d6b4958a
 BREAKDOWN_SHA = "65b007f4563b8ec6eb8b4c9128ae2fb852c1706f323846655e8f35c89c436918"
 
 
-def test_the_fold_gives_every_rung_what_it_was():
+def test_the_fold_gives_every_rung_its_frozen_answer():
     got = {}
     for r in ladder.rungs():
         m = r.memory
@@ -105,7 +105,7 @@ def test_the_fold_gives_every_rung_what_it_was():
     assert got == FROZEN
 
 
-def test_the_memory_model_predicts_what_it_did_from_step_numbers(monkeypatch):
+def test_the_memory_model_predicts_the_written_down_bytes(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a CPU runs step 12's fallback
     p = PRESETS["gpt2-124m"]
     got = {}

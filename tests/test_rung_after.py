@@ -123,7 +123,7 @@ assert not rnew.memory.checkpointing and r13.memory.checkpointing
 assert ladder.bases(["11", "12", "13", "14", "NEW"]) == ["10", "11", "12", "13", "12"]
 
 # a results tag: the committed records, step 12's copied as NEW's (the same numbers)
-from speed_ladder.report import check
+from speed_ladder.report.checks import check
 from speed_ladder.report.summary import read_summary, rebuild, write_summary
 head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                       check=True).stdout.strip()
@@ -163,7 +163,7 @@ assert (rows["13"]["prev_step"], rows["14"]["prev_step"]) == ("12", "13")
 lines = []
 assert check.check([str(tag)], say=lines.append) == 0, lines
 # the tag's table names 12 in NEW's effect cell, and only there
-from speed_ladder.report import tag_page
+from speed_ladder.report.pages import tag_page
 table = tag_page.tag_markdown(tag, ROOT)
 assert "| NEW | a dummy rung after 12 | 345 | vs 12: 1.00x [1.00-1.00] (inactive here) |" \
     in table, table
@@ -182,7 +182,7 @@ assert rows["13"]["parity_detail"].startswith("not comparable without step 12: i
                                               "step before it")
 
 # LADDER.md: NEW's section says after 12 and shows the line it adds to 12
-from speed_ladder.report import ladder_page
+from speed_ladder.report.pages import ladder_page
 page = ladder_page.page_markdown([tag], ROOT)
 section = page[page.index("## NEW · "):]
 assert "*after step 12* (not the file before it)" in section.splitlines()[2], section[:600]

@@ -16,8 +16,8 @@ import pytest
 from conftest import ROOT
 
 from speed_ladder.ladder import BASELINE, DIFFS, rung, rungs
-from speed_ladder.report import ladder_page
-from speed_ladder.report.ladder_table import STEPS_DOC, diff_command
+from speed_ladder.report.pages import ladder_page
+from speed_ladder.report.pages.ladder_table import STEPS_DOC, diff_command
 from speed_ladder.report.summary import find_tags, read_summary
 
 SCRIPTS = [r.rel for r in rungs()] + [r.summary_file for r in rungs() if r.summary_file]

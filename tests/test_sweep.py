@@ -507,7 +507,7 @@ def test_another_machines_folder_is_not_skipped_and_its_files_are_unchanged(tmp_
     base = ["--ladder-dir", FIXTURES / "ladder_ok", "--results-dir", results, "--device", "cpu"]
     base += ["--steps", "00,01"]
     assert sweep_here(capsys, *base)[0] == 0  # charts too: files of every kind in the folder
-    # the same runs, as if made on another machine (and one from before fingerprints)
+    # the same runs, as if made on another machine (and one without a fingerprint)
     rows = runs_of(results)
     rows[0]["sweep"]["machine"] = dict(rows[0]["sweep"]["machine"], host_id="0123456789ab")
     del rows[1]["sweep"]["machine"]
@@ -537,7 +537,7 @@ def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, c
     step's beyond its rule (speed_ladder/data/ladder.json) is `off` in the summary, named in the
     closing status line and shown in the README table and LADDER.md; the others are `ok`; the
     exit code stays 0 (information, not a failure)."""
-    from speed_ladder.report import ladder_page, tag_page
+    from speed_ladder.report.pages import ladder_page, tag_page
 
     results = tmp_path / "results"
     monkeypatch.setenv("SWEEP_FIXTURE_LOSS_OFF", "03:0.01")  # 03 (close, fp32: 1e-4) is off
@@ -579,7 +579,7 @@ def test_a_step_off_its_loss_parity_is_named_and_the_exit_code_stays(tmp_path, c
 def test_the_sweeps_own_summary_marks_an_impossible_record_invalid(tmp_path, capsys,
                                                                    monkeypatch):  # fmt: skip
     """The summary the sweep writes after its runs judges its records by its tag folder, as a
-    rebuilt one does (report/validity.py): a step whose record has NaN losses is `invalid`
+    rebuilt one does (report/checks/validity.py): a step whose record has NaN losses is `invalid`
     with the reason, never `ok` until a rebuild; the fixture's own records are valid."""
     from speed_ladder.report.summary import rebuild
 
@@ -779,8 +779,8 @@ def test_a_sweep_guesses_from_its_hardwares_committed_tag_whatever_its_tag(tmp_p
     assert f"{said}; 1 rough: 40 s a run on cpu" in out
 
 
-def test_a_record_from_before_the_runspec_is_matched_as_its_step_resolved_it():
-    """sweep.config is the RunSpec's (spec.sweep_config); a record from before it holds the
+def test_a_record_of_the_sweeps_flags_is_matched_as_its_step_resolved_them():
+    """sweep.config is the RunSpec's (spec.sweep_config); a record made without one holds the
     flags the sweep passed (`preset: null`, `device: auto`), read as the step resolved them, so
     a sweep's earlier runs stay up to date (results/cpu-amd-epyc-f25-m17-bf16-2c-x1)."""
     from speed_ladder.spec import config_of, resolve_spec, sweep_config

@@ -17,8 +17,8 @@ from test_sweep import FIXTURES, TAG, runs_of, summary_of
 from speed_ladder import machine
 from speed_ladder.errors import UserError
 from speed_ladder.records import read_jsonl
+from speed_ladder.report.pages.tag_page import tag_markdown
 from speed_ladder.report.rows import pooled_text
-from speed_ladder.report.tag_page import tag_markdown
 from speed_ladder.store import TMP_GLOB
 from speed_ladder.sweep import child, preflight
 from speed_ladder.sweep import driver as sweep

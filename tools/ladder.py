@@ -27,7 +27,7 @@ from speed_ladder.files import ROOT  # noqa: E402
 from speed_ladder.ladder import DIFFS, descendants, discover, rungs  # noqa: E402
 from speed_ladder.ladder import step_of as _step_of  # noqa: E402
 from speed_ladder.ladder import unified as _unified  # noqa: E402
-from speed_ladder.report import ladder_table  # noqa: E402
+from speed_ladder.report.pages import ladder_table  # noqa: E402
 
 GOLDEN = ROOT / DIFFS
 try:  # file: the rung it copies

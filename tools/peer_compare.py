@@ -1,5 +1,5 @@
-"""Print the peers against the ladder on the same machine (speed_ladder/report/peers.py: how the
-peer's records, tools/peer.py's, are set beside the runs of the rungs that train its model).
+"""Print the peers against the ladder on the same machine (speed_ladder/report/compare/peers.py: how
+the peer's records, tools/peer.py's, are set beside the runs of the rungs that train its model).
 
     python tools/peer_compare.py TAG_DIR
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from speed_ladder.ladder import rungs  # noqa: E402, F401 (tests read the rungs here)
-from speed_ladder.report.peers import compare, rungs_for  # noqa: E402, F401
+from speed_ladder.report.compare.peers import compare, rungs_for  # noqa: E402, F401
 
 
 def main(argv=None) -> int:

@@ -24,7 +24,7 @@ launches, Python, data loading), the GPU waits for it: those waits are gaps betw
 still inside the interval, so the step time stays the host's rate, and gpu_idle.py measures
 how much of it the GPU was idle.
 
-Elsewhere the host clock (`time.perf_counter()`), as before: on a CPU the work is done when the
+Elsewhere the host clock (`time.perf_counter()`): on a CPU the work is done when the
 op returns, so no synchronize is needed (none is called); on MPS every step still
 synchronizes before the clock is read, because this harness has never been measured on an
 Apple GPU with MPS events and MPS commits its queued work lazily: an unsynchronized host mark

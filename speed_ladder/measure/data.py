@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speed_ladder import outputs
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import ROOT, atomic_write_bytes, cache_dir, mirror
 
@@ -51,8 +52,6 @@ def _default_text() -> Path:
     from the local mirror or downloaded from Gutenberg where it is missing."""
     if DEFAULT_TEXT.is_file():
         return DEFAULT_TEXT
-    from speed_ladder import outputs
-
     path = DEFAULT_TEXT
     if outputs.problem(DEFAULT_TEXT, "file") is not None:  # a read-only checkout
         path = cache_dir() / DEFAULT_TEXT.name

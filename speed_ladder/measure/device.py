@@ -1,14 +1,16 @@
 """Device choice, clocks, memory and peak FLOP/s: everything that differs between CPU and GPUs."""
 
 import os
-import platform
 from pathlib import Path
 
 import torch
 
-from speed_ladder import machine
+from speed_ladder.autocast_env import AMP_ENV, BF16_ENV, amp_forced, bf16_forced
 from speed_ladder.errors import UserError
-from speed_ladder.measure import gpus
+from speed_ladder.measure import gpus, matmul_peak
+
+# dev.name and dev.synchronize: the harness's clock and Run call them through this module
+from speed_ladder.measure.torch_device import name, synchronize  # noqa: F401
 
 
 def resolve(name: str) -> torch.device:
@@ -79,22 +81,6 @@ def ddp_backend(device: torch.device) -> str:
                 "visible: use --nproc_per_node at most the GPU count"
             )
     return backend
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work, so a host clock read after it is honest."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "mps":
-        return f"Apple MPS ({platform.machine()})"
-    return machine.cpu_model()
 
 
 # ---------------------------------------------------------------- peak memory
@@ -251,18 +237,11 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
     """
     if device.type == "cuda":
         return gpus.peak_for(torch.cuda.get_device_properties(device))
-    from speed_ladder.measure.matmul_peak import (
-        PEAK_ENV,
-        fixed_rates,
-        measured_matmul_rates,
-        rates_problem,
-    )
-
-    rates = measured_matmul_rates(device)
+    rates = matmul_peak.measured_matmul_rates(device)
     what = f"measured {device.type} matmul peak"
-    if fixed_rates() is not None:
-        what = f"{device.type} matmul peak set by {PEAK_ENV}"
-    why = rates_problem(device, rates)
+    if matmul_peak.fixed_rates() is not None:
+        what = f"{device.type} matmul peak set by {matmul_peak.PEAK_ENV}"
+    why = matmul_peak.rates_problem(device, rates)
     if why is not None:
         return None, f"{what} implausible ({why}): MFU left empty"
     best = max(rates, key=rates.get)
@@ -281,37 +260,8 @@ def gpu_memory(device: torch.device) -> tuple[int, str] | None:
     return props.total_memory, gpus.autocast_for(props, is_rocm())
 
 
-BF16_ENV = "SPEED_LADDER_BF16"  # 1/on or 0/off: step 05's rule forced, e.g. by the tests
-AMP_ENV = "SPEED_LADDER_AMP"  # bf16, fp16 or fp32: step 05's autocast forced (measure/precision.py)
-AMP_KINDS = ("bf16", "fp16", "fp32")
 # bf16_is_fast's memo: device type -> (what it depends on, the answer)
 _BF16: dict[str, tuple[tuple, tuple[bool, str]]] = {}
-
-
-def amp_forced() -> str | None:
-    """$SPEED_LADDER_AMP (bf16, fp16 or fp32), or None when unset (or `auto`)."""
-    raw = os.environ.get(AMP_ENV, "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    if raw in AMP_KINDS:
-        return raw
-    raise UserError(f"{AMP_ENV}={raw!r}: use {', '.join(AMP_KINDS)} or auto")
-
-
-def bf16_forced() -> bool | None:
-    """bf16 forced on or off: by $SPEED_LADDER_AMP where set (on for bf16 only), else by
-    $SPEED_LADDER_BF16 as True/False; None when neither forces it (unset, or `auto`)."""
-    amp = amp_forced()
-    if amp is not None:
-        return amp == "bf16"
-    raw = os.environ.get(BF16_ENV, "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    if raw in ("1", "on", "true", "yes"):
-        return True
-    if raw in ("0", "off", "false", "no"):
-        return False
-    raise UserError(f"{BF16_ENV}={raw!r}: use 1 (bf16 on), 0 (off) or auto")
 
 
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
@@ -327,7 +277,7 @@ def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
     (slower than fp32). ROCm: by the AMD arch (speed_ladder.measure.gpus.has_native_bf16).
     """
     forced = bf16_forced()
-    fixed = os.environ.get("SPEED_LADDER_PEAK_FLOPS")  # matmul_peak.PEAK_ENV (it imports us)
+    fixed = os.environ.get(matmul_peak.PEAK_ENV)
     depends = (forced, amp_forced()) if forced is not None else (name(device), fixed)
     memo = _BF16.get(device.type)
     if memo is None or memo[0] != depends:
@@ -343,16 +293,10 @@ def _bf16_rule(device: torch.device, forced: bool | None) -> tuple[bool, str]:
         ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
         why = f"{name(device)}: {why}"
     else:
-        from speed_ladder.measure.matmul_peak import (
-            PEAK_ENV,
-            fixed_rates,
-            measured_matmul_rates,
-            rates_problem,
-        )
-
-        r = measured_matmul_rates(device)
-        how = "measured matmul" if fixed_rates() is None else f"matmul set by {PEAK_ENV}"
-        problem = rates_problem(device, r)
+        r = matmul_peak.measured_matmul_rates(device)
+        fixed = matmul_peak.fixed_rates() is not None
+        how = f"matmul set by {matmul_peak.PEAK_ENV}" if fixed else "measured matmul"
+        problem = matmul_peak.rates_problem(device, r)
         if problem is not None:
             ok, why = False, f"{how} rates implausible ({problem})"
         else:

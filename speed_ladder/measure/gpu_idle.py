@@ -10,8 +10,8 @@ training loop and nothing in it waits: at the window's start (and after each pau
 sample's timestamp is noted; at its end (and at each pause) the samples after it are read. The
 first of them began before the window (or the pause's end) and is dropped; the idle share is
 1 - the mean of the rest / 100, and the idle milliseconds per step that share of the mean step
-time. "No kernel executing" is exactly the idle the issue measured (the GPU waiting for the
-host), which is why this counter and not SM occupancy: a small kernel counts as busy.
+time. "No kernel executing" is exactly the idle this measures (the GPU waiting for the host),
+which is why this counter and not SM occupancy: a small kernel counts as busy.
 
 Why not CUDA events: an event gap is the step's time on the GPU's timeline, idle gaps
 included; the busy time inside it needs an event around every kernel, or a step whose host is

@@ -18,7 +18,7 @@ from speed_ladder.errors import UserError, warn
 from speed_ladder.files import atomic_write_bytes, cache_dir
 from speed_ladder.measure import cpu_load
 from speed_ladder.measure.across_ranks import process_group
-from speed_ladder.measure.device import name, synchronize
+from speed_ladder.measure.torch_device import name, synchronize
 
 
 def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024) -> float:

@@ -348,6 +348,7 @@ def act_bytes_of(step: str, half: bool | None, device_type: str) -> int:
     if half is None:
         import torch
 
+        # imported here: precision imports torch, and spec.py (so the report) imports this module
         from speed_ladder.measure.precision import choice
 
         half = choice(torch.device(device_type))[0] != "fp32"

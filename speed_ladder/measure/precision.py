@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speed_ladder.autocast_env import AMP_ENV, BF16_ENV, amp_forced, bf16_forced
 from speed_ladder.measure import device as dev
 from speed_ladder.measure import gpus
 
@@ -62,19 +63,19 @@ class MixedPrecision:
 
 
 def _env() -> tuple:
-    return tuple(os.environ.get(k) for k in (dev.AMP_ENV, dev.BF16_ENV))
+    return tuple(os.environ.get(k) for k in (AMP_ENV, BF16_ENV))
 
 
 def choice(device: torch.device) -> tuple[str, str]:
     """(bf16, fp16 or fp32, why) for this device: the rule of the module doc. $SPEED_LADDER_BF16
     forced off keeps fp32 (no fp16 either): the tests' fp32 regime on any device."""
-    forced = dev.amp_forced()
+    forced = amp_forced()
     if forced is not None:
-        kind, why = forced, f"forced by {dev.AMP_ENV}={forced}"
+        kind, why = forced, f"forced by {AMP_ENV}={forced}"
     else:
         bf16, why = dev.bf16_is_fast(device)
         kind = "bf16" if bf16 else "fp32"
-        if not bf16 and device.type == "cuda" and dev.bf16_forced() is None:
+        if not bf16 and device.type == "cuda" and bf16_forced() is None:
             p = torch.cuda.get_device_properties(device)
             fp16, more = gpus.fp16_tensor_cores(p.major, p.minor, dev.is_rocm())
             kind, why = ("fp16" if fp16 else "fp32"), f"{why}; {more}"

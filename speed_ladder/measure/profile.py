@@ -45,6 +45,7 @@ from speed_ladder.measure.breakdown import (
     shares,
 )
 from speed_ladder.measure.op_categories import ModuleRanges, is_compiled
+from speed_ladder.outputs import check_dir
 
 
 @contextmanager
@@ -280,8 +281,6 @@ def from_args(args, run) -> StepProfiler | None:
     if steps is None and trace is None:
         return None
     if trace is not None:
-        from speed_ladder.outputs import check_dir
-
         check_dir(trace, "--trace")
     return StepProfiler(run, steps or PROFILE_STEPS, trace)
 

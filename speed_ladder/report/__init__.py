@@ -1,3 +1,24 @@
-"""Reading results back for people: the summaries, the gains, the table rows, the charts,
-the README's results, the tags' pages and LADDER.md, and the results validator (`python -m
-speed_ladder check`). It may import measure; it never imports speed_ladder.sweep."""
+"""Reading results back for people. It may import measure; it never imports speed_ladder.sweep.
+
+Here, what the folders below read: summary.py (a tag's summary.csv, built from its records,
+written and read back), rows.py (the cells every table, chart and page shows), by_hand.py (runs
+started by hand beside a tag: never rows) and publish.py (`python -m speed_ladder publish`: a
+checked tag added to results/, its charts and pages redrawn).
+
+- checks/: whether results can be trusted (`python -m speed_ladder check`);
+- charts/: the PNG charts;
+- compare/: other results set beside a tag's (the published reference, the committed tag, a
+  peer implementation's runs);
+- pages/: the Markdown pages (the README's results and ladder table, each tag's page,
+  LADDER.md) and plot_results.py's redraw of every chart and page.
+"""
+
+
+def __getattr__(name: str):
+    # being removed: tests/test_attention_kernel.py imports speed_ladder.report.tag_page; once it
+    # imports speed_ladder.report.pages.tag_page, delete this function
+    if name == "tag_page":
+        from speed_ladder.report.pages import tag_page
+
+        return tag_page
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

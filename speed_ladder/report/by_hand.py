@@ -1,10 +1,11 @@
 """Runs started by hand beside a tag's sweep (`results/<tag>/by-hand/*.jsonl`, each with its log):
 not sweep runs, so never rows of its summary, never in a gain chain or a chart; the tag's page
-(tag_page.py) names them in one labelled line under its table."""
+(pages/tag_page.py) names them in one labelled line under its table."""
 
 from pathlib import Path
 
 from speed_ladder.records import read_jsonl
+from speed_ladder.report.rows import short_tps
 
 BY_HAND = "by-hand"
 
@@ -15,11 +16,6 @@ def records(tag_dir: Path) -> list[dict]:
     for path in sorted((Path(tag_dir) / BY_HAND).glob("*.jsonl")):
         out += [r for r in read_jsonl(path) if isinstance(r, dict) and r.get("status") == "ok"]
     return sorted(out, key=lambda r: str(r.get("step")))
-
-
-def short_tps(v: float) -> str:
-    """'412.7K' for 412,662 tok/s; '950' below a thousand."""
-    return f"{v / 1000:.1f}K" if v >= 1000 else f"{v:.0f}"
 
 
 def line(tag_dir: Path) -> str | None:

@@ -5,8 +5,8 @@ the one act that writes results/<tag>/ (a sweep writes only results/local/, whic
    results/local/<tag>/ with a runs.jsonl. A tag brings the other process counts of its hardware
    with it (its `-x1` and `-xN` folders go together: an `-xN` summary's scaling is over the
    `-x1` beside it).
-2. **Checked first.** `python -m speed_ladder check` (check.py) runs on each; a single problem
-   and nothing is published: its lines, then one `error:` line, exit 1.
+2. **Checked first.** `python -m speed_ladder check` (checks/check.py) runs on each; a single
+   problem and nothing is published: its lines, then one `error:` line, exit 1.
 3. **Where.** results/<tag>/, unless a folder there of that hardware holds another machine's
    records (their fingerprint, machine.py; a folder with files but no runs.jsonl counts as
    another's): then results/<hardware>-<6 hex of this machine>-xN, as the sweep names a folder
@@ -32,10 +32,12 @@ from speed_ladder import machine
 from speed_ladder.errors import UserError, is_environment_os_error, os_error_line
 from speed_ladder.files import LOCAL_RESULTS, RESULTS, ROOT, atomic_write_bytes, portable_path
 from speed_ladder.records import jsonl_lines
-from speed_ladder.report import check, redraw
-from speed_ladder.report.peers import PEERS
+from speed_ladder.report.checks import check
+from speed_ladder.report.compare.peers import PEERS
+from speed_ladder.report.pages import redraw
 from speed_ladder.report.summary import find_tags, read_summary
-from speed_ladder.store import RUNS, foreign, load_runs
+from speed_ladder.selection import foreign
+from speed_ladder.store import RUNS, load_runs
 
 _TAG = re.compile(r"(.+)(-x\d+)$")
 

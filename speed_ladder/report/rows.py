@@ -6,6 +6,7 @@ they say the same thing; a step's effect over a rung other than the file before 
 
 import math
 
+from speed_ladder import ladder
 from speed_ladder.records import mfu_problem
 
 
@@ -27,6 +28,11 @@ def text(v) -> str | None:
 
 def speedup_text(s: float) -> str:
     return f"{s:.2f}x" if s < 10 else f"{s:.1f}x"
+
+
+def short_tps(v: float) -> str:
+    """'412.7K' for 412,662 tok/s; '950' below a thousand."""
+    return f"{v / 1000:.1f}K" if v >= 1000 else f"{v:.0f}"
 
 
 def describe(df) -> str:
@@ -59,7 +65,7 @@ def pooled_text(rows: list[dict]) -> str | None:
 
 def mfu_flag(row: dict) -> str | None:
     """Why a summary row's MFU is not to be shown as a number, or None: its `mfu_invalid`, or
-    an `mfu` outside (0, 1] (a summary written before MFU was checked)."""
+    an `mfu` outside (0, 1] (a summary without `mfu_invalid` may hold one)."""
     if row.get("status") != "ok":
         return None
     if isinstance(row.get("mfu_invalid"), str) and row["mfu_invalid"]:
@@ -110,8 +116,6 @@ def effect_text(row: dict, prefix: str = "gain_vs_prev", verdict: str = "verdict
 def effect_cell(row: dict, one_round: bool = True) -> str:
     """effect_text, with 'vs 12: ' first where the step's effect is over another rung than the
     file before it (its `after` in the registry), which a "vs previous step" column would hide."""
-    from speed_ladder import ladder
-
     cell, base = effect_text(row, one_round=one_round), text(row.get("prev_step"))
     steps = list(ladder.rungs())
     skipping = {s.num for s, skip in zip(steps, ladder.skips(steps), strict=True) if skip}

@@ -12,7 +12,7 @@ number outside (0, 100%]: `mfu_invalid` says why) and losses. From the records: 
 Triton's interpreter are `interpreted`, with no tok/s, memory or MFU. `parity` says whether the
 per-step losses keep the previous step's under its rung's rule (parity.py: `ok`, `off`, `not
 comparable`), round with round; `parity_detail` says by how much, against which bound, in which
-rounds. Records without the newer fields leave their cells empty.
+rounds. A record without one of these fields leaves its cell empty.
 """
 
 import math
@@ -27,10 +27,9 @@ from speed_ladder.measure.cpu_load import is_busy
 from speed_ladder.measure.op_categories import CATEGORIES as TIME_CATEGORIES
 from speed_ladder.measure.phases import PHASE_COLUMNS, phase_columns
 from speed_ladder.records import mfu_problem
-from speed_ladder.report.rows import describe, format_table, mfu_flag, number, speedup_text  # noqa: F401
-from speed_ladder.report.validity import marked
-from speed_ladder.spec import config_of
-from speed_ladder.store import matching, ok_since_failure
+from speed_ladder.report.checks.validity import marked
+from speed_ladder.selection import collect, judged_by, used_runs
+from speed_ladder.store import load_runs
 
 SUMMARY = "summary.csv"
 GIB = 2**30
@@ -148,7 +147,7 @@ def _ran(row: dict, runs: list[dict]) -> None:
     """What the runs ran: `attention_kernel` ("flash"; "cudnn/flash" where runs differ) and
     `inactive_rungs`, the earlier rungs of the step's chain whose idea did nothing in them (the
     records' `inactive_rungs`, the step's own left out: that is `step_active`); empty for
-    records without them (older results)."""
+    records without them."""
     kernels = {k for r in runs if isinstance(k := r.get("attention_kernel"), str)}
     rungs = {
         k for r in runs if isinstance(r.get("inactive_rungs"), dict) for k in r["inactive_rungs"]
@@ -159,7 +158,7 @@ def _ran(row: dict, runs: list[dict]) -> None:
 
 def hosts_text(runs: list[dict]) -> str | None:
     """'3fa2c1a9b0c2,77e0...': the real hosts (`sweep.host`) of the runs, sorted; None if none
-    says (a step run by hand, a record from before pooling)."""
+    says (a step run by hand, a record without `sweep.host`)."""
     hosts = {(r.get("sweep") or {}).get("host") for r in runs}
     return ",".join(sorted(h for h in hosts if isinstance(h, str) and h)) or None
 
@@ -215,13 +214,6 @@ def _interpreted(row: dict, oks: list[dict]) -> None:
     row.update(status="interpreted", reason=INTERPRETED)
 
 
-def used_runs(step: Step, runs: list[dict], repeats: int) -> list[dict]:
-    """The runs a row summarizes: the last `repeats` ok ones, when the last run was ok."""
-    if not runs or runs[-1].get("status") != "ok":
-        return []
-    return ok_since_failure(runs)[-repeats:]
-
-
 def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
     row = dict.fromkeys(SUMMARY_COLUMNS)
     row.update(step=step.num, title=step.title, script=step.rel, runs=0, busy_runs=0)
@@ -231,10 +223,10 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
     if runs[-1].get("status") != "ok":
         _failed(row, runs)
     else:
-        _measured(row, used_runs(step, runs, repeats))
-        _interpreted(row, used_runs(step, runs, repeats))
-    _activity(row, used_runs(step, runs, repeats) or runs[-1:])
-    _ran(row, used_runs(step, runs, repeats) or runs[-1:])
+        _measured(row, used_runs(runs, repeats))
+        _interpreted(row, used_runs(runs, repeats))
+    _activity(row, used_runs(runs, repeats) or runs[-1:])
+    _ran(row, used_runs(runs, repeats) or runs[-1:])
     if row.get("mfu_invalid"):
         row["mfu"] = None
     last = runs[-1]
@@ -247,24 +239,6 @@ def _row(step: Step, runs: list[dict], config: dict, repeats: int) -> dict:
     return row
 
 
-def collect(steps, records, configs: dict, shas: dict, repeats: int, machine=None, tag=None):
-    """Per step, its matching runs (this config, script and machine) and the runs a row uses;
-    plus the A/A control runs, by step. An ok record that is impossible or foreign to
-    `tag` (validity.py, against the ladder `steps`) counts as a failed run, status `invalid`:
-    never an ok step."""
-    records = marked(records, tag, steps)
-    runs = {s.num: matching(records, s, configs[s.num], shas[s.num], machine) for s in steps}
-    used = {s.num: used_runs(s, runs[s.num], repeats) for s in steps}
-    used = {k: v for k, v in used.items() if v}
-    control = {}  # each sweep's first step runs twice a round: any step may have them
-    for s in steps:
-        if s.num in used:
-            ctl = matching(records, s, configs[s.num], shas[s.num], machine, True)
-            if ctl := ok_since_failure(ctl)[-repeats:]:
-                control[s.num] = ctl
-    return runs, used, control
-
-
 def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=None,
               single: dict | None = None, nproc: int = 1, tag: str | None = None):  # fmt: skip
     """The tidy table: one row per ladder step, numbers only for steps whose last run was ok.
@@ -275,11 +249,14 @@ def summarize(steps, records, configs: dict, shas: dict, repeats: int, machine=N
 
 def table_and_runs(steps, records, configs: dict, shas: dict, repeats: int, machine=None,
                    single: dict | None = None, nproc: int = 1, tag: str | None = None):  # fmt: skip
-    """(summarize's table, the runs each row used: what a tag of more processes is scaled by),
-    from one pass over the records."""
+    """(summarize's table, the runs each row used: what a tag of more processes is scaled by), from
+    one pass over the records. An ok record that is impossible or foreign to `tag`
+    (checks/validity.py, against the ladder `steps`) counts as a failed run, status `invalid`: never
+    an ok step; then selection.collect takes each row's runs."""
     import pandas as pd
 
-    runs, used, control = collect(steps, records, configs, shas, repeats, machine, tag)
+    records = marked(records, tag, steps)
+    runs, used, control = collect(steps, records, configs, shas, repeats, machine)
     rows = [_row(s, runs[s.num], configs[s.num], repeats) for s in steps]
     base = next((r for r in rows if r["step"] == BASELINE), None)
     base_tps = base["tokens_per_sec_median"] if base and base["status"] == "ok" else None
@@ -301,47 +278,12 @@ def table_and_runs(steps, records, configs: dict, shas: dict, repeats: int, mach
     return df, used
 
 
-def _group(records: list[dict], step: Step):
-    """(config, sha, machine) of a step's last non-control record in a tag, and its rounds."""
-    mine = [r for r in records if r.get("step") == step.num
-            and not (r.get("sweep") or {}).get("control")]  # fmt: skip
-    if not mine:
-        return {}, "", None, 1
-    sw, config = mine[-1].get("sweep") or {}, config_of(mine[-1])
-    same = matching(mine, step, config, sw.get("script_sha256"), sw.get("machine"))
-    rounds = [(r.get("sweep") or {}).get("round") or (r.get("sweep") or {}).get("repeat") or 1
-              for r in same]  # fmt: skip
-    return config, sw.get("script_sha256"), sw.get("machine"), max(rounds, default=1)
-
-
-def settled(records: list[dict], steps: list[Step], configs: dict, shas: dict):
-    """(configs, shas) with, for each step that no record of `configs`/`shas` (a sweep's own:
-    this checkout's script, this run's settings) measured, its last record's instead, as
-    `rebuild` takes them: a sweep of some steps summarizes the others as `check` and
-    `publish` judge them (a step whose file changed since its runs keeps them, with a note)."""
-    configs, shas = dict(configs), dict(shas)
-    for s in steps:
-        mine = [r for r in records if r.get("step") == s.num]
-        if not any((r.get("sweep") or {}).get("script_sha256") == shas.get(s.num) for r in mine):
-            config, sha, _, _ = _group(records, s)
-            if sha:
-                configs[s.num], shas[s.num] = config, sha
-    return configs, shas
-
-
 def rebuild(tag_dir: Path, ladder: list[Step], single: dict | None = None, nproc: int = 1):
     """A tag's summary from its runs.jsonl alone (`plot_results.py --rebuild`, after the
     summary's columns changed): per step, the runs of its last record's configuration, script
     and machine, as many rounds as they hold. Returns (the table, the used runs)."""
-    from speed_ladder.store import load_runs
-
     records = load_runs(tag_dir)
-    groups = {s.num: _group(records, s) for s in ladder}
-    configs = {n: g[0] for n, g in groups.items()}
-    shas = {n: g[1] for n, g in groups.items()}
-    repeats = max((g[3] for g in groups.values()), default=1)
-    machines = {str(g[2]) for g in groups.values() if g[1]}
-    machine = groups[next(n for n, g in groups.items() if g[1])][2] if len(machines) == 1 else None
+    configs, shas, repeats, machine = judged_by(records, ladder)
     tag = Path(tag_dir).name
     return table_and_runs(ladder, records, configs, shas, repeats, machine, single, nproc, tag)
 
@@ -362,7 +304,7 @@ REBUILD = (
 def read_summary(tag_dir: Path):
     """A tag's summary.csv; `step` stays the two-digit string ("00"). One that cannot be read
     as a summary (empty, no `step` column, not CSV, not UTF-8) is a UserError saying how to
-    rebuild it; a column it lacks (an older summary) is empty, a number that is not one NaN."""
+    rebuild it; a column it lacks is empty, a number that is not one NaN."""
     import pandas as pd
 
     path = Path(tag_dir) / SUMMARY

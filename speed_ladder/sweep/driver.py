@@ -2,11 +2,11 @@
 in `results/local/<tag>/` (the tag names the hardware; git ignores results/local/), one sweep per
 tag folder at a time.
 
-- **Committed results are reference data.** A run never writes a folder git tracks (the
-  committed results/<tag>/, or any with --results-dir): that is one error line. It closes with
-  this machine's tok/s beside the committed tag of the same hardware, else the closest
-  (report/committed.py); `python -m speed_ladder publish` (report/publish.py) adds its folder to
-  results/ after `check`.
+- **Committed results are reference data.** A run never writes a folder git tracks (the committed
+  results/<tag>/, or any with --results-dir): that is one error line. It closes with this machine's
+  tok/s beside the committed tag of the same hardware, else the closest
+  (report/compare/committed.py); `python -m speed_ladder publish` (report/publish.py) adds its
+  folder to results/ after `check`.
 
 - **Passes.** Every chosen step runs on one process (distributed steps through torchrun with
   one process) in `<hardware>-x1`; on N GPUs (or with --nproc N) the distributed steps run again
@@ -27,7 +27,7 @@ tag folder at a time.
   (speed_ladder.measure.profile) do not change the configuration, but a profiled sweep counts only
   the latest runs that have a time breakdown, and reruns the others.
 - **Another machine's folder.** A tag folder holding records of another machine (committed
-  results, or records from before fingerprints) is never written: the sweep uses
+  results, or records without a fingerprint) is never written: the sweep uses
   `<hardware>-<6 hex digits of this machine's fingerprint>-xN` instead and says so.
 - **A budget** (`--budget SECONDS`, for a GPU rented by the hour or a batch job's limit): a
   run starts only when its expected duration (preflight.py) fits in what is left (one that does
@@ -60,16 +60,18 @@ from speed_ladder.errors import UserError
 from speed_ladder.files import LOCAL_RESULTS, RESULTS, ROOT, portable_path, shown, tracked
 from speed_ladder.flags import child_argv
 from speed_ladder.ladder import discover, expected_steps, parse_steps, processes_suffix
+from speed_ladder.measure.data import check_text_file
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.device import resolve as resolve_torch_device
 from speed_ladder.measure.gpus import autocast_for
 from speed_ladder.records import file_sha256
-from speed_ladder.report import committed
-from speed_ladder.report import redraw as report
-from speed_ladder.report.rows import pooled_text
-from speed_ladder.report.summary import SUMMARY, format_table
+from speed_ladder.report.compare import committed
+from speed_ladder.report.pages import redraw as report
+from speed_ladder.report.rows import format_table, pooled_text
+from speed_ladder.report.summary import SUMMARY
+from speed_ladder.selection import foreign
 from speed_ladder.spec import RunSpec, resolve_spec, sweep_config
-from speed_ladder.store import RUNS, foreign, load_runs, recover
+from speed_ladder.store import RUNS, load_runs, recover
 from speed_ladder.sweep import preflight
 from speed_ladder.sweep.launch import Lock
 from speed_ladder.sweep.plan import Job, Pass, Plan, summarize
@@ -211,8 +213,6 @@ def _values(args) -> dict:
     """The flags' values, --data and --trace absolute: the steps' command lines (sweep_config
     names the text portably for the records, files.data_id)."""
     if args.data is not None:
-        from speed_ladder.measure.data import check_text_file
-
         check_text_file(args.data)
     data = str(Path(args.data).resolve()) if args.data is not None else None
     values = dict(vars(args), data=data)
@@ -276,7 +276,7 @@ def _draw_charts(tag_dir: Path) -> None:
 
 def _compare(tag_dir: Path, df, hardware: str) -> None:
     """This tag's tok/s beside the committed tag of the same hardware (`hardware`, whatever
-    --tag named the folder), else the closest (report/committed.py); a failure is only a
+    --tag named the folder), else the closest (report/compare/committed.py); a failure is only a
     warning."""
     try:
         print(committed.compare(tag_dir, df, hardware=hardware), flush=True)
@@ -288,12 +288,12 @@ def _compare(tag_dir: Path, df, hardware: str) -> None:
 
 def sweep(args) -> int:
     """Run the plan's rounds, then print each tag's summary, its comparison with the committed
-    results (report/committed.py) and the closing status lines: the runs --budget left, `parity
-    off: step NN (...)` for a chosen step whose losses left the previous step's beyond its rule
-    (speed_ladder/data/ladder.json; summary `parity`, parity.py), and `failed: ...`. Exit code:
-    1 when a step failed, else BUDGET_EXIT (3) when runs were left, else 0; parity is
-    information and never changes it (the run measured what it measured; the tests,
-    tests/test_ladder.py, are where a step's numerics must hold)."""
+    results (report/compare/committed.py) and the closing status lines: the runs --budget left,
+    `parity off: step NN (...)` for a chosen step whose losses left the previous step's beyond its
+    rule (speed_ladder/data/ladder.json; summary `parity`, parity.py), and `failed: ...`. Exit code:
+    1 when a step failed, else BUDGET_EXIT (3) when runs were left, else 0; parity is information
+    and never changes it (the run measured what it measured; the tests, tests/test_ladder.py, are
+    where a step's numerics must hold)."""
     budget = getattr(args, "budget", None)
     deadline = time.monotonic() + budget if budget else None
     p = plan(args)

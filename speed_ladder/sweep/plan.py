@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speed_ladder.ladder import Step
-from speed_ladder.report.summary import settled, table_and_runs, write_summary
+from speed_ladder.report.summary import table_and_runs, write_summary
+from speed_ladder.selection import settled
 from speed_ladder.spec import RunSpec
 from speed_ladder.store import load_runs
 
@@ -58,11 +59,11 @@ class Plan:
 
 
 def summarize(plan: Plan) -> dict[str, object]:
-    """Every pass's summary, written to its summary.csv (the -x1 pass first: the others'
-    scaling efficiency is over its runs). Its folder's name is the tag its records are judged
-    by, as a rebuilt summary's are (report/validity.py): an impossible or foreign ok record is
-    `invalid` here too, never `ok` until a rebuild. A step this sweep did not measure is
-    summarized from its last records, as a rebuild does (summary.settled)."""
+    """Every pass's summary, written to its summary.csv (the -x1 pass first: the others' scaling
+    efficiency is over its runs). Its folder's name is the tag its records are judged by, as a
+    rebuilt summary's are (report/checks/validity.py): an impossible or foreign ok record is
+    `invalid` here too, never `ok` until a rebuild. A step this sweep did not measure is summarized
+    from its last records, as a rebuild does (selection.settled)."""
     out, single = {}, None
     for ps in plan.passes:
         recs, tag = load_runs(ps.tag_dir), Path(ps.tag_dir).name

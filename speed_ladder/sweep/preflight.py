@@ -4,15 +4,14 @@ should take, and what memory each run should need (and whether it fits).
 - **Run length** (`measuring_values`): a preset with a `presets.SWEEP_LENGTH` entry (the GPU
   presets) is run for its warm-up + timed steps instead of its full epochs; --max-steps and
   --warmup-steps override it. A step run by hand keeps the tutorial's full run.
-- **Duration**: per run, the median duration of this tag's earlier ok runs of that step with
-  the same configuration on this machine; without any, those of the committed tag the sweep's
-  closing table compares with (report/committed.py: the same hardware, else the closest) with
-  the same configuration; without those either, a rough model: `ROUGH_RUN_S` seconds a run on
-  the device (what a `cpu`-preset run and a 60-step `gpt2-124m` run take, start-up included),
-  plus, for a step that calls torch.compile, the compile time an earlier run here measured
-  (`compile_seconds`: its record's `compiles.seconds`, that step's or else step 08's), or
-  `COMPILE_S` where none did. The sweep prints the total before it starts and says where each
-  part comes from (`estimate_line`).
+- **Duration**: per run, the median duration of this tag's earlier ok runs of that step with the
+  same configuration on this machine; without any, those of the committed tag the sweep's closing
+  table compares with (report/compare/committed.py: the same hardware, else the closest) with the
+  same configuration; without those either, a rough model: `ROUGH_RUN_S` seconds a run on the device
+  (what a `cpu`-preset run and a 60-step `gpt2-124m` run take, start-up included), plus, for a step
+  that calls torch.compile, the compile time an earlier run here measured (`compile_seconds`: its
+  record's `compiles.seconds`, that step's or else step 08's), or `COMPILE_S` where none did. The
+  sweep prints the total before it starts and says where each part comes from (`estimate_line`).
 - **Memory** (`predict`, `memory_line`): `memory_model.predict_run` for the step and its processes,
   from the sweep's RunSpec (speed_ladder.spec: the batch the step will use after the batch rule,
   bf16 as step 05 decides on this device), printed before each run (the step then does not print it
@@ -30,7 +29,7 @@ from speed_ladder.files import RESULTS, portable_path
 from speed_ladder.ladder import Step
 from speed_ladder.measure import memory_model
 from speed_ladder.presets import PRESETS, SWEEP_LENGTH
-from speed_ladder.report import committed
+from speed_ladder.report.compare import committed
 from speed_ladder.spec import RunSpec, config_of, preset_name
 from speed_ladder.store import load_runs
 

@@ -14,8 +14,9 @@ from speed_ladder.files import shown
 from speed_ladder.measure import cpu_load
 from speed_ladder.measure.profile import profiled_runs
 from speed_ladder.records import append_jsonl, read_jsonl
+from speed_ladder.selection import done_runs, matching
 from speed_ladder.spec import config_of, resolved_config
-from speed_ladder.store import done_runs, load_runs, matching
+from speed_ladder.store import load_runs
 from speed_ladder.sweep import child, preflight
 from speed_ladder.sweep.launch import run_once
 from speed_ladder.sweep.plan import Job, Plan, summarize

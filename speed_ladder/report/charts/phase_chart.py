@@ -4,14 +4,14 @@ backward and optimizer; and the line its page says of the data wait.
 One stacked horizontal bar per step (the order and labels of the tag's other charts), its
 segments the summary's `phase_<name>_ms` columns (the median step's phases, each the median over
 the step's runs: measure/phases.py) in ms, and after the bar the total and the data wait's share.
-Drawn only where some step has phases (every run records them; records from before have none);
+Drawn only where some step has phases (every run records them; a record may have none);
 a step without them gets a label saying why, never a bar.
 """
 
 from pathlib import Path
 
 from speed_ladder.measure.phases import PHASE_MS, PHASES
-from speed_ladder.report.chart_style import (
+from speed_ladder.report.charts.chart_style import (
     is_ok,
     label_after,
     layout,
@@ -20,7 +20,8 @@ from speed_ladder.report.chart_style import (
     save,
     step_bars_frame,
 )
-from speed_ladder.report.summary import describe, number, read_summary
+from speed_ladder.report.rows import describe, number
+from speed_ladder.report.summary import read_summary
 
 PHASE_CHART = "phases.png"
 COLORS = {"data": "#ff7f0e", "forward": "#1f77b4", "backward": "#2ca02c", "optimizer": "#9467bd"}
@@ -29,7 +30,8 @@ LABELS = {"data": "data wait (loader, copy to the device)", "forward": "forward 
 
 
 def phases_of(row: dict) -> dict | None:
-    """A summary row's ms per phase; None when the step has none (not ok, or older records)."""
+    """A summary row's ms per phase; None when the step has none (not ok, or records without
+    phases)."""
     if not is_ok(row):
         return None
     ms = {p: number(row.get(c)) for p, c in zip(PHASES, PHASE_MS, strict=True)}

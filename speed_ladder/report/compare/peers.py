@@ -4,7 +4,7 @@ model (TAG_DIR/runs.jsonl, the sweep's), as a ratio of tok/s.
 
     python tools/peer_compare.py TAG_DIR   # this module's comparison, printed
 
-A tag's page (tag_page.py) shows the same lines where the tag holds a peer.jsonl.
+A tag's page (report/pages/tag_page.py) shows the same lines where the tag holds a peer.jsonl.
 
 The rungs, from the registry (speed_ladder/data/ladder.json): the peer as published trains bf16
 weights with the preset's dropout, so it stands beside the first rung with bf16 working weights
@@ -127,7 +127,7 @@ def compare(tag_dir: Path, steps=None) -> tuple[list[str], str]:
 
 
 def page_section(tag_dir: Path) -> list[str]:
-    """A tag page's lines on its peer (tag_page.py): the comparison, or [] without one."""
+    """A tag page's lines on its peer (pages/tag_page.py): the comparison, or [] without one."""
     try:
         lines, _ = compare(tag_dir)
     except (OSError, ValueError):

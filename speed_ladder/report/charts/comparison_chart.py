@@ -2,23 +2,23 @@
 results/gpu_vs_a100.png, the same for the 1-process GPU tags alone, the README's chart
 (headless: matplotlib's Agg).
 
-Per step, each tag's speedup over its own step 00 (tok/s of the step / tok/s of that tag's step
-00; an N-process tag, which holds the distributed steps only, over its 1-process tag's step 00
-on the same machine) beside the published reference's speedup over its step 00 (its single-GPU
-rows, reference.py's), on a log axis with 1x at step 00. An inactive step is a hatched, pale bar
-labelled "inactive here: <why>" (wrapped, never cut: the bars make room); a step that failed,
-ran interpreted or did not run is a label at 1x, never a bar. The chart is written atomically,
-as every chart (chart_style.save).
+Per step, each tag's speedup over its own step 00 (tok/s of the step / tok/s of that tag's step 00;
+an N-process tag, which holds the distributed steps only, over its 1-process tag's step 00 on the
+same machine) beside the published reference's speedup over its step 00 (its single-GPU rows,
+compare/reference.py's), on a log axis with 1x at step 00. An inactive step is a hatched, pale bar
+labelled "inactive here: <why>" (wrapped, never cut: the bars make room); a step that failed, ran
+interpreted or did not run is a label at 1x, never a bar. The chart is written atomically, as every
+chart (chart_style.save).
 """
 
 import re
 from pathlib import Path
 
 from speed_ladder.ladder import BASELINE, tag_processes
-from speed_ladder.report import chart_style
-from speed_ladder.report.reference import REF_LABEL, resolve_reference, single_gpu
-from speed_ladder.report.rows import inactive
-from speed_ladder.report.summary import number, read_summary, speedup_text
+from speed_ladder.report.charts import chart_style
+from speed_ladder.report.compare.reference import REF_LABEL, resolve_reference, single_gpu
+from speed_ladder.report.rows import inactive, number, speedup_text
+from speed_ladder.report.summary import read_summary
 
 COMPARISON = "comparison.png"
 GPU_CHART = "gpu_vs_a100.png"  # the README's chart: the GPU ladders beside the published A100's

@@ -16,9 +16,9 @@ Exit 0 without problems, 1 with some, 2 on bad input (no such folder, no runs.js
    clone's history of the file: no version matching it is a problem. Whether an unknown commit
    is foreign cannot be told from the clone alone (a contributor's unpushed commit looks the
    same), so a sha is a problem as foreign only where a committed record's `corrections` names
-   it so (`known_foreign`; the H200 tag's ffc5486c, another repository's HEAD). Since issue 29 a
-   record's git_sha is null, with `git_sha_reason`, where the project's root is not the top of
-   its git repository. A `corrections` entry (field, was, now, why) is a note; one whose field
+   it so (`known_foreign`; the H200 tag's ffc5486c, another repository's HEAD). A record's
+   git_sha is null, with `git_sha_reason`, where the project's root is not the top of its git
+   repository. A `corrections` entry (field, was, now, why) is a note; one whose field
    does not hold `now`, without a why, or a corrected git_sha this clone lacks is a problem
    (a corrected sha in the clone has its script checked as above).
 3. ok records that cannot be right or are foreign to the tag (validity.py), one line per
@@ -69,7 +69,7 @@ from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.files import RESULTS, ROOT
 from speed_ladder.report.by_hand import BY_HAND
-from speed_ladder.report.record_checks import (
+from speed_ladder.report.checks.record_checks import (
     Git,
     Report,
     check_arithmetic,
@@ -82,8 +82,8 @@ from speed_ladder.report.record_checks import (
     read_records,
     who,
 )
-from speed_ladder.report.summary_checks import check_claims, check_summary, rebuilt
-from speed_ladder.report.validity import impossible
+from speed_ladder.report.checks.summary_checks import check_claims, check_summary, rebuilt
+from speed_ladder.report.checks.validity import impossible
 from speed_ladder.store import RUNS
 
 

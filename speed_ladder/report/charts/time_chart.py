@@ -11,8 +11,16 @@ gets a label saying why, never a bar.
 from pathlib import Path
 
 from speed_ladder.measure.op_categories import CATEGORIES, LABELS
-from speed_ladder.report.chart_style import is_ok, layout, no_value, pyplot, save, step_bars_frame
-from speed_ladder.report.summary import TIME_COLUMNS, describe, number, read_summary
+from speed_ladder.report.charts.chart_style import (
+    is_ok,
+    layout,
+    no_value,
+    pyplot,
+    save,
+    step_bars_frame,
+)
+from speed_ladder.report.rows import describe, number
+from speed_ladder.report.summary import TIME_COLUMNS, read_summary
 
 TIME_CHART = "time_breakdown.png"
 COLORS = {

@@ -9,12 +9,12 @@ effect cell and in a line under the table, and a line says how to read the inter
 rounds. A tag of N processes shows the scaling efficiency over its steps' 1-process runs and each
 rank's peak beside the memory model's prediction. A GPU tag's table (its records ran on CUDA) sets
 the published A100 figure of each step beside it, with that step's gain in the published ladder
-(reference.py), and says under the table that those are Raschka's figures, not measured here. A
-row whose records measured another version of its step file than the checkout's (their
-`script_sha256` against the file's sha256 today) is marked, with one line under the table. Two
-lines say what ran where it is not what the steps say (chain_notes): the rungs that did nothing
-here under the steps built on them (summary `inactive_rungs`: a step on Liger's fallback ran no
-Liger either), and the steps whose attention kernel is not their rung's (`attention_kernel`)."""
+(compare/reference.py), and says under the table that those are Raschka's figures, not measured
+here. A row whose records measured another version of its step file than the checkout's (their
+`script_sha256` against the file's sha256 today) is marked, with one line under the table. Two lines
+say what ran where it is not what the steps say (chain_notes): the rungs that did nothing here under
+the steps built on them (summary `inactive_rungs`: a step on Liger's fallback ran no Liger either),
+and the steps whose attention kernel is not their rung's (`attention_kernel`)."""
 
 import hashlib
 import os
@@ -25,11 +25,13 @@ from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT, atomic_write_bytes, is_within
 from speed_ladder.ladder import tag_processes
 from speed_ladder.records import read_jsonl
-from speed_ladder.report import by_hand, peers
-from speed_ladder.report.charts import CHARTS
-from speed_ladder.report.gain_chart import GAIN_CHART
-from speed_ladder.report.phase_chart import PHASE_CHART, data_line
-from speed_ladder.report.reference import (
+from speed_ladder.report import by_hand
+from speed_ladder.report.charts.bar_charts import CHARTS
+from speed_ladder.report.charts.gain_chart import GAIN_CHART
+from speed_ladder.report.charts.phase_chart import PHASE_CHART, data_line
+from speed_ladder.report.charts.time_chart import TIME_CHART, has_breakdown
+from speed_ladder.report.compare import peers
+from speed_ladder.report.compare.reference import (
     REFERENCE_CSV,
     is_gpu_tag,
     published_cell,
@@ -52,7 +54,6 @@ from speed_ladder.report.rows import (
     text,
 )
 from speed_ladder.report.summary import read_summary
-from speed_ladder.report.time_chart import TIME_CHART, has_breakdown
 from speed_ladder.store import RUNS
 
 PAGE = "README.md"  # in the tag's folder

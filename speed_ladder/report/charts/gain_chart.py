@@ -7,7 +7,7 @@ hatched and labelled "inactive here"; a step without a result says why, at 0."""
 
 from pathlib import Path
 
-from speed_ladder.report.chart_style import (
+from speed_ladder.report.charts.chart_style import (
     FAIL_COLOR,
     MISSING_COLOR,
     label_after,
@@ -18,8 +18,8 @@ from speed_ladder.report.chart_style import (
     step_label,
     wrap,
 )
-from speed_ladder.report.rows import busy_text, inactive, number, text
-from speed_ladder.report.summary import describe, read_summary
+from speed_ladder.report.rows import busy_text, describe, inactive, number, text
+from speed_ladder.report.summary import read_summary
 
 GAIN_CHART = "gain_vs_prev.png"
 GOOD, BAD, SAME, ONE = "#2ca02c", "#d62728", "#9e9e9e", "#6baed6"

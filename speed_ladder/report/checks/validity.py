@@ -2,9 +2,10 @@
 impossible (its numbers contradict each other or the hardware) or foreign (another machine's,
 preset's or process count's than its tag says). `python -m speed_ladder check` names each
 reason in a line; every summary built for a tag folder shows such a record's step as `invalid`
-with the first reason, never as `ok` (summary.collect): the one the sweep writes after its runs
-(sweep/plan.py's `summarize`, against the ladder it ran) and the one rebuilt from runs.jsonl
-(`plot_results.py --rebuild`, `publish`, and `check`, which compares it with summary.csv).
+with the first reason, never as `ok` (summary.table_and_runs): the one the sweep writes after
+its runs (sweep/plan.py's `summarize`, against the ladder it ran) and the one rebuilt from
+runs.jsonl (`plot_results.py --rebuild`, `publish`, and `check`, which compares it with
+summary.csv).
 
 A committed tag names the hardware that made its records (`misnamed`): that rule is `check`'s,
 and so `publish`'s, which checks a folder before it goes into results/. A sweep's folder is

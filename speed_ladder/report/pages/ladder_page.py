@@ -21,8 +21,14 @@ from pathlib import Path
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import ROOT, atomic_write_bytes
 from speed_ladder.ladder import BASELINE, DIFFS, Step, discover, skips, tag_processes
-from speed_ladder.report.ladder_table import STEPS_DOC, diff_command
-from speed_ladder.report.reference import is_gpu_tag, metric_switch, published, read_reference
+from speed_ladder.report.charts.time_chart import TIME_CHART
+from speed_ladder.report.compare.reference import (
+    is_gpu_tag,
+    metric_switch,
+    published,
+    read_reference,
+)
+from speed_ladder.report.pages.ladder_table import STEPS_DOC, diff_command
 from speed_ladder.report.rows import (
     busy_text,
     effect_text,
@@ -32,7 +38,6 @@ from speed_ladder.report.rows import (
     percent_text,
 )
 from speed_ladder.report.summary import read_summary
-from speed_ladder.report.time_chart import TIME_CHART
 
 PAGE = "LADDER.md"
 MAX_LINES = 40  # of a step's change; the rest is in its diff

@@ -1,18 +1,17 @@
 """README.md's results, written between `<!-- results:begin -->` and `<!-- results:end -->` (the
 rest of the README untouched): each 1-process GPU ladder beside the published single-A100 ladder
-(reference.py), as a headline ratio (step 00 to the best step, on each side, from the summaries)
-and a table, with results/gpu_vs_a100.png (comparison_chart.py); then one line per results tag
-(hardware, preset, best tok/s) linking its own page, results/<tag>/README.md (tag_page.py), where
-its full table, notes and charts are."""
+(compare/reference.py), as a headline ratio (step 00 to the best step, on each side, from the
+summaries) and a table, with results/gpu_vs_a100.png (charts/comparison_chart.py); then one line per
+results tag (hardware, preset, best tok/s) linking its own page, results/<tag>/README.md
+(tag_page.py), where its full table, notes and charts are."""
 
 import sys
 from pathlib import Path
 
 from speed_ladder.files import ROOT, atomic_write_bytes
 from speed_ladder.ladder import BASELINE, tag_processes
-from speed_ladder.report.by_hand import short_tps
-from speed_ladder.report.comparison_chart import COMPARISON, GPU_CHART
-from speed_ladder.report.reference import (
+from speed_ladder.report.charts.comparison_chart import COMPARISON, GPU_CHART
+from speed_ladder.report.compare.reference import (
     REFERENCE_CSV,
     gpu_ladders,
     metric_switch,
@@ -20,9 +19,7 @@ from speed_ladder.report.reference import (
     read_reference,
     single_gpu,
 )
-from speed_ladder.report.rows import effect_cell, number, speedup_text, text
-from speed_ladder.report.summary import read_summary
-from speed_ladder.report.tag_page import (
+from speed_ladder.report.pages.tag_page import (
     EARLIER_NOTE,
     PAGE,
     cell,
@@ -31,6 +28,8 @@ from speed_ladder.report.tag_page import (
     method_note,
     titled,
 )
+from speed_ladder.report.rows import effect_cell, number, short_tps, speedup_text, text
+from speed_ladder.report.summary import read_summary
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 GENERATED = (

@@ -1,7 +1,7 @@
-"""What every chart of the report shares (charts.py, comparison_chart.py, gain_chart.py,
-time_chart.py): the colors, the title width, the step labels, the label of a step without a
-value, an inactive step's note, the layout that keeps every label inside the figure, and the
-atomic save. Headless: matplotlib's Agg backend.
+"""What every chart of the report shares (bar_charts.py, comparison_chart.py, gain_chart.py,
+time_chart.py, phase_chart.py): the colors, the title width, the step labels, the label of a step
+without a value, an inactive step's note, the layout that keeps every label inside the figure, and
+the atomic save. Headless: matplotlib's Agg backend.
 
 Labels are wrapped or shortened at word boundaries (`textwrap`), never cut mid-word; a label
 placed after its bar widens the axis until it ends inside it (`fit_right`), so no text runs past
@@ -108,8 +108,7 @@ def fit_right(ax, texts, pad: float = 0.01) -> None:
     """Widen `ax`'s x range to the right until every text of `texts` (left-aligned, placed in
     data coordinates or `label_after` them) ends inside the axes. The figure must be laid out
     (tight_layout) first. Neither a text's width in pixels nor the axes' changes with the
-    range, so one pass settles it (the loop of three that drew the figure between passes never
-    widened twice: the same charts, byte for byte)."""
+    range, so one pass settles it."""
     renderer = ax.figure.canvas.get_renderer()
     x0, x1 = ax.get_xlim()
     width = ax.get_window_extent(renderer).width
@@ -141,8 +140,8 @@ def layout(fig, fits=()) -> None:
     """Lay the figure out so that no label leaves it: tight_layout, then each (axes, texts) of
     `fits` widened to hold its texts (`fit_right`), then tight_layout again for the new ticks,
     which can narrow an axes by a few pixels, so each is fitted once more (a wider range moves
-    no label's pixels). Only savefig draws pixels: the layout's draw rasterized every glyph, a
-    third of `plot_results.py`'s time."""
+    no label's pixels). Only savefig draws pixels: `draw_without_rendering` lays the tick labels
+    out without rasterizing a glyph."""
     fig.tight_layout()
     if fits:
         fig.draw_without_rendering()  # the tick labels as they will be drawn

@@ -14,7 +14,7 @@ from pathlib import Path
 from speed_ladder.files import ROOT
 from speed_ladder.measure.cpu_load import is_busy, threshold
 from speed_ladder.records import jsonl_lines
-from speed_ladder.report.validity import foreign, impossible, misnamed
+from speed_ladder.report.checks.validity import foreign, impossible, misnamed
 from speed_ladder.store import RUNS, _snippet, _unparsed, record_problem
 
 _PATH = re.compile(r"(?:^|[\s=:'\"(,])(?:/[\w.-]+/|~/|[A-Za-z]:\\)|/(?:home|root|Users|work|tmp)/")

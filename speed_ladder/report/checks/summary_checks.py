@@ -12,11 +12,12 @@ from pathlib import Path
 
 from speed_ladder import gains, ladder
 from speed_ladder.errors import UserError
-from speed_ladder.report.record_checks import Report
+from speed_ladder.report.checks.record_checks import Report
 from speed_ladder.report.rows import number, text
 from speed_ladder.report.summary import _DIGITS, SUMMARY, read_summary, rebuild
+from speed_ladder.selection import matching, ok_since_failure
 from speed_ladder.spec import config_of
-from speed_ladder.store import RUNS, matching, ok_since_failure
+from speed_ladder.store import RUNS
 
 # the verdicts that claim a change (gains.add_effects): column -> (words, the "up" word, ratio,
 # noise floor)
@@ -68,7 +69,7 @@ def rebuilt(tag_dir: Path, steps, records, rep: Report):
             rep.problem(f"no summary can be rebuilt from {RUNS}: {type(e).__name__}: {e}")
             return None, None, columns
     runs = [r for rs in used.values() for r in rs]
-    if used:  # the control runs of the first step, as summary.collect takes them
+    if used:  # the control runs of the first step, as selection.collect takes them
         first = next(s for s in expected if s.num in used)
         sw = used[first.num][-1].get("sweep") or {}
         ctl = matching([r for _, r in records], first, config_of(used[first.num][-1]),

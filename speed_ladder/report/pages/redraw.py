@@ -13,7 +13,7 @@ profiled (--profile), time_breakdown.png (where each step's time goes) and, wher
 have phases, phases.png (each step's data wait, forward, backward, optimizer); a failed step is a
 "failed (oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here".
 With several tags, results/comparison.png gives every tag's speedup over its own step 00 per
-step beside the reference's (comparison_chart.py), so that ladders of different hardware
+step beside the reference's (charts/comparison_chart.py), so that ladders of different hardware
 compare, and results/gpu_vs_a100.png the same for the 1-process GPU tags alone, the README's
 chart. The published single-A100 figures of the reference ladder (Raschka, LLMs-from-scratch
 ch05/10, results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched
@@ -43,17 +43,17 @@ from speed_ladder.errors import (
     warn,
 )
 from speed_ladder.files import LOCAL_RESULTS, ROOT, is_within, shown
-from speed_ladder.report.charts import CHARTS, plot_tag
-from speed_ladder.report.comparison_chart import plot_comparison, plot_gpu_comparison
-from speed_ladder.report.gain_chart import GAIN_CHART, plot_gains
-from speed_ladder.report.ladder_page import PAGE, write_page
-from speed_ladder.report.phase_chart import plot_phases
-from speed_ladder.report.readme import update_readme
-from speed_ladder.report.reference import gpu_ladders
+from speed_ladder.report.charts.bar_charts import CHARTS, plot_tag
+from speed_ladder.report.charts.comparison_chart import plot_comparison, plot_gpu_comparison
+from speed_ladder.report.charts.gain_chart import GAIN_CHART, plot_gains
+from speed_ladder.report.charts.phase_chart import plot_phases
+from speed_ladder.report.charts.time_chart import plot_time_breakdown
+from speed_ladder.report.compare.reference import gpu_ladders
+from speed_ladder.report.pages.ladder_page import PAGE, write_page
+from speed_ladder.report.pages.readme import update_readme
+from speed_ladder.report.pages.tag_page import PAGE as TAG_PAGE
+from speed_ladder.report.pages.tag_page import write_pages
 from speed_ladder.report.summary import SUMMARY, find_tags, read_summary, rebuild, write_summary
-from speed_ladder.report.tag_page import PAGE as TAG_PAGE
-from speed_ladder.report.tag_page import write_pages
-from speed_ladder.report.time_chart import plot_time_breakdown
 from speed_ladder.store import RUNS
 
 TAG_CHARTS = (*CHARTS, GAIN_CHART)

@@ -6,6 +6,9 @@ from pathlib import Path
 
 from speed_ladder.errors import warn
 from speed_ladder.files import RESULTS
+from speed_ladder.ladder import tag_processes
+from speed_ladder.records import read_jsonl
+from speed_ladder.store import RUNS
 
 REFERENCE_CSV = RESULTS / "reference" / "published_a100_ladder.csv"
 REF_LABEL = "published A100 figures (Raschka), not our measurement"
@@ -46,9 +49,6 @@ def _gpus(hardware) -> int | None:
 def is_gpu_tag(tag_dir: Path) -> bool:
     """Whether a tag's runs ran on CUDA (their records' `device`): only such a tag's table and
     ladder-page lines set the published A100 figures beside its steps."""
-    from speed_ladder.records import read_jsonl
-    from speed_ladder.store import RUNS
-
     return any(isinstance(r, dict) and r.get("device") == "cuda"
                for r in read_jsonl(Path(tag_dir) / RUNS))  # fmt: skip
 
@@ -56,8 +56,6 @@ def is_gpu_tag(tag_dir: Path) -> bool:
 def gpu_ladders(tag_dirs) -> list[Path]:
     """The 1-process tags that ran on CUDA: the ladders the README sets beside the published
     single-A100 ladder."""
-    from speed_ladder.ladder import tag_processes
-
     return [Path(t) for t in tag_dirs if tag_processes(Path(t).name) == 1 and is_gpu_tag(t)]
 
 

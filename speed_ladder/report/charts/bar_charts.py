@@ -11,14 +11,14 @@ layout every chart shares, chart_style.py's. Each chart is written atomically: a
 or failed save leaves the previous one, never half a PNG. The published single-A100 figures of
 the reference ladder (Raschka, LLMs-from-scratch ch05/10,
 results/reference/published_a100_ladder.csv) are drawn in their own grey, hatched panel,
-labelled as such: they are not this project's measurements (reference.py reads them).
+labelled as such: they are not this project's measurements (compare/reference.py reads them).
 Every tag side by side, results/comparison.png, is comparison_chart.py's.
 """
 
 from pathlib import Path
 
 from speed_ladder.ladder import BASELINE
-from speed_ladder.report.chart_style import (
+from speed_ladder.report.charts.chart_style import (
     FAIL_COLOR,
     INACTIVE_COLOR,
     OURS_COLOR,
@@ -36,9 +36,9 @@ from speed_ladder.report.chart_style import (
     step_label,
     wrap,
 )
-from speed_ladder.report.reference import REF_LABEL, resolve_reference
-from speed_ladder.report.rows import busy_text, inactive
-from speed_ladder.report.summary import describe, mfu_flag, number, read_summary, speedup_text
+from speed_ladder.report.compare.reference import REF_LABEL, resolve_reference
+from speed_ladder.report.rows import busy_text, describe, inactive, mfu_flag, number, speedup_text
+from speed_ladder.report.summary import read_summary
 
 CHARTS = ("tokens_per_sec.png", "peak_memory.png", "mfu.png")
 REF_NOTE = (
