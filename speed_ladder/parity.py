@@ -48,25 +48,6 @@ from speed_ladder.presets import PRESETS
 MANIFEST = Path(__file__).parent / "data" / "loss_parity.json"
 
 
-def regime(device) -> str:
-    """The regime this process computed in (see the module docstring): `fp32`, `tf32`, `bf16`,
-    `fp16`, with `-compiled` when torch.compile compiled a graph here."""
-    import torch
-
-    # imported here: precision imports torch, and the report reads parity without torch
-    from speed_ladder.measure.precision import decided
-
-    if decided(device.type) in ("bf16", "fp16"):  # step 05's autocast
-        base = decided(device.type)
-    elif device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
-        major = torch.cuda.get_device_properties(device).major
-        base = "tf32" if major >= 8 else "fp32"
-    else:
-        base = "fp32"
-    compiled = ((compiles() or {}).get("graphs") or 0) > 0
-    return base + ("-compiled" if compiled else "")
-
-
 def compiles() -> dict | None:
     """What torch.compile compiled in this process, from dynamo's own bookkeeping: `graphs` (FX
     graphs: a recompile adds one), `frames` (Python frames traced and compiled, a recompile

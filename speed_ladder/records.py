@@ -38,7 +38,7 @@ FIELDS = [
     "interpreted",  # true: Triton's interpreter ran step 12's kernel on a CPU: numerics only
     "regime",  # the numbers it computed with: fp32, tf32, bf16, +compiled (speed_ladder.parity)
     "compiles",  # torch.compile: {graphs, frames, seconds}, null when eager (speed_ladder.parity)
-    "batch_rule",  # null, or how the batch was lowered to fit this GPU (spec.fit_batch)
+    "batch_rule",  # null, or how the batch was lowered to fit this GPU (measure/settings.fit_batch)
     "gpu_idle_share",  # the timed window's share with no kernel running (measure/gpu_idle.py)
     "gpu_idle_ms_per_step",
     "gpu_idle_source",  # how it was measured, or why it is null

@@ -19,8 +19,8 @@ from test_ladder import MAX_STEPS, REGIME, WARMUP, epoch_text
 from speed_ladder import ladder, parity
 from speed_ladder.measure import memory_model as mm
 from speed_ladder.measure.inactive import batch_not_split
+from speed_ladder.measure.settings import resolve_spec
 from speed_ladder.presets import PRESETS, micro_batches
-from speed_ladder.spec import resolve_spec
 
 ACCUM = ladder.first(lambda r: r.memory.accumulation != "none")
 BASE = ladder.rung(ACCUM.after)

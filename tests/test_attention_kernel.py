@@ -12,9 +12,10 @@ from conftest import ROOT, VERDICT, load_script, records, run_script
 from torch.nn.attention import SDPBackend
 
 from speed_ladder.measure import attention_kernel as ak
-from speed_ladder.measure import inactive
+from speed_ladder.measure import inactive, sdpa_dispatch
 from speed_ladder.measure.run import Run
-from speed_ladder.report import summary, tag_page
+from speed_ladder.report import summary
+from speed_ladder.report.pages import tag_page
 
 CPU = torch.device("cpu")
 TINY = {"vocab_size": 512, "context_length": 16, "emb_dim": 32, "n_heads": 2, "n_layers": 2,
@@ -151,7 +152,7 @@ class _Profiled:
 def _watched(step, names, before, why=None, monkeypatch=None):
     """A run of `step` whose last warm-up step ran `names`; `before`: the kernel torch's own
     order chooses for the training call; `why`: why cuDNN cannot take it (None: it can)."""
-    monkeypatch.setattr(ak, "dispatcher_choice", lambda *a: before)
+    monkeypatch.setattr(sdpa_dispatch, "dispatcher_choice", lambda *a: before)
     monkeypatch.setattr(inactive, "cudnn_attention_unavailable", lambda *a: why)
     run = _Run(step)
     run.attention.prof, run.attention.watched = _Profiled(names), 2

@@ -108,7 +108,7 @@ def test_the_peak_table_resolves_this_gpu():
 
 @pytest.mark.timeout(30)
 def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
-    from speed_ladder.spec import fit_batch
+    from speed_ladder.measure.settings import fit_batch
 
     total, amp = dev.gpu_memory(GPU)
     rule = fit_batch("gpt2-124m", PRESETS["gpt2-124m"], total, amp)
@@ -221,7 +221,7 @@ def test_records_say_which_attention_kernel_steps_07_and_17_ran(tmp_path):
     puts cuDNN first on this GPU: then the record says cudnn, not flash), and step 17's is cuDNN
     where cuDNN takes the call; step 17 is active only where step 07's kernel was not cuDNN
     already."""
-    from speed_ladder.measure.attention_kernel import dispatcher_choice
+    from speed_ladder.measure.sdpa_dispatch import dispatcher_choice
 
     bf16 = dev.bf16_is_fast(GPU)[0]
     tiny = ["--preset", "tiny", "--max-steps", 3, "--warmup-steps", 1]

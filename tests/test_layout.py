@@ -26,26 +26,7 @@ MODULES = sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
 LAYERS = ("core", "measure", "report", "sweep")
 
 # (importer, imported) pairs the rules below would refuse
-ALLOWED = {
-    # being removed: the attention_order -> attention_kernel -> inactive cycle, the inactive
-    # checks' move, and the function-local imports of measure/run.py (files rewritten elsewhere)
-    ("speed_ladder.attention_order", "speed_ladder.measure.attention_kernel"),
-    ("speed_ladder.attention_order", "speed_ladder.measure.inactive"),
-    ("speed_ladder.measure.inactive", "speed_ladder.measure.attention_kernel"),
-    ("speed_ladder.measure.inactive", "speed_ladder.attention_order"),
-    ("speed_ladder.fused_loss", "speed_ladder.measure.inactive"),
-    ("speed_ladder.fused_loss", "speed_ladder.measure.precision"),
-    ("speed_ladder.measure.run", "speed_ladder.fused_loss"),
-    ("speed_ladder.measure.run", "speed_ladder.measure.rank_memory"),
-    # being removed: speed_ladder.report.tag_page for tests/test_attention_kernel.py's import
-    ("speed_ladder.report", "speed_ladder.report.pages.tag_page"),
-    # being removed: core asking measure where the names are fixed by files rewritten elsewhere:
-    # spec.fit_batch (tests/test_gpu_sim.py) predicts with measure/memory_model.py (imported from
-    # there by measure/rank_memory.py and the tests); parity.regime (measure/run.py,
-    # tests/test_gpu_sim.py) reads measure/precision.py's decision (imported inside it: torch)
-    ("speed_ladder.spec", "speed_ladder.measure.memory_model"),
-    ("speed_ladder.parity", "speed_ladder.measure.precision"),
-}
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def dotted(path: Path) -> str:

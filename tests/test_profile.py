@@ -24,8 +24,9 @@ from speed_ladder.errors import UserError
 from speed_ladder.ladder import step_of
 from speed_ladder.measure import breakdown, matmul_peak, op_categories, profile
 from speed_ladder.measure.run import Run
+from speed_ladder.measure.settings import resolve_spec
 from speed_ladder.presets import PRESETS
-from speed_ladder.spec import KEY_FIELDS, resolve_spec, sweep_config
+from speed_ladder.spec import KEY_FIELDS, sweep_config
 
 # the tiny preset's model with a small vocabulary: steps of milliseconds
 MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")

@@ -642,7 +642,7 @@ def test_an_out_of_memory_on_another_rank_is_oom(tmp_path, capsys):
 
 def test_preflight_run_length_duration_and_memory(monkeypatch):
     from speed_ladder.measure import memory_model
-    from speed_ladder.spec import resolve_spec
+    from speed_ladder.measure.settings import resolve_spec
     from speed_ladder.sweep import preflight
 
     ladder = {s.num: s for s in discover(ROOT)}
@@ -783,7 +783,8 @@ def test_a_record_of_the_sweeps_flags_is_matched_as_its_step_resolved_them():
     """sweep.config is the RunSpec's (spec.sweep_config); a record made without one holds the
     flags the sweep passed (`preset: null`, `device: auto`), read as the step resolved them, so
     a sweep's earlier runs stay up to date (results/cpu-amd-epyc-f25-m17-bf16-2c-x1)."""
-    from speed_ladder.spec import config_of, resolve_spec, sweep_config
+    from speed_ladder.measure.settings import resolve_spec
+    from speed_ladder.spec import config_of, sweep_config
 
     flags = {"device": "auto", "preset": None, "max_steps": None, "warmup_steps": None,
              "data": None, "seed": 123}  # fmt: skip

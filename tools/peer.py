@@ -55,9 +55,10 @@ from speed_ladder.measure import cpu_load  # noqa: E402
 from speed_ladder.measure import device as dev  # noqa: E402
 from speed_ladder.measure.clock import StepClock  # noqa: E402
 from speed_ladder.measure.data import TIKTOKEN_NAMES, stage_bpe  # noqa: E402
+from speed_ladder.measure.settings import resolve_spec  # noqa: E402
 from speed_ladder.presets import PRESETS  # noqa: E402
 from speed_ladder.records import append_jsonl, file_sha256, git_state, read_jsonl  # noqa: E402
-from speed_ladder.spec import preset_name, resolve_spec  # noqa: E402
+from speed_ladder.spec import preset_name  # noqa: E402
 from speed_ladder.sweep.preflight import measuring_values  # noqa: E402
 
 NAME = "01_opt_single_gpu.py"

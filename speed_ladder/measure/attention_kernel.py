@@ -27,10 +27,11 @@ import torch
 
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
-from speed_ladder.measure import inactive, precision
+from speed_ladder.measure import precision
 from speed_ladder.measure.breakdown import PAUSED_RANGE
 from speed_ladder.measure.inactive import asked
 from speed_ladder.measure.profile import quiet_native_stderr
+from speed_ladder.measure.sdpa_dispatch import dispatcher_choice
 
 # the aten op that says which kernel SDPA dispatched to
 OPS = {
@@ -42,10 +43,6 @@ OPS = {
     "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
     "aten::_scaled_dot_product_attention_math": "math",
 }
-FUSED = ("flash", "efficient", "cudnn", "mps", "overrideable")  # no (B, H, T, T) scores
-# torch.nn.attention.SDPBackend's names, as the dispatcher answers
-BACKENDS = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
-            "CUDNN_ATTENTION": "cudnn", "MATH": "math", "OVERRIDEABLE": "overrideable"}  # fmt: skip
 DECOMPOSED = "no SDPA op ran: the compiled graph computes attention as matmuls and a softmax"
 
 
@@ -61,22 +58,6 @@ def kernel_of(names: list[str]) -> tuple[str | None, str]:
     if ops:
         return "math", ops[0]
     return ("math", DECOMPOSED) if names else (None, "the profiler recorded no op")
-
-
-def dispatcher_choice(device: torch.device, cfg: dict, dtype: torch.dtype) -> str | None:
-    """The kernel torch's dispatcher chooses for the training call (its shape, dtype, dropout
-    and layout: inactive._attention_probe) under the settings in force now, or None where
-    torch cannot say (torch._fused_sdp_choice missing, or MPS)."""
-    if device.type not in ("cpu", "cuda"):
-        return None
-    try:
-        from torch.nn.attention import SDPBackend
-
-        q, _, _, drop = inactive._attention_probe(device, cfg, dtype)
-        choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
-        return BACKENDS.get(SDPBackend(choice).name)
-    except Exception:  # noqa: BLE001 - an older or newer torch without this probe
-        return None
 
 
 def _attention_of(step: str) -> str | None:

@@ -253,7 +253,7 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
 
 def gpu_memory(device: torch.device) -> tuple[int, str] | None:
     """(total memory in bytes, step 05's autocast there: bf16, fp16 or fp32) of a CUDA device,
-    for the batch rule (spec.fit_batch); None on other devices."""
+    for the batch rule (measure/settings.fit_batch); None on other devices."""
     if device.type != "cuda":
         return None
     props = torch.cuda.get_device_properties(device)

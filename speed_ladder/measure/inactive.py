@@ -19,7 +19,7 @@ import torch
 
 from speed_ladder import ladder
 from speed_ladder.errors import UserError
-from speed_ladder.measure import precision
+from speed_ladder.measure import precision, sdpa_dispatch
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.presets import micro_batches
 
@@ -54,19 +54,9 @@ def pinned_memory_useless(device: torch.device) -> str | None:
     return f"pinned memory speeds host-to-GPU copies: no effect on {device.type}"
 
 
-def _attention_probe(device: torch.device, cfg: dict, dtype: torch.dtype):
-    """What a check asks torch about: the training call's q (= k = v) for one sequence, laid out
-    as the model lays it out ((B, T, H, Q) transposed to (B, H, T, Q)) and requiring grad, in
-    autocast's `dtype`; that dtype, the head size and the dropout."""
-    heads, head = cfg["n_heads"], cfg["emb_dim"] // cfg["n_heads"]
-    x = torch.zeros(1, cfg["context_length"], heads, head, device=device, dtype=dtype)
-    x.requires_grad_(True)
-    return x.transpose(1, 2), dtype, head, float(cfg.get("drop_rate") or 0.0)
-
-
 def _math_why(device: torch.device, cfg: dict, dtype: torch.dtype) -> str:
     """Why torch has no fused attention kernel for the training call here, in a few words."""
-    _, dtype, head, drop = _attention_probe(device, cfg, dtype)
+    _, dtype, head, drop = sdpa_dispatch.attention_probe(device, cfg, dtype)
     if drop > 0:
         return f"dropout {drop:g} > 0 has no fused kernel on {device.type}"
     return f"no fused kernel for {dtype} and head size {head} here"
@@ -79,9 +69,9 @@ def sdpa_math_only(device: torch.device, cfg: dict, dtype: torch.dtype) -> str |
     call's shape, dtype and dropout. On a CPU, a dropout above 0 is the usual cause: the CPU
     flash kernel's checks refuse it ("Both fused kernels do not support non-zero dropout", aten
     sdp_utils_cpp.h). What the dispatcher would choose; step 07's check is what ran."""
-    from speed_ladder.measure.attention_kernel import dispatcher_choice  # it imports this module
-
-    if dispatcher_choice(device, cfg, dtype) != "math":  # None on MPS, or where torch can't say
+    if (
+        sdpa_dispatch.dispatcher_choice(device, cfg, dtype) != "math"
+    ):  # None on MPS, or where torch can't say
         return None
     why = _math_why(device, cfg, dtype)
     return f"scaled_dot_product_attention runs the math path ({why}): no flash attention"
@@ -93,9 +83,7 @@ def sdpa_math_ran(
     """Step 07: why scaled_dot_product_attention gave nothing over hand-written attention in
     this run, judged on the kernel its training call ran (measure/attention_kernel.py), or None
     where a fused kernel ran (flash, efficient, cuDNN; MPS's own)."""
-    from speed_ladder.measure.attention_kernel import FUSED
-
-    if attention_kernel in FUSED:
+    if attention_kernel in sdpa_dispatch.FUSED:
         return None
     if attention_kernel != "math":
         return f"the attention kernel that ran is {attention_kernel}: no fused kernel seen"
@@ -225,7 +213,7 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, dtype: torch.dt
     from torch.nn.attention import SDPBackend
 
     try:
-        q, dtype, head, drop = _attention_probe(device, cfg, dtype)
+        q, dtype, head, drop = sdpa_dispatch.attention_probe(device, cfg, dtype)
         with warnings.catch_warnings(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             warnings.simplefilter("ignore")  # the refusal's reasons, printed as warnings
             choice = torch._fused_sdp_choice(q, q, q, dropout_p=drop, is_causal=True)
@@ -261,13 +249,11 @@ def cudnn_attention_no_change(
     between steps, where the step's `sdpa_kernel` order is not in force: the dispatcher then
     answers with torch's own order. Where that is cuDNN already (recent PyTorch on Hopper with a
     new enough cuDNN), step 16 ran cuDNN too."""
-    from speed_ladder.measure.attention_kernel import dispatcher_choice  # it imports this module
-
     if attention_kernel != "cudnn":
         why = cudnn_attention_unavailable(device, cfg, dtype)
         why = f" ({why})" if why else ": SDPA did not take cuDNN, though it came first"
         return f"{attention_kernel} attention ran, not cuDNN's{why}"
-    if dispatcher_choice(device, cfg, dtype) == "cudnn":
+    if sdpa_dispatch.dispatcher_choice(device, cfg, dtype) == "cudnn":
         return (
             "cuDNN attention was already torch's choice for the training call (its own order "
             "puts cuDNN first here): step 16 ran it too"

@@ -36,6 +36,7 @@ import torch
 from speed_ladder.autocast_env import AMP_ENV, BF16_ENV, amp_forced, bf16_forced
 from speed_ladder.measure import device as dev
 from speed_ladder.measure import gpus
+from speed_ladder.parity import compiles
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # what choice() answered per device type, and the variables it read: the record's regime
@@ -85,7 +86,7 @@ def choice(device: torch.device) -> tuple[str, str]:
 
 def decided(device_type: str) -> str | None:
     """What choice() last answered for this device type in this process (a step's autocast:
-    the record's regime, parity.regime); None when nothing asked, or when $SPEED_LADDER_AMP or
+    the record's regime, `regime`); None when nothing asked, or when $SPEED_LADDER_AMP or
     $SPEED_LADDER_BF16 changed since."""
     memo = _DECIDED.get(device_type)
     return memo[1] if memo is not None and memo[0] == _env() else None
@@ -95,3 +96,17 @@ def mixed_precision(device: torch.device) -> MixedPrecision:
     """Step 05's call, once, before the model is built: the autocast dtype (fp16: the step's
     loss scaler on)."""
     return MixedPrecision(*choice(device))
+
+
+def regime(device: torch.device) -> str:
+    """The numeric regime this process computed in (speed_ladder/parity.py's module doc):
+    `fp32`, `tf32`, `bf16`, `fp16`, with `-compiled` when torch.compile compiled a graph here."""
+    if decided(device.type) in ("bf16", "fp16"):  # step 05's autocast
+        base = decided(device.type)
+    elif device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
+        major = torch.cuda.get_device_properties(device).major
+        base = "tf32" if major >= 8 else "fp32"
+    else:
+        base = "fp32"
+    compiled = ((compiles() or {}).get("graphs") or 0) > 0
+    return base + ("-compiled" if compiled else "")

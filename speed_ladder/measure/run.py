@@ -23,7 +23,6 @@ matmul_peak.py).
 
 import datetime as dt
 import json
-import math
 import os
 import statistics
 import sys
@@ -33,9 +32,8 @@ from pathlib import Path
 
 import torch
 
-from speed_ladder import machine, parity
 from speed_ladder.errors import UserError, on_failure, os_error_why
-from speed_ladder.files import ROOT, check_cache_dir, portable_path
+from speed_ladder.files import check_cache_dir
 from speed_ladder.measure import attention_kernel, cpu_load, profile
 from speed_ladder.measure import device as dev
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
@@ -47,12 +45,13 @@ from speed_ladder.measure.inactive import (
     LIGER_INTERPRETED,
     LIGER_RAN,
     asked,
-    interpreted,
     triton_interpreted,
 )
+from speed_ladder.measure.rank_memory import announce
+from speed_ladder.measure.run_record import base_record, mfu_of
+from speed_ladder.measure.settings import resolve_spec
 from speed_ladder.outputs import check_file
-from speed_ladder.records import FIELDS, append_jsonl, file_sha256, git_state, mfu_problem
-from speed_ladder.spec import resolve_spec
+from speed_ladder.records import FIELDS, append_jsonl
 
 # The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
 MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
@@ -164,9 +163,6 @@ class Run:
         accum = self.settings["accum_steps"]  # step 18's micro-batches, where they split the batch
         for step, reason, acted in asked(self.step, self.device, cfg, drop, batch_size, accum):
             self.inactive(step, reason, acted)
-        # lazy: rank_memory imports memory_model, which `python -m ...memory_model` runs as __main__
-        from speed_ladder.measure.rank_memory import announce
-
         self.memory_prediction = announce(self, model)
         emb = {
             id(p)
@@ -303,38 +299,6 @@ class Run:
         return d.get_world_size() if d else 1
 
     # ------------------------------------------------------------ the record
-    def _base_record(self, status: str) -> dict:
-        cuda = self.device.type == "cuda"
-        return {
-            "step": self.step,
-            "script": portable_path(self.script),
-            "status": status,
-            "device": self.device.type,
-            "device_name": dev.name(self.device),
-            "world_size": self._world(),
-            "preset": self.preset_name,
-            "batch_size": self.batch_size,
-            "context_length": (self.cfg or {}).get("context_length"),
-            "torch_version": torch.__version__,
-            "cuda_version": torch.version.cuda if cuda else None,
-            **git_state(ROOT),  # git_sha, git_sha_reason
-            "script_sha256": file_sha256(self.script),
-            "started_at": self.started_at,
-            "duration_s": round(time.time() - self.t_begin, 2),
-            "notes": self.notes,
-            "machine": machine.of_device(self.device),
-            "step_active": self.inactive_reason is None,
-            "inactive_reason": self.inactive_reason,
-            "inactive_rungs": self.inactive_rungs,  # every rung of its chain that did nothing here
-            "attention_kernel": self.attention.kernel,  # flash, efficient, cudnn, math; or none
-            "interpreted": interpreted(self.notes),  # Liger through Triton's interpreter
-            "regime": parity.regime(self.device),  # fp32, tf32, bf16 (+ -compiled): parity.py
-            "compiles": parity.compiles(),  # torch.compile's graphs, frames, seconds; or None
-            "batch_rule": self.settings["batch_rule"],
-            "spec": self.spec.record(),  # the one configuration (speed_ladder.spec)
-            **self.memory_prediction,
-        }
-
     def finish(self, train_loss: float | None, val_loss: float | None) -> dict:
         """Reduce across ranks, print the summary and append the record (rank 0)."""
         if self.profiler is not None:
@@ -373,20 +337,8 @@ class Run:
         )
         tps = m.tokens / m.step_time
         world = self._world()
-        mfu = None
-        if self.peak:
-            mfu = tps * self.flops_per_token / (self.peak * world)
-        self.note(f"MFU over {self.peak_source}")
-        mfu_invalid = None
-        why = mfu_problem(mfu)
-        if why is not None:  # never a number: e.g. a CPU peak measured on a busy machine
-            value = mfu if isinstance(mfu, (int, float)) and math.isfinite(mfu) else str(mfu)
-            mfu_invalid, mfu = {"value": value, "reason": why}, None
-            again = ""
-            if self.device.type != "cuda":
-                again = "; delete matmul_peak.json in the cache folder to measure it again"
-            self.note(f"{why}: MFU left empty{again}")
-        rec = self._base_record("ok")
+        mfu, mfu_invalid = mfu_of(tps, self, world)
+        rec = base_record(self, "ok", world)
         rec.update(
             tokens_per_sec=round(tps, 1),
             step_time_ms=round(m.step_time * 1000, 3),
@@ -438,7 +390,7 @@ class Run:
 
     def write_failure(self, status: str, reason: str) -> None:
         try:
-            rec = self._base_record(status)
+            rec = base_record(self, status, self._world())
             rec["reason"] = reason
             self._write(rec)
         except Exception as e:  # never hide the original error behind this one

@@ -12,13 +12,3 @@ checked tag added to results/, its charts and pages redrawn).
 - pages/: the Markdown pages (the README's results and ladder table, each tag's page,
   LADDER.md) and plot_results.py's redraw of every chart and page.
 """
-
-
-def __getattr__(name: str):
-    # being removed: tests/test_attention_kernel.py imports speed_ladder.report.tag_page; once it
-    # imports speed_ladder.report.pages.tag_page, delete this function
-    if name == "tag_page":
-        from speed_ladder.report.pages import tag_page
-
-        return tag_page
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -64,13 +64,14 @@ from speed_ladder.measure.data import check_text_file
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.device import resolve as resolve_torch_device
 from speed_ladder.measure.gpus import autocast_for
+from speed_ladder.measure.settings import resolve_spec
 from speed_ladder.records import file_sha256
 from speed_ladder.report.compare import committed
 from speed_ladder.report.pages import redraw as report
 from speed_ladder.report.rows import format_table, pooled_text
 from speed_ladder.report.summary import SUMMARY
 from speed_ladder.selection import foreign
-from speed_ladder.spec import RunSpec, resolve_spec, sweep_config
+from speed_ladder.spec import RunSpec, sweep_config
 from speed_ladder.store import RUNS, load_runs, recover
 from speed_ladder.sweep import preflight
 from speed_ladder.sweep.launch import Lock
