@@ -85,7 +85,7 @@ def resolved_config(config, machine) -> dict:
         return config
     out = dict(config, device=device, preset=name)
     for key in ("max_steps", "warmup_steps"):
-        if out.get(key) is None:
+        if out.get(key) is None and not (key == "max_steps" and out.get("to_loss")):
             out[key] = PRESETS[name][key]
     return out
 

@@ -3,6 +3,7 @@ that reaches its target, one that spends its token budget first, bad values, and
 validation tokens on every rung whatever its batch."""
 
 import argparse
+import statistics
 
 import pytest
 from conftest import VERDICT, py, records
@@ -117,3 +118,39 @@ def test_the_curve_leaves_evaluation_out_of_the_training_clock(monkeypatch):
     assert c.done() and c.points == [[4, 2.0, 3.0], [8, 97.0, 0.5]]
     fields = c.fields(median_step_s=1.0, warmup_steps=1)
     assert fields["to_loss"]["time_s"] == 97.0 - 2.0 + 1.0 and fields["warmup_s"] == 2.0
+
+
+def test_the_sweep_measures_time_to_target_and_the_spread_of_two_seeds(
+    tmp_path, capsys, monkeypatch
+):
+    """`python -m speed_ladder run --to-loss` on tiny, steps 00 and 01: its own tag folder
+    (<hardware>-to-loss-x1), step 00 run again with the next seed (the A/A control, on by
+    default here), to_loss.csv with each rung against its base beside the seeds' spread, the
+    two charts, and a rerun that finds everything done."""
+    from conftest import sweep_here
+
+    from speed_ladder.report import to_loss
+
+    monkeypatch.setenv("SPEED_LADDER_BF16", "0")
+    args = ["--to-loss", "--preset", "tiny", "--device", "cpu", "--steps", "00,01",
+            "--data", VERDICT, "--warmup-steps", 2, "--results-dir", tmp_path]  # fmt: skip
+    code, out, err = sweep_here(capsys, *args)
+    assert code == 0, err
+    (tag_dir,) = tmp_path.iterdir()
+    assert tag_dir.name.endswith("-to-loss-x1")
+    recs = records(tag_dir / "runs.jsonl")
+    seeds = [(r["step"], r["spec"]["seed"], bool(r["sweep"].get("control"))) for r in recs]
+    assert seeds == [("00", 123, False), ("00", 124, True), ("01", 123, False)]
+    assert all(r["to_loss"]["reached"] for r in recs)
+    rows = {r["step"]: r for r in to_loss.read(tag_dir)}
+    assert set(rows) == {"00", "01"} and rows["01"]["after"] == "00"
+    times = [r["to_loss"]["time_s"] for r in recs if r["step"] == "00"]
+    spread = (max(times) - min(times)) / statistics.median(times)
+    assert rows["00"]["noise"] == pytest.approx(spread, abs=1e-4)
+    assert rows["00"]["seeds"] == 2 and rows["01"]["verdict"] in ("sooner", "later",
+                                                                    "within noise")  # fmt: skip
+    assert rows["01"]["tokens_ratio"] == 1.0  # step 01 computes step 00's losses exactly
+    assert "time to loss 9 (" in out and "noise: the seeds' spread of step 00" in out
+    assert (tag_dir / "loss_curves.png").is_file() and (tag_dir / "time_to_target.png").is_file()
+    code, out, _ = sweep_here(capsys, *args)
+    assert code == 0 and len(records(tag_dir / "runs.jsonl")) == 3  # up to date: nothing ran

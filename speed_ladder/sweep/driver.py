@@ -66,6 +66,7 @@ from speed_ladder.measure.device import resolve as resolve_torch_device
 from speed_ladder.measure.gpus import autocast_for
 from speed_ladder.measure.settings import resolve_spec
 from speed_ladder.records import file_sha256
+from speed_ladder.report import to_loss
 from speed_ladder.report.compare import committed
 from speed_ladder.report.pages import redraw as report
 from speed_ladder.report.rows import format_table, pooled_text
@@ -79,6 +80,7 @@ from speed_ladder.sweep.plan import Job, Pass, Plan, summarize
 from speed_ladder.sweep.rounds import labels, run_rounds
 
 BUDGET_EXIT = 3  # --budget ended the sweep with runs left, none failed: rerun to resume
+TO_LOSS_SUFFIX = "-to-loss"  # a --to-loss sweep's tag: <hardware>-to-loss-xN
 
 
 # ---------------------------------------------------------------- hardware
@@ -232,7 +234,8 @@ def plan(args) -> Plan:
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.tag):
         raise UserError(f"--tag {args.tag!r}: use letters, digits, '.', '_' and '-'")
     hardware = tag_base(device_type)
-    base = re.sub(r"-x\d+$", "", args.tag) if args.tag else hardware
+    mode = TO_LOSS_SUFFIX if args.to_loss is not None else ""  # its own folder: other records
+    base = re.sub(r"-x\d+$", "", args.tag) if args.tag else hardware + mode
     fp = this_machine(device_type)
     nprocs = [1] + ([nproc] if nproc > 1 and any(s.distributed for s in selected) else [])
     base = choose_base(Path(args.results_dir), base, nprocs, fp, args.tag is not None)
@@ -248,7 +251,8 @@ def plan(args) -> Plan:
         chosen = [s for s in selected if s in held]
         hw = hardware + processes_suffix(n)
         passes.append(Pass(tag, tag_dir, n, held, chosen, configs, shas, hw))
-    control = args.control if args.control is not None else args.repeats > 1
+    # the A/A control: on from 2 rounds, and always for time to loss (its second seed)
+    control = args.control if args.control is not None else args.repeats > 1 or bool(mode)
     p = Plan(passes, child_argv(values), args.repeats, fp, spec, control, capacity(device_type))
     p.committed = None if args.ladder_dir else RESULTS  # they measured this checkout's ladder
     for i, ps in enumerate(passes):
@@ -320,9 +324,15 @@ def sweep(args) -> int:
         pooled = pooled_text(df.to_dict("records"))
         if pooled:
             print(pooled, flush=True)
+        if p.spec.settings["to_loss"] is not None:  # the times to the target, not tok/s alone
+            path = to_loss.write(ps.tag_dir, ps.ladder)
+            if path is not None:
+                print(f"\ntime to loss {p.spec.settings['to_loss']['target']:g} ({shown(path)}):")
+                print(to_loss.format_rows(to_loss.read(ps.tag_dir)), flush=True)
         if not args.no_plots:
             _draw_charts(ps.tag_dir)
-        _compare(ps.tag_dir, df, ps.hardware)
+        if p.spec.settings["to_loss"] is None:
+            _compare(ps.tag_dir, df, ps.hardware)
         chosen = {s.num for s in ps.steps}
         failed += [
             f"step {r['step']} ({r['status']}{', ' + ps.tag if len(p.passes) > 1 else ''})"

@@ -127,9 +127,22 @@ def _run_job(p: Plan, job: Job, rnd: int, timeout: float, keep_timeout: bool = T
         "machine": p.machine,
         "host": machine.real_host_id(),  # the real one, also where machine.py pools hosts
     }
+    flags = p.flags
     if job.control:
         meta["control"] = True
-    return run_once(job.step, p.flags, meta, ps.tag_dir, timeout, keep_timeout, cut_before)
+        if p.spec.settings["to_loss"] is not None:  # time to loss: the spread of seeds is its noise
+            meta["control_seed"] = p.spec.seed + 1
+            flags = reseeded(p.flags, meta["control_seed"])
+    return run_once(job.step, flags, meta, ps.tag_dir, timeout, keep_timeout, cut_before)
+
+
+def reseeded(flags: list[str], seed: int) -> list[str]:
+    """A step's argv with its --seed replaced by `seed` (added where it has none)."""
+    out = list(flags)
+    if "--seed" in out:
+        out[out.index("--seed") + 1] = str(seed)
+        return out
+    return [*out, "--seed", str(seed)]
 
 
 def _report(rec: dict) -> None:

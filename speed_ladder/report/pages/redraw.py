@@ -10,7 +10,8 @@ Per tag folder: tokens_per_sec.png (bars labelled with the speedup over step 00,
 bars), peak_memory.png (peak reserved GiB), mfu.png (MFU %), gain_vs_prev.png (each step's
 own effect over the previous step, with its interval and verdict) and, when some step was
 profiled (--profile), time_breakdown.png (where each step's time goes) and, where its records
-have phases, phases.png (each step's data wait, forward, backward, optimizer); a failed step is a
+have phases, phases.png (each step's data wait, forward, backward, optimizer); a time-to-loss tag
+(--to-loss) also loss_curves.png and time_to_target.png (charts/loss_chart.py); a failed step is a
 "failed (oom)" label at zero, never a bar, and an inactive step a hatched bar, "inactive here".
 With several tags, results/comparison.png gives every tag's speedup over its own step 00 per
 step beside the reference's (charts/comparison_chart.py), so that ladders of different hardware
@@ -46,6 +47,7 @@ from speed_ladder.files import LOCAL_RESULTS, ROOT, is_within, shown
 from speed_ladder.report.charts.bar_charts import CHARTS, plot_tag
 from speed_ladder.report.charts.comparison_chart import plot_comparison, plot_gpu_comparison
 from speed_ladder.report.charts.gain_chart import GAIN_CHART, plot_gains
+from speed_ladder.report.charts.loss_chart import plot_to_loss
 from speed_ladder.report.charts.phase_chart import plot_phases
 from speed_ladder.report.charts.time_chart import plot_time_breakdown
 from speed_ladder.report.compare.reference import gpu_ladders
@@ -65,10 +67,17 @@ def draw_charts(tag_dirs, all_tags=None) -> list[Path]:
     results/gpu_vs_a100.png of their 1-process GPU tags; returns the files written."""
     tag_dirs = [Path(t) for t in tag_dirs]
     all_tags = tag_dirs if all_tags is None else list(all_tags)
+    steps = ladder.rungs()
     written = [
         path
         for t in tag_dirs
-        for path in [*plot_tag(t), plot_gains(t), *plot_time_breakdown(t), *plot_phases(t)]
+        for path in [
+            *plot_tag(t),
+            plot_gains(t),
+            *plot_time_breakdown(t),
+            *plot_phases(t),
+            *plot_to_loss(t, steps),
+        ]  # fmt: skip
     ]
     readable = []
     for t in all_tags:  # another tag's broken summary costs the comparison that tag only

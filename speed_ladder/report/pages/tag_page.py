@@ -38,6 +38,7 @@ from speed_ladder.report.compare.reference import (
     published_note,
     read_reference,
 )
+from speed_ladder.report.pages import to_loss_section
 from speed_ladder.report.rows import (
     busy_text,
     describe,
@@ -378,7 +379,8 @@ def page_markdown(tag_dir: Path, root: Path = ROOT) -> str:
     )
     body = tag_markdown(tag_dir, tag_dir, root, heading="#")
     head, rest = body.split("\n", 1)
-    parts = [head, "", intro, "", GENERATED, rest, *peers.page_section(tag_dir)]
+    parts = [head, "", intro, "", GENERATED, rest, *peers.page_section(tag_dir),
+             *to_loss_section.lines(tag_dir)]  # fmt: skip
     if ref is not None:
         parts.append(
             "The grey hatched panels of the charts are Raschka's published A100 figures "
