@@ -32,7 +32,7 @@ STEP = "10"
 
 # ---------------------------------------------------------------- model
 class MultiHeadAttention(nn.Module):
-    """Causal self-attention, written out: scores, mask, softmax, dropout, weighted sum."""
+    """Causal self-attention through scaled_dot_product_attention (step 07): one fused kernel."""
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()

@@ -3,8 +3,9 @@
 `gpt2-124m` is the reference config of the published ladder (GPT-2 small, Radford et al. 2019;
 Raschka, LLMs-from-scratch ch05/10). `cpu` keeps GPT-2's shape of work on a 2-core CPU: the
 50257-way output layer is a third of the matmul FLOPs, not most of them (see `flop_split`).
-`tiny` is for tests: seconds per run, and dropout 0 so that the loss-parity tests compare
-deterministic numbers.
+`cpu-small` (6 layers of 256 on 128-token windows) times every rung to a target loss on a
+2-core CPU within 20 minutes (`--to-loss`: TO_LOSS). `tiny` is for tests: seconds per run, and
+dropout 0 so that the loss-parity tests compare deterministic numbers.
 
 `gpt2-medium`, `gpt2-large` and `gpt2-xl` are the rest of the GPT-2 family, for step 14 (FSDP2) and
 the memory model (`speed_ladder.measure.memory_model`): shapes from the GPT-2 paper (Radford et al.
@@ -94,6 +95,27 @@ PRESETS = {
         "eval_iters": 2,
         "sample_tokens": 20,
     },
+    # time to a target loss on a CPU (--to-loss): the whole ladder on 2 cores within 20 minutes
+    # (TO_LOSS's reasons); 6 layers of 256 on 128-token windows, a tenth of cpu's FLOPs per token
+    "cpu-small": {
+        "context_length": 128,
+        "emb_dim": 256,
+        "n_heads": 4,
+        "n_layers": 6,
+        "drop_rate": 0.1,
+        "qkv_bias": False,
+        "batch_size": 4,
+        "large_batch_size": 8,
+        "accum_steps": 2,
+        "lr": 1e-3,  # a small model's rate (nanoGPT's for its small configs), cpu's 5e-4 x 2
+        "weight_decay": 0.1,
+        "epochs": 1,
+        "max_steps": 10,
+        "warmup_steps": 2,
+        "eval_freq": 0,
+        "eval_iters": 2,
+        "sample_tokens": 20,
+    },
     "tiny": {
         "context_length": 32,
         "emb_dim": 64,
@@ -112,8 +134,44 @@ PRESETS = {
         "eval_freq": 0,
         "eval_iters": 1,
         "sample_tokens": 5,
-        "to_loss": {"target": 9.0, "budget_tokens": 8192, "eval_tokens": 512, "val_tokens": 256},
     },
+}
+
+# --to-loss per preset (measure/curve.py, speed_ladder/measure/settings.py): the target validation
+# loss a bare --to-loss trains to, the token budget after which a run stops "not reached", how
+# often it evaluates and on how many validation tokens, each with its reason. A preset not named
+# here has none: --to-loss names a preset that has.
+TO_LOSS = {
+    "cpu-small": {
+        "target": 6.5,
+        "budget_tokens": 65536,
+        "eval_tokens": 2048,
+        "val_tokens": 1024,
+        "why": "Middlemarch, step 00 alone on an AMD EPYC (Zen 4, 2 cores): its validation loss "
+        "crossed 7.0 at about 8K tokens (the unigram plateau, reached by step count more than by "
+        "data) and 6.5 at 22K tokens in 32 s, still falling (5.9 at 41K, a tenth of an epoch: "
+        "far from overfitting); step 16 (batch 8) crossed 6.5 at 27K tokens. The budget is "
+        "about 3x that; evaluating every 2048 tokens on 1024 validation tokens costs about a "
+        "second each at step 00.",
+    },  # fmt: skip
+    "gpt2-124m": {
+        "target": 6.0,
+        "budget_tokens": 2_097_152,
+        "eval_tokens": 65536,
+        "val_tokens": 65536,
+        "why": "not yet measured as a curve: the H200 run (results/nvidia-h200-x1) evaluated "
+        "once, at its end: step 00 reached 5.30 after 516K tokens (63 steps of 8 x 1024) and "
+        "step 10 5.49 after 2.06M (63 steps of 32 x 1024, train loss 5.02: the text starts to "
+        "be learned by heart), so 6.0 lies well above both, and the budget is step 10's run.",
+    },  # fmt: skip
+    "tiny": {
+        "target": 9.0,
+        "budget_tokens": 8192,
+        "eval_tokens": 512,
+        "val_tokens": 256,
+        "why": "the tests' text (The Verdict): step 00 crosses 9.0 at about 6.6K tokens, in "
+        "seconds",
+    },  # fmt: skip
 }
 
 GPT2_VOCAB = 50257

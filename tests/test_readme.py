@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 from test_docs import relative_links
 
+from speed_ladder.ladder import rungs
 from speed_ladder.report.compare.reference import read_reference, single_gpu
 from speed_ladder.report.pages import readme, tag_page
 from speed_ladder.report.summary import find_tags, read_summary
@@ -29,14 +30,25 @@ def _results(text: str) -> str:
 
 
 def test_the_readme_is_at_most_200_lines_and_opens_on_the_gpu_ladder():
+    """Its first screen (30 lines): what the ladder is, the GPU headline beside the published
+    A100 ladder (generated), the CPU-only torch hint, then the two commands."""
     text = _text()
     assert len(text.splitlines()) <= 200
-    order = ["## Quick start", "<!-- ladder:begin", "## Results", "On one **NVIDIA H200**",
+    first = "\n".join(text.splitlines()[:30])
+    headline = first.split(readme.HEAD_BEGIN)[1].split(readme.HEAD_END)[0]
+    assert headline == "\n" + readme.headline_markdown(TAGS) + "\n"
+    assert "On one **NVIDIA H200**" in headline and "Raschka's published A100 ladder" in headline
+    commands = [ln for ln in first.splitlines() if ln.startswith("pip install")]
+    assert commands[0].startswith("pip install -e . && python -m speed_ladder run")
+    assert commands[1].startswith('pip install -e ".[test]" && python -m pytest')
+    assert first.index("download.pytorch.org/whl/cpu") < first.index(commands[0])
+    order = ["## Quick start", "<!-- ladder:begin", "## Results", "### On a GPU",
              "### Every results tag", "## Learn it step by step", "## How we measure"]  # fmt: skip
     at = [text.index(s) for s in order]
     assert at == sorted(at), order
-    commands = [ln for ln in text.splitlines() if ln.startswith("pip install")]
-    assert commands[0].startswith("pip install -e . && python -m speed_ladder run")
+    last = [r.rel for r in rungs()][-1]
+    learn = text.split("## Learn it step by step")[1].split("## ")[0]
+    assert f"python {last}" in learn  # every rung, up to the last
 
 
 def test_the_readme_results_are_generated():

@@ -189,7 +189,7 @@ assert "*after step 12* (not the file before it)" in section.splitlines()[2], se
 assert "[diff against step 12](steps/diffs/NEW.diff)" in section
 assert "`code --diff steps/12_liger_fused_ce.py steps/NEW_dummy.py`" in section
 assert "+DUMMY = True  # step NEW: a harmless line" in section
-assert "| tag | tok/s | vs step 12 | peak memory vs step 12 |" in section
+assert "| tag | tok/s (step 12 → this) | vs step 12 | peak GiB |" in section
 assert "unless its section says *after step NN*" in page
 section14 = page[page.index("## 14 · "):page.index("## 15 · ")]
 assert "*after step" not in section14 and "[diff against step 13](steps/diffs/14.diff)" in section14

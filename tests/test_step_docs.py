@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT
 
 from speed_ladder.ladder import BASELINE, DIFFS, rung, rungs
-from speed_ladder.report.pages import ladder_page
+from speed_ladder.report.pages import ladder_page, tag_page
 from speed_ladder.report.pages.ladder_table import STEPS_DOC, diff_command
 from speed_ladder.report.summary import find_tags, read_summary
 
@@ -132,40 +132,44 @@ def _check_page(page: str):
     assert list(sections) == [r.num for r in rungs()]
     for r in rungs():
         sec = sections[r.num]
+        assert len(sec.splitlines()) <= 45, (r.num, len(sec.splitlines()))  # a step in a minute
         if r.after is not None:
             assert diff_command(r, rung(r.after)) in sec, r.num
             assert f"[diff against step {r.after}]({DIFFS.as_posix()}/{r.num}.diff)" in sec
-            assert "**The change**" in sec and "```diff" in sec, r.num
-            assert "**Why it helps.**" in sec and "**What it costs.**" in sec, r.num
+            for key in ("- **Change.**", "- **Why.**", "- **Cost.**", "- **Source.**", "```diff"):
+                assert key in sec, (r.num, key)
             block = sec.split("```diff")[1].split("```")[0]
             assert f"Step {r.num}" not in block and "More: " not in block, r.num  # no docstring
-        assert "**Measured effect.**" in sec
+            assert all(any(a in ln for ln in block.splitlines()) for a in r.api), r.num
+        assert sec.count("*Published, not measured here*") <= 1, r.num  # Raschka's figure once
+        assert f"[{STEPS_DOC}]({STEPS_DOC}#" in sec, r.num
     assert "is_causal=True" in sections["07"]
     assert "checkpoint(block, x, use_reentrant=False)" in sections["13"]
     assert "torch.compile(model)" in sections["08"]
+    assert "DDP(model" in sections["11"] and "weights.step(optimizer, scaler)" in sections["15"]
     assert "run.inactive(" not in page and 'STEP = "' not in page
     assert "after step 12* (not the file before it)" in sections["15"]
-    # every tag's measured rows: each step a tag ran has its row in the step's section
+    # every tag's measured rows: each step a tag ran has its row in the step's section, marked
+    # where it ran an earlier version of its file
     for tag in find_tags(ROOT / "results"):
-        for row in read_summary(tag).to_dict("records"):
+        rows = read_summary(tag).to_dict("records")
+        earlier = tag_page.earlier_version(tag, rows)
+        for row in rows:
             if (row.get("status") or "not run") != "not run":
-                assert f"| `{tag.name}` |" in sections[row["step"]], (tag.name, row["step"])
+                mark = " †" if row["step"] in earlier else ""
+                assert f"| `{tag.name}`{mark} |" in sections[row["step"]], (tag.name, row["step"])
 
 
 def test_the_ladder_page_shows_each_steps_diff_change_text_and_effect(tmp_path):
     """As generated from this checkout, and as committed (plot_results.py writes it)."""
     page = ladder_page.page_markdown(find_tags(ROOT / "results"), ROOT)
     _check_page(page)
-    assert "[the H200's time breakdown](results/nvidia-h200-x1/time_breakdown.png)" in page
+    assert "[`nvidia-h200-x1`](results/nvidia-h200-x1/time_breakdown.png)" in page
     _check_page((ROOT / "LADDER.md").read_text(encoding="utf-8"))
 
 
-def test_the_ladder_page_relinks_docs_steps_md_and_reads_a_ladder_without_it(tmp_path):
-    text = "See [memory](memory.md#x), [README](../README.md) and [web](https://a.b/c)."
-    assert ladder_page._relink(text, ROOT / STEPS_DOC, ROOT) == (
-        "See [memory](docs/memory.md#x), [README](README.md) and [web](https://a.b/c)."
-    )
+def test_the_ladder_page_reads_a_ladder_without_docs_steps_md(tmp_path):
     assert ladder_page.explanations(tmp_path) == {}
     fixture = ROOT / "tests" / "fixtures" / "ladder_ok"
     page = ladder_page.page_markdown([], tmp_path, root=fixture)
-    assert "**Why it helps.** Not written yet in docs/steps.md." in page
+    assert "Not written yet in docs/steps.md." in page

@@ -10,7 +10,7 @@ from conftest import VERDICT, py, records
 
 from speed_ladder.measure.curve import LossCurve, val_batches
 from speed_ladder.measure.run import Run
-from speed_ladder.presets import PRESETS
+from speed_ladder.presets import TO_LOSS
 
 TINY = ["--device", "cpu", "--preset", "tiny", "--data", VERDICT, "--warmup-steps", 2]
 EAGER = {"TORCH_COMPILE_DISABLE": "1", "SPEED_LADDER_BF16": "0"}
@@ -29,7 +29,7 @@ def test_a_run_stops_at_the_first_evaluation_at_or_below_its_target(tmp_path):
     the training clock, stops at the first evaluation at or below the target, and records the
     tokens and time it took, compiling and warm-up on their own."""
     rec, out = to_loss_run(tmp_path, "--to-loss")
-    preset = PRESETS["tiny"]["to_loss"]
+    preset = TO_LOSS["tiny"]
     t = rec["to_loss"]
     assert t["target"] == preset["target"] and t["budget_tokens"] == preset["budget_tokens"]
     assert t["reached"] is True and t["tokens"] < t["budget_tokens"]
@@ -39,7 +39,10 @@ def test_a_run_stops_at_the_first_evaluation_at_or_below_its_target(tmp_path):
     assert [n % preset["eval_tokens"] < step_tokens for n in tokens] == [True] * len(curve)
     assert list(tokens) == sorted(set(tokens)) and list(train_s) == sorted(train_s)
     assert losses[-1] <= t["target"] < min(losses[:-1])  # stopped at the first one below
-    assert (t["tokens"], t["train_s"]) == (tokens[-1], train_s[-1])
+    # the crossing, linear between the last evaluation above the target and the first below
+    frac = (losses[-2] - t["target"]) / (losses[-2] - losses[-1])
+    assert t["tokens"] == round(tokens[-2] + frac * (tokens[-1] - tokens[-2]))
+    assert t["train_s"] == pytest.approx(train_s[-2] + frac * (train_s[-1] - train_s[-2]), 1e-3)
     assert 0 < rec["warmup_s"] < t["train_s"]
     median_s = rec["step_time_ms"] / 1000
     assert t["time_s"] == pytest.approx(t["train_s"] - rec["warmup_s"] + 2 * median_s, abs=2e-3)
@@ -94,7 +97,7 @@ def test_every_rung_evaluates_on_the_same_validation_tokens(monkeypatch):
                               warmup_steps=None, batch_size=None, accum_steps=None,
                               data=str(VERDICT), results=None, seed=123, to_loss=9.0,
                               token_budget=None, profile=None, trace=None)  # fmt: skip
-    val = PRESETS["tiny"]["to_loss"]["val_tokens"]
+    val = TO_LOSS["tiny"]["val_tokens"]
     batches = {step: Run(args, step, __file__).settings["eval_iters"] for step in ("09", "10")}
     assert batches == {"09": val // (4 * 32), "10": val // (8 * 32)}
     assert val_batches(val, 3, 32) == 3  # a part batch: one more
@@ -117,7 +120,9 @@ def test_the_curve_leaves_evaluation_out_of_the_training_clock(monkeypatch):
     c.add(0.5)  # 95 s of training in all
     assert c.done() and c.points == [[4, 2.0, 3.0], [8, 97.0, 0.5]]
     fields = c.fields(median_step_s=1.0, warmup_steps=1)
-    assert fields["to_loss"]["time_s"] == 97.0 - 2.0 + 1.0 and fields["warmup_s"] == 2.0
+    # loss 1.0 is crossed 80% of the way from the first evaluation to the second
+    assert (fields["to_loss"]["tokens"], fields["to_loss"]["train_s"]) == (round(7.2), 78.0)
+    assert fields["to_loss"]["time_s"] == 78.0 - 2.0 + 1.0 and fields["warmup_s"] == 2.0
 
 
 def test_the_sweep_measures_time_to_target_and_the_spread_of_two_seeds(

@@ -11,8 +11,10 @@ allocator, cuDNN plans), read where the timed window starts (synchronized there 
 With `--to-loss L` a run evaluates every `eval_tokens` tokens (the same token counts on every
 rung, whatever its batch) on the same first `val_tokens` tokens of the validation split (the
 evaluation's batches per rung: `val_batches`), and stops at the first evaluation at or below L,
-or when `budget_tokens` are spent (`reached: false`). Its record's `to_loss` says:
-- `tokens`: tokens trained on up to that evaluation (its resolution: `eval_tokens`);
+or when `budget_tokens` are spent (`reached: false`). Its record's `to_loss` says where the
+validation loss crossed L, read linearly between that evaluation and the one before it (the
+evaluations lie `eval_tokens` apart; the loss bends little over that span):
+- `tokens`: tokens trained on up to the crossing;
 - `train_s`: the training time up to it, warm-up and compiling included;
 - `time_s`: the same with the warm-up steps counted at the run's median step time, so that a
   compiled rung's one-time compile (`warmup_s`, reported on its own) does not hide its speed.
@@ -29,6 +31,16 @@ def val_batches(val_tokens: int, batch: int, context_length: int) -> int:
     return max(1, math.ceil(val_tokens / (batch * context_length)))
 
 
+def crossing(before: list | None, at: list, target: float) -> list:
+    """[tokens, train_s] where the validation loss crossed `target`: linear between the last
+    evaluation above it (`before`) and the first at or below it (`at`), each [tokens, train_s,
+    loss]; `at` itself where nothing came before or it was already below."""
+    if before is None or before[2] <= target:
+        return at[:2]
+    frac = (before[2] - target) / (before[2] - at[2])
+    return [round(b + frac * (a - b), 3) for b, a in zip(before[:2], at[:2], strict=True)]
+
+
 class LossCurve:
     """The training clock, the tokens trained on and the evaluations (see the module doc).
     `to_loss`: the run's `--to-loss` settings ({target, budget_tokens, eval_tokens,
@@ -39,7 +51,7 @@ class LossCurve:
         self.points: list[list] = []  # [tokens, train_s, val_loss]
         self.tokens = 0
         self.warmup_s: float | None = None
-        self.reached: list | None = None  # the first point at or below the target
+        self.reached: list | None = None  # [tokens, train_s] where the loss crossed the target
         self._train_s = 0.0
         self._since: float | None = None  # the clock's last (re)start; None while paused
         self._evaluated_at = 0  # tokens at the last evaluation
@@ -80,10 +92,11 @@ class LossCurve:
         if self.points and self.points[-1][0] == self.tokens:
             return  # the run's final evaluation, right after the last one: the same point
         point = [self.tokens, round(self.train_s(), 3), float(val_loss)]
+        before = self.points[-1] if self.points else None
         self.points.append(point)
         target = self.to_loss and self.to_loss["target"]
         if target and self.reached is None and val_loss <= target:
-            self.reached = point
+            self.reached = crossing(before, point, target)
 
     def done(self) -> bool:
         """--to-loss: the target reached, or the token budget spent."""
@@ -100,9 +113,9 @@ class LossCurve:
         result = dict(self.to_loss, reached=self.reached is not None, tokens=None,
                       train_s=None, time_s=None)  # fmt: skip
         if self.reached is not None:
-            tokens, train_s, _ = self.reached
+            tokens, train_s = self.reached
             steady = warmup_steps * median_step_s if median_step_s else warmup_s
-            result.update(tokens=tokens, train_s=train_s,
+            result.update(tokens=round(tokens), train_s=train_s,
                           time_s=round(train_s - warmup_s + steady, 3))  # fmt: skip
         out["to_loss"] = result
         return out

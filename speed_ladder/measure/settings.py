@@ -24,7 +24,7 @@ from speed_ladder.autocast_env import amp_forced, bf16_forced
 from speed_ladder.errors import UserError
 from speed_ladder.files import data_id
 from speed_ladder.measure import memory_model
-from speed_ladder.presets import GPT2_VOCAB, PRESETS
+from speed_ladder.presets import GPT2_VOCAB, PRESETS, TO_LOSS
 from speed_ladder.spec import RunSpec, preset_name
 
 # speed_ladder.measure.memory_model counts fused ops (Korthikanti et al.): step 00's hand-written
@@ -63,7 +63,7 @@ def resolve_spec(values: dict, device_type: str, gpu: tuple[int, str] | None = N
         if p["batch_rule"] is not None:
             p["batch_size"] = p["batch_rule"]["batch"]
             p["large_batch_size"] = p["batch_rule"]["large_batch"]
-    p["to_loss"] = to_loss_settings(name, p, values.get("to_loss"), values.get("token_budget"))
+    p["to_loss"] = to_loss_settings(name, values.get("to_loss"), values.get("token_budget"))
     if p["to_loss"] is not None:  # the target or the budget ends the run, not a step count
         p["max_steps"] = values.get("max_steps")
         p["epochs"] = values.get("epochs") or TO_LOSS_EPOCHS
@@ -90,21 +90,20 @@ def resolve_spec(values: dict, device_type: str, gpu: tuple[int, str] | None = N
 TO_LOSS_EPOCHS = 10**6  # --to-loss: epochs without end; the target or the token budget stops it
 
 
-def to_loss_settings(name: str, p: dict, target, budget: int | None) -> dict | None:
+def to_loss_settings(name: str, target, budget: int | None) -> dict | None:
     """A --to-loss run's settings (measure/curve.py): the target (`preset`: the preset's
     measured one), the token budget (--token-budget, else the preset's), how often it evaluates
     (`eval_tokens`) and over how many validation tokens (`val_tokens`), from the preset's
-    `to_loss`; None without --to-loss."""
+    (presets.TO_LOSS); None without --to-loss."""
     if target is None:
         if budget is not None:
             raise UserError("--token-budget is for a --to-loss run; add --to-loss L")
         return None
-    measured = p.get("to_loss")
+    measured = TO_LOSS.get(name)
     if measured is None:
         raise UserError(
             f"preset {name} has no measured time-to-loss settings (how often to evaluate, on "
-            "how many tokens): use a preset that has them, e.g. --preset cpu-small or "
-            "--preset gpt2-124m"
+            f"how many tokens): use one that has, --preset {' or --preset '.join(TO_LOSS)}"
         )
     if target == "preset":
         target = measured["target"]

@@ -1,16 +1,14 @@
-"""The ladder page (`LADDER.md`, written by plot_results.py beside the README): for every step, the
-file and the rung it builds on (its `after`: the file before it unless the registry names
-another, and then the section says "after step NN"), its diff (steps/diffs/NN.diff) and the
-`code --diff BASE FILE` command that shows it, the change (the code lines of that diff: the
-docstring's lines and the harness's calls left out), the step at length (its section of
-docs/steps.md: why it helps, what it costs, how it works, its sources), and its measured effect
-on every results tag (its gain over the rung it builds on with the interval and verdict, the
-same for peak memory, its loss parity with that rung: summary `parity`, ok with the largest
-difference and its bound, **off** with the detail, n/c where the rule does not hold on that
-preset; "inactive here" with the reason), then the published reference figure, in its own
-labelled line, and for each GPU tag (its records ran on CUDA) a line setting that figure and its
-step's gain in the published ladder beside the tag's own gain (reference.published). Generated
-from the step files, docs/steps.md and results/<tag>/summary.csv; edits are overwritten."""
+"""The ladder page (`LADDER.md`, written by plot_results.py beside the README): a section per step,
+each a minute's read. Its file and the rung it builds on (its `after`: the file before it unless
+the registry names another, and then the section says "after step NN"), with its diff
+(steps/diffs/NN.diff) and the `code --diff BASE FILE` command; its change, why it helps, what it
+costs and where it comes from, from the step's own docstring; the lines of its diff that show the
+idea (`excerpt`: those that use the API the registry names, then those tagged `# step NN`); one
+table of what it did on each results tag (tok/s and peak GiB before -> after, its gain over its
+base with the interval and verdict, its loss parity, a short status linking the tag's page; a
+row measured with an earlier version of its file marked †); the published reference figure once,
+labelled; and its time to a target loss where a time-to-loss tag measured it. Generated from the
+step files, docs/steps.md's headings and results/<tag>/; edits are overwritten."""
 
 import ast
 import difflib
@@ -21,33 +19,33 @@ from pathlib import Path
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import ROOT, atomic_write_bytes
 from speed_ladder.ladder import BASELINE, DIFFS, Step, discover, skips, tag_processes
+from speed_ladder.report import to_loss
 from speed_ladder.report.charts.time_chart import TIME_CHART
 from speed_ladder.report.compare.reference import (
-    is_gpu_tag,
     metric_switch,
     published,
     read_reference,
 )
 from speed_ladder.report.pages.ladder_table import STEPS_DOC, diff_command
+from speed_ladder.report.pages.tag_page import PAGE as TAG_PAGE
+from speed_ladder.report.pages.tag_page import earlier_version
 from speed_ladder.report.rows import (
     busy_text,
     effect_text,
     inactive,
     number,
-    parity_text,
+    parity_cell,
     percent_text,
 )
 from speed_ladder.report.summary import read_summary
 
 PAGE = "LADDER.md"
-MAX_LINES = 40  # of a step's change; the rest is in its diff
 MEASUREMENT = "docs/measurement.md"  # how the numbers are taken, linked from the page's head
 # A line of a step's diff that is the harness's plumbing, not the step's idea: a bare call of
 # the run or the package (`run.set_model(...)`), or the file's own STEP number. A package call
 # tagged `# step NN` is a step's idea behind one call (step 17's attention order), and stays.
 _HARNESS = re.compile(r"(?:run\.[\w.]+\(|STEP\s*=|speed_ladder\.[\w.]+\((?!.*# step \d))")
 _SECTION = re.compile(r"^## (\d+)\b.*$", re.M)  # a step's heading in docs/steps.md
-_LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -64,20 +62,6 @@ def explanations(root: Path = ROOT) -> dict[str, str]:
     heads = list(_SECTION.finditer(text))
     ends = [h.start() for h in heads[1:]] + [len(text)]
     return {h.group(1): text[h.end() : e].strip() for h, e in zip(heads, ends, strict=True)}
-
-
-def _relink(text: str, src: Path, base: Path) -> str:
-    """`text` (Markdown written in `src`'s folder) with its relative links made relative to
-    `base`, the page's folder."""
-
-    def one(m: re.Match) -> str:
-        url = m.group(1)
-        if re.match(r"[a-z][a-z0-9+.-]*:|#", url):  # http:, mailto:, an anchor
-            return m.group(0)
-        path, mark, anchor = url.partition("#")
-        return f"]({_rel(src.parent / path, base)}{mark}{anchor})"
-
-    return _LINK.sub(one, text)
 
 
 def _code(path: Path) -> tuple[list[str], int]:
@@ -142,46 +126,157 @@ def change(step: Step, prev: Step | None) -> list[str]:
     return out
 
 
-def _measured_row(tag_dir: Path, row: dict) -> str:
-    ok = row.get("status") == "ok"
-    tps = number(row.get("tokens_per_sec_median"))
-    cells = [
-        f"`{tag_dir.name}`",
-        f"{tps:,.0f}" if ok and tps is not None else "–",
-        effect_text(row),
-        effect_text(row, "mem_vs_prev", "mem_verdict"),
-        parity_text(row),
-    ]
-    if tag_processes(tag_dir.name) > 1 and ok:
-        eff = "scaling efficiency " + percent_text(row.get("scaling_efficiency"),
-                                                   row.get("scaling_efficiency_lo"),
-                                                   row.get("scaling_efficiency_hi"))  # fmt: skip
-        cells[2] = eff if cells[2] == "–" else f"{cells[2]}; {eff}"
+FIELDS = ("What", "Change", "Why", "Cost", "Source")  # a step docstring's lines, in order
+EXCERPT = 24  # lines of a step's change shown, its "..." included; the whole is its diff
+
+
+def docstring_fields(path: Path) -> dict[str, str]:
+    """{What/Change/Why/Cost/Source: its text on one line} of a step file's docstring."""
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    out, key = {}, None
+    for line in doc.splitlines()[1:]:
+        head = line.split(":", 1)[0]
+        if head in FIELDS and ":" in line:
+            key = head
+            out[key] = line.split(":", 1)[1].strip()
+        elif not line.strip() or head in ("More", "Run"):
+            key = None
+        elif key is not None:
+            out[key] += " " + line.strip()
+    return out
+
+
+def excerpt(step: Step, lines: list[str], budget: int = EXCERPT) -> list[str]:
+    """The lines of a step's change that show its idea: the hunks that use its API (the
+    registry's `api`; a long one cut to the lines around each use), then those that carry its
+    `step NN` tag, in file order, `...` where lines are left out, within `budget` lines."""
+    hunks, cur = [], None
+    for ln in lines:
+        if ln.startswith("@@"):
+            cur = []
+            hunks.append(cur)
+        elif cur is not None:
+            cur.append(ln)
+    names = [a.rstrip("(") for a in step.api]  # its import too
+    uses = lambda ln: any(a in ln[1:].split("  #")[0] for a in names)  # noqa: E731
+    tag = f"step {step.num}"
+    chosen: dict[int, list[str]] = {}
+    left = budget
+    for want in (uses, lambda ln: tag in ln):
+        for i, h in enumerate(hunks):
+            if i in chosen or not any(want(ln) for ln in h):
+                continue
+            part = h
+            if len(h) > left:  # each use's statement alone
+                near = {k for j, ln in enumerate(h) if want(ln) for k in _statement(h, j)}
+                part = [ln for j, ln in enumerate(h) if j in near]
+            if len(part) + 1 <= left:  # with its "..." line
+                chosen[i], left = part, left - len(part) - 1
+    out = []
+    for i in sorted(chosen):
+        if out or i > 0:
+            out.append("  ...")
+        out += chosen[i]
+    if out and max(chosen) < len(hunks) - 1:
+        out.append("  ...")
+    return out
+
+
+def _statement(hunk: list[str], j: int) -> range:
+    """The lines of the statement that diff line `j` is in: the comment lines right above it,
+    back over the lines it continues (an open bracket, a trailing comma), on to where its
+    brackets close, and the block it opens (a line ending in `:`); a comment line's statement
+    is the one it comments."""
+    code = lambda k: hunk[k][1:].split("  #")[0].rstrip()  # noqa: E731
+    comment = lambda k: hunk[k][1:].lstrip().startswith("#")  # noqa: E731
+    indent = lambda k: len(hunk[k][1:]) - len(hunk[k][1:].lstrip())  # noqa: E731
+    while comment(j) and j + 1 < len(hunk):
+        j += 1
+    start = j
+    while start > 0 and (code(start - 1).endswith(("(", "[", "{", ",")) or comment(start - 1)):
+        start -= 1
+    end, depth = j, 0
+    for k in range(start, len(hunk)):
+        depth += sum(code(k).count(c) for c in "([{") - sum(code(k).count(c) for c in ")]}")
+        end = k
+        if k >= j and depth <= 0:
+            break
+    if code(end).endswith(":"):  # the block it opens
+        while end + 1 < len(hunk) and code(end + 1) and indent(end + 1) > indent(j):
+            end += 1
+    return range(start, end + 1)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _row_of(df, num: str | None) -> dict | None:
+    if num is None:
+        return None
+    rows = [r for r in df.to_dict("records") if r["step"] == num]
+    return rows[0] if rows else None
+
+
+def _before_after(before: dict | None, after: dict, key: str, fmt) -> str:
+    """'37,128 -> 73,580' (the base rung's figure, then this rung's), or this one alone."""
+    now = number(after.get(key)) if after.get("status") == "ok" else None
+    if now is None:
+        return "–"
+    was = number(before.get(key)) if before and before.get("status") == "ok" else None
+    return f"{fmt(was)} → {fmt(now)}" if was is not None else fmt(now)
+
+
+def _linked(cell: str, word: str, page: str) -> str:
+    """`cell`, linked to the tag's page where it is `word` (the detail is there)."""
+    return f"[{cell}]({page})" if cell == word else cell
+
+
+def _status(row: dict, page: str) -> str:
+    """The verdict in a few words, the detail on the tag's page."""
     status = row.get("status") or "not run"
-    if not ok and row.get("reason"):
-        status += ": " + str(row["reason"])[:80]
-    for mark in (inactive(row) if ok else None, busy_text(row)):
-        if mark:
-            status += f"; {mark}"
-    cells.append(status)
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    if status != "ok":
+        return f"[{status}]({page})"
+    if inactive(row):
+        return f"[inactive here]({page})"
+    return f"[busy]({page})" if busy_text(row) else "ok"
 
 
-def _measured(step: Step, summaries: list, against: str = "previous step") -> list[str]:
+def _measured(step: Step, prev: Step | None, summaries, base: Path, root: Path) -> list[str]:
     rows = []
     for tag_dir, df in summaries:
-        for r in df.to_dict("records"):
-            if r["step"] == step.num and (r.get("status") or "not run") != "not run":
-                rows.append(_measured_row(tag_dir, r))
+        r = _row_of(df, step.num)
+        if r is None or (r.get("status") or "not run") == "not run":
+            continue
+        earlier = earlier_version(tag_dir, [r], root)
+        mark = " †" if earlier else ""
+        before = _row_of(df, prev.num if prev else None)
+        gain = effect_text(r, one_round=False)
+        if tag_processes(tag_dir.name) > 1 and r.get("status") == "ok":
+            gain = "scaling " + percent_text(r.get("scaling_efficiency"),
+                                             r.get("scaling_efficiency_lo"),
+                                             r.get("scaling_efficiency_hi"))  # fmt: skip
+        page = _rel(tag_dir / TAG_PAGE, base)
+        cells = [f"`{tag_dir.name}`{mark}",
+                 _before_after(before, r, "tokens_per_sec_median", lambda v: f"{v:,.0f}"),
+                 gain,
+                 _before_after(before, r, "peak_reserved_gib", lambda v: f"{v:.2f}"),
+                 _linked(parity_cell(r), "**off**", page), _status(r, page)]  # fmt: skip
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     if not rows:
-        return ["Not measured yet in any results tag."]
-    short = "previous" if against == "previous step" else against
-    head = [f"| tag | tok/s | vs {against} | peak memory vs {short} | loss parity | status |",
-            "|---|--:|---|---|---|---|"]  # fmt: skip
-    return head + rows
+        return ["Not measured yet in any results tag.", ""]
+    was = f"step {prev.num} → " if prev else ""
+    head = [f"| tag | tok/s ({was}this) | vs step {prev.num if prev else '–'} | peak GiB "
+            "| loss parity | status |", "|---|--:|---|--:|---|---|"]  # fmt: skip
+    return [*head, *rows, ""]
 
 
 def _reference(step: Step, ref) -> list[str]:
+    """Raschka's published figure for this step, once, labelled: not measured here."""
     if ref is None:
         return []
     match = ref[ref["step"] == step.num]
@@ -191,50 +286,38 @@ def _reference(step: Step, ref) -> list[str]:
     base = ref[ref["step"] == BASELINE]
     speed = ""
     if len(base):
-        speed = f" ({float(r['tokens_per_sec']) / float(base['tokens_per_sec'].iloc[0]):.2f}x " \
-                "its step 00)"  # fmt: skip
+        speed = f", {float(r['tokens_per_sec']) / float(base['tokens_per_sec'].iloc[0]):.2f}x " \
+                "its step 00"  # fmt: skip
+    n = 4 if "4x" in str(r["hardware"]) else 1
+    fig = published(ref, step.num, n)
+    gain = f", its step's gain {fig[1]:.2f}x" if fig is not None and fig[1] is not None else ""
+    metric = " (step tok/s from here on)" if step.num == metric_switch(ref) else ""
     return [
-        f"*Published reference, not measured here* (Raschka, {r['hardware']}): "
-        f"{float(r['tokens_per_sec']):,.0f} tok/s{speed}, {float(r['reserved_memory_gb']):.1f} "
-        f"GB reserved ({r['optimization']}).",
+        f"*Published, not measured here* (Raschka, {r['hardware']}): "
+        f"{float(r['tokens_per_sec']):,.0f} tok/s{metric}{speed}{gain}; "
+        f"{float(r['reserved_memory_gb']):.1f} GB reserved.",
         "",
     ]
 
 
-def _published_line(step: Step, tag_dir: Path, row: dict, ref) -> str:
-    """'- `tag`: published A100: 142,156 tok/s, its step's gain 1.12x; this tag's 1.61x.'"""
-    n = tag_processes(tag_dir.name)
-    fig = published(ref, step.num, n)
-    own = number(row.get("gain_vs_prev")) if row.get("status") == "ok" else None
-    here = f"; this tag's {own:.2f}x" if own is not None else ""
-    if fig is None:
-        match = ref[ref["step"] == step.num]
-        why = "its ladder has no such step"
-        if len(match):
-            why = f"its step ran on {match.iloc[0]['hardware']}, this tag on {n} process(es)"
-        return f"- `{tag_dir.name}`: published A100: – ({why}){here}."
-    if fig[1] is not None:
-        gain = f"its step's gain {fig[1]:.2f}x"
-    elif step.num == metric_switch(ref):
-        gain = "its step's gain – (its metric changes here: average to step tok/s)"
-    else:
-        gain = "its step's gain – (its first step)"
-    return f"- `{tag_dir.name}`: published A100: {fig[0]:,.0f} tok/s, {gain}{here}."
-
-
-def _published(step: Step, summaries, ref) -> list[str]:
-    """A line per GPU tag that measured the step: the published figure beside its own gain."""
-    if ref is None:
-        return []
-    lines = [_published_line(step, t, r, ref) for t, df in summaries if is_gpu_tag(t)
-             for r in df.to_dict("records")
-             if r["step"] == step.num and (r.get("status") or "not run") != "not run"]  # fmt: skip
-    if not lines:
-        return []
-    switch = metric_switch(ref)
-    metric = f"; average tok/s before step {switch}, step tok/s from it" if switch else ""
-    return [f"*Beside the published A100 ladder* (Raschka's figures, not measured here; PyTorch "
-            f"2.6{metric}):", "", *lines, ""]  # fmt: skip
+def _time_to_target(step: Step, tag_dirs, base: Path) -> list[str]:
+    """'Time to loss L (`tag`): 42 s, 1.31x sooner than step 10 (tokens x1.10, tok/s x1.44).'"""
+    out = []
+    for t in tag_dirs:
+        row = next((r for r in to_loss.read(t) if r["step"] == step.num), None)
+        if row is None:
+            continue
+        head = f"*Time to loss {row['target']:g}* ([`{t.name}`]({_rel(t / TAG_PAGE, base)}))"
+        if row["time_s"] is None:
+            out.append(f"{head}: not reached ({row['reached']} runs).")
+            continue
+        line = f"{head}: {row['time_s']:.1f} s over {row['tokens']:,.0f} tokens"
+        if row["time_speedup"] is not None:
+            line += (f", {row['time_speedup']:.2f}x as soon as step {row['after']} (tokens "
+                     f"x{row['tokens_ratio']:.2f}, tok/s x{row['tps_ratio']:.2f}): "
+                     f"{row['verdict']}")  # fmt: skip
+        out.append(line + ".")
+    return [*out, ""] if out else []
 
 
 def _where(step: Step, prev: Step | None, base: Path, root: Path, skip: bool) -> str:
@@ -252,25 +335,29 @@ def _where(step: Step, prev: Step | None, base: Path, root: Path, skip: bool) ->
 
 
 def _section(step: Step, prev: Step | None, summaries, ref, base: Path, skip: bool = False,
-             root: Path = ROOT, texts: dict | None = None):  # fmt: skip
+             root: Path = ROOT, tag_dirs=(), texts: dict | None = None):  # fmt: skip
     """A step's section; `prev` the rung it builds on, `skip` when that is not the file before
-    it (the section then says "after step NN"); `texts` docs/steps.md's sections."""
-    out = [f"## {step.num} · {step.title}", "", _where(step, prev, base, root, skip), ""]
-    lines = change(step, prev)
-    if lines:
-        more = len(lines) - MAX_LINES
-        rest = [f"  ... {more} more lines in the diff"] if more > 0 else []
-        out += ["**The change** (its diff's code; the docstring and the harness's calls left "
-                "out):", "", "```diff", *lines[:MAX_LINES], *rest, "```", ""]  # fmt: skip
-    text = (texts or {}).get(step.num)
-    if text:
-        out += [_relink(text, Path(root) / STEPS_DOC, base), ""]
+    it (the section then says "after step NN"): its change, why, cost and source from its
+    docstring, the lines of its diff that show the idea, one table of what it did on each tag,
+    the published figure once, and its time to target where a tag measured it."""
+    heading = f"{step.num} · {step.title}"
+    out = [f"## {heading}", "", _where(step, prev, base, root, skip), ""]
+    fields = docstring_fields(step.path)
+    if step.num in (texts or {}):  # its section of docs/steps.md: how it works, caveats
+        steps_doc = _rel(Path(root) / STEPS_DOC, base)
+        more = f"At length: [{STEPS_DOC}]({steps_doc}#{_anchor(heading)})."
     else:
-        head = "**What it is.**" if step.num == BASELINE else "**Why it helps.**"
-        out += [f"{head} Not written yet in {STEPS_DOC}.", ""]
-    against = f"step {prev.num}" if skip and prev is not None else None
-    out += ["**Measured effect.**", "", *_measured(step, summaries, against or "previous step"), ""]
-    return out + _reference(step, ref) + _published(step, summaries, ref)
+        more = f"Not written yet in {STEPS_DOC}."
+    keys = [k for k in FIELDS if fields.get(k)]
+    for key in keys:
+        text = fields[key][:1].upper() + fields[key][1:]
+        out.append(f"- **{key}.** {text}" + (f" {more}" if key == keys[-1] else ""))
+    out += [""] if keys else [more, ""]
+    lines = excerpt(step, change(step, prev))
+    if lines:
+        out += ["```diff", *lines, "```", ""]
+    out += _measured(step, prev, summaries, base, root)
+    return out + _reference(step, ref) + _time_to_target(step, tag_dirs, base)
 
 
 def _breakdowns(summaries, base: Path) -> str:
@@ -300,16 +387,17 @@ def page_markdown(tag_dirs, base: Path, root: Path = ROOT) -> str:
         "results/<tag>/summary.csv; edits here are overwritten -->",
         "",
         "Every step is the rung it builds on plus one idea: the file before it, unless its "
-        "section says *after step NN*. For each: the command that shows its diff, the code "
-        "lines of that diff, why it should help, what it costs and where the idea comes from "
-        f"([{STEPS_DOC}]({_rel(ROOT / STEPS_DOC, base)})), and what it did on each machine "
-        "measured here: its gain over the rung it builds on (median of the per-round ratios, "
-        "[min-max] over the rounds) and a verdict, *no change* when the interval holds 1.00x "
-        "or the change is under the noise floor or 1%. *Inactive here* marks a step that "
-        "changes nothing on that device. *Loss parity*: its per-step training losses against "
-        "that rung's (same seed, same data), under its rule (`speed_ladder/data/ladder.json`, "
-        "`speed_ladder/parity.py`); *n/c*: the rule does not hold on that preset (say, dropout "
-        "masks drawn otherwise). How the numbers are taken: "
+        "section says *after step NN*. For each: what it changes, why, what it costs and where "
+        "the idea comes from (its docstring; at length in "
+        f"[{STEPS_DOC}]({_rel(ROOT / STEPS_DOC, base)})), the lines of its diff that show it, "
+        "and what it did on each machine measured here: tok/s and peak GiB before → after, its "
+        "gain over the rung it builds on (median of the per-round ratios, [min-max] over the "
+        "rounds) and a verdict, *no change* when the interval holds 1.00x or the change is under "
+        "the noise floor or 1%. *Inactive here*: the step changes nothing on that device. *Loss "
+        "parity*: its per-step losses against that rung's under its rule (ok, **off**, or n/c "
+        "where the rule cannot apply); † a row measured with an earlier version of its file. "
+        f"Words: [docs/glossary.md]({_rel(ROOT / 'docs/glossary.md', base)}). How the numbers are "
+        "taken: "
         f"[docs/measurement.md]({_rel(ROOT / MEASUREMENT, base)}).{_breakdowns(summaries, base)}",
         "",
     ]
@@ -318,7 +406,8 @@ def page_markdown(tag_dirs, base: Path, root: Path = ROOT) -> str:
     skipping = skips(steps)
     texts = explanations(root)
     for step, skip in zip(steps, skipping, strict=True):
-        out += _section(step, by_num.get(step.after), summaries, ref, base, skip, root, texts)
+        out += _section(step, by_num.get(step.after), summaries, ref, base, skip, root,
+                        tag_dirs, texts)  # fmt: skip
     return "\n".join(out).rstrip() + "\n"
 
 
