@@ -397,6 +397,9 @@ def parse_steps(spec: str | None, steps: list[Step]) -> list[Step]:
 _PROCESSES = re.compile(r"-x(\d+)$")
 
 
+TO_LOSS_TAG = "-to-loss"  # a --to-loss sweep's tags: <hardware>-to-loss-xN, records of their own
+
+
 def processes_suffix(nproc: int) -> str:
     """`-xN`: how a results tag says it ran its distributed steps on N processes."""
     return f"-x{nproc}"

@@ -59,7 +59,13 @@ from speed_ladder import machine, outputs
 from speed_ladder.errors import UserError
 from speed_ladder.files import LOCAL_RESULTS, RESULTS, ROOT, portable_path, shown, tracked
 from speed_ladder.flags import child_argv
-from speed_ladder.ladder import discover, expected_steps, parse_steps, processes_suffix
+from speed_ladder.ladder import (
+    TO_LOSS_TAG,
+    discover,
+    expected_steps,
+    parse_steps,
+    processes_suffix,
+)
 from speed_ladder.measure.data import check_text_file
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.device import resolve as resolve_torch_device
@@ -80,7 +86,6 @@ from speed_ladder.sweep.plan import Job, Pass, Plan, summarize
 from speed_ladder.sweep.rounds import labels, run_rounds
 
 BUDGET_EXIT = 3  # --budget ended the sweep with runs left, none failed: rerun to resume
-TO_LOSS_SUFFIX = "-to-loss"  # a --to-loss sweep's tag: <hardware>-to-loss-xN
 
 
 # ---------------------------------------------------------------- hardware
@@ -234,7 +239,7 @@ def plan(args) -> Plan:
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.tag):
         raise UserError(f"--tag {args.tag!r}: use letters, digits, '.', '_' and '-'")
     hardware = tag_base(device_type)
-    mode = TO_LOSS_SUFFIX if args.to_loss is not None else ""  # its own folder: other records
+    mode = TO_LOSS_TAG if args.to_loss is not None else ""  # its own folder: other records
     base = re.sub(r"-x\d+$", "", args.tag) if args.tag else hardware + mode
     fp = this_machine(device_type)
     nprocs = [1] + ([nproc] if nproc > 1 and any(s.distributed for s in selected) else [])

@@ -203,9 +203,12 @@ def foreign(rec: dict, tag: str | None, steps=None) -> list[str]:
 def misnamed(rec: dict, tag: str) -> list[str]:
     """Why a record's machine is not the hardware its tag folder names (`check`'s rule for
     committed results, module docstring): `tag` less its `-<6 hex>` and `-xN` is the tag base
-    the record's machine writes to."""
+    the record's machine writes to, with `-to-loss` for a --to-loss run's record."""
     base = tag_base(_fp(rec), rec.get("device"))
-    if base is None or _SUFFIX.sub("", tag) == base:
+    if base is None:
+        return []
+    base += ladder.TO_LOSS_TAG if isinstance(rec.get("to_loss"), dict) else ""
+    if _SUFFIX.sub("", tag) == base:
         return []
     return [f"its machine writes to {base}-x{ladder.tag_processes(tag)}, not {tag}"]
 

@@ -127,7 +127,7 @@ def change(step: Step, prev: Step | None) -> list[str]:
 
 
 FIELDS = ("What", "Change", "Why", "Cost", "Source")  # a step docstring's lines, in order
-EXCERPT = 24  # lines of a step's change shown, its "..." included; the whole is its diff
+EXCERPT = 20  # lines of a step's change shown, its "..." included; the whole is its diff
 
 
 def docstring_fields(path: Path) -> dict[str, str]:

@@ -44,6 +44,7 @@ from speed_ladder.errors import (
     warn,
 )
 from speed_ladder.files import LOCAL_RESULTS, ROOT, is_within, shown
+from speed_ladder.report import to_loss
 from speed_ladder.report.charts.bar_charts import CHARTS, plot_tag
 from speed_ladder.report.charts.comparison_chart import plot_comparison, plot_gpu_comparison
 from speed_ladder.report.charts.gain_chart import GAIN_CHART, plot_gains
@@ -109,7 +110,7 @@ def write_docs(readme: Path, tags, say=print, pages=None) -> bool:
 
 def rebuild_summaries(tags) -> None:
     """Each tag's summary.csv again from its runs.jsonl (1-process tags first: the N-process
-    tags' scaling efficiency is over their runs)."""
+    tags' scaling efficiency is over their runs), and a time-to-loss tag's to_loss.csv."""
     steps = ladder.discover(ROOT)
     single = {}
     for t in sorted(tags, key=lambda t: ladder.tag_processes(Path(t).name)):
@@ -123,6 +124,8 @@ def rebuild_summaries(tags) -> None:
             single[base] = used
         write_summary(t, df)
         print(f"rebuilt {t / SUMMARY} from {t / RUNS}")
+        if to_loss.write(t, ladder.expected_steps(steps, t.name)) is not None:
+            print(f"rebuilt {t / to_loss.TO_LOSS} from {t / RUNS}")
 
 
 def main(argv=None) -> int:

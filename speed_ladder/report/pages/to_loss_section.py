@@ -29,9 +29,10 @@ def lines(tag_dir: Path) -> list[str]:
         f"## Time to validation loss {first['target']:g}",
         "",
         "Each rung trained until its validation loss (on the same validation tokens for every "
-        "rung) reached the target. *time*: its training time to the first evaluation at or "
-        "below it, evaluation left out and the warm-up steps counted at the run's median step "
-        "time; *warm-up*: those steps' own time (compiling), apart. Against the rung it builds "
+        "rung) reached the target. *time*: its training time to where that loss crossed the "
+        "target (read between the two evaluations around it), evaluation left out and the "
+        "warm-up steps counted at the run's median step time; *warm-up*: those steps' own time "
+        "(compiling), apart. Against the rung it builds "
         "on: the tokens it needed (*× tokens*), its tok/s (*× tok/s*) and how many times sooner "
         f"it got there (*sooner*). Noise: {spread}.",
         "",
