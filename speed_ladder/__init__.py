@@ -28,10 +28,12 @@ from speed_ladder.presets import GPT2_VOCAB, micro_batches
 # (`speed_ladder.tf32_unavailable`, ...) are the ones speed_ladder/data/ladder.json names, which
 # the harness asks (Run.set_model). A step asks some itself before it acts, and then performs
 # the technique with the library's own API: step 05 mixed_precision, step 12
-# liger_unavailable, step 17 cudnn_attention_unavailable.
+# liger_unavailable, step 17 cudnn_attention_unavailable, step 20 batch_fit_unavailable (and the
+# memory model's batch_fits).
 _NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device",
                 "mixed_precision": "measure.precision",
                 "cudnn_attention_unavailable": "measure.inactive",
+                "batch_fit_unavailable": "measure.inactive", "batch_fits": "measure.rank_memory",
                 **inactive_helpers()}  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import ROOT, VERDICT, records, run_script
+from conftest import ROOT, VERDICT, py, records, run_script
 from test_ladder import MAX_STEPS, REGIME, WARMUP, epoch_text
 
 from speed_ladder import ladder, parity
@@ -222,3 +222,15 @@ def test_ddp_all_reduces_once_per_batch_in_the_last_micro_batch(tmp_path):
     rec = observed(out)[0]  # rank 0 writes the record
     assert rec["world_size"] == 2 and rec["step_active"]
     assert rec["tokens_per_step"] == 2 * BATCH * TINY["context_length"]
+
+
+@pytest.mark.parametrize("k,words", [(3, "use one of 2, 4, 8"), (16, "use one of 2, 4, 8")])
+def test_an_accum_steps_set_by_hand_that_cannot_split_the_batch_is_one_line(k, words):
+    """--accum-steps 3 on a batch of 8 would train unsplit: refused with one line and a
+    non-zero exit, before the run; the preset's own accum_steps stays a note (above)."""
+    proc = py(ACCUM.rel, "--device", "cpu", "--preset", "tiny", "--batch-size", 8,
+              "--accum-steps", k, "--max-steps", 3, "--data", VERDICT, timeout=120)  # fmt: skip
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--accum-steps {k} does not split" in lines[0], proc.stderr
+    assert words in lines[0]

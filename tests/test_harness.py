@@ -251,9 +251,13 @@ def test_the_harness_asks_each_rungs_check_for_it_and_every_rung_built_on_it(mon
            "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Liger: not on this CPU
     cpu = torch.device("cpu")
+    from speed_ladder.measure.settings import resolve_spec
+
+    settings = resolve_spec({"preset": "tiny"}, "cpu").settings
     for r in ladder.rungs():
         accum = PRESETS["tiny"]["accum_steps"]
-        asked = inactive.asked(r.num, cpu, cfg, 0.0, 8, accum, attention_kernel="flash")
+        asked = inactive.asked(r.num, cpu, cfg, 0.0, 8, accum, attention_kernel="flash",
+                               settings=settings)  # fmt: skip
         assert [a[0] for a in asked] == [s.num for s in ladder.lineage(r.num) if s.inactive]
         assert "run.inactive(" not in r.path.read_text(), r.rel
     asked = inactive.asked("17", cpu, cfg, 0.0, attention_kernel="flash")

@@ -75,13 +75,17 @@ def test_an_after_that_is_no_earlier_rung_is_one_error(tmp_path, after):
         ladder.discover(root, path)
 
 
-def test_this_checkouts_rungs_build_on_the_file_before_except_15_and_foreign_steps_keep_order():
-    """Each rung builds on the file before, but 15 (bf16 weights) on 12, not on 13 and 14."""
+def test_this_checkouts_rungs_build_on_the_file_before_except_the_speed_rungs():
+    """Each rung builds on the file before, but 15 (bf16 weights) on 12, not on 13 and 14, and
+    19 (fused QKV) on 17, not on 18: speed rungs skip the memory trades; foreign steps keep
+    their order."""
     nums = [r.num for r in ladder.rungs()]
     afters = {r.num: r.after for r in ladder.rungs()}
-    assert afters == {n: (nums[i - 1] if i else None) for i, n in enumerate(nums)} | {"15": "12"}
+    before = {n: (nums[i - 1] if i else None) for i, n in enumerate(nums)}
+    assert afters == before | {"15": "12", "19": "17"}
     steps = list(ladder.rungs())
-    assert [s.num for s, skip in zip(steps, ladder.skips(steps), strict=True) if skip] == ["15"]
+    skipping = [s.num for s, skip in zip(steps, ladder.skips(steps), strict=True) if skip]
+    assert skipping == ["15", "19"]
     assert ladder.bases(["10", "11", "12", "13", "14", "15"]) == [
         "09",
         "10",

@@ -170,3 +170,65 @@ def test_generation_never_picks_a_padded_vocabulary_id():
 
     out = step09.generate_text_simple(model, torch.tensor([[1, 2]]), 3, context_size=8)
     assert out[0, 2:].tolist() == [42, 42, 42]
+
+
+# ---------------------------------------------------------------- steps 19 and 20
+def test_step_19s_fused_qkv_layer_holds_the_three_layers_weights():
+    """Built from the same seed, step 19's (3C, C) qkv weight is step 17's query, key and value
+    weights stacked in that order, every other weight is the same, and the logits are equal:
+    the same model, computed in one matmul."""
+    from speed_ladder.presets import PRESETS
+
+    cfg = {"vocab_size": 512, **{k: PRESETS["tiny"][k] for k in ["context_length", "emb_dim",
+           "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
+    s17, s19 = load_step("17_cudnn_attention"), load_step("19_fused_qkv")
+    torch.manual_seed(0)
+    m17 = s17.GPTModel(cfg)
+    torch.manual_seed(0)
+    m19 = s19.GPTModel(cfg)
+    for a, b in zip(m17.trf_blocks, m19.trf_blocks, strict=True):
+        w = torch.cat([a.att.W_query.weight, a.att.W_key.weight, a.att.W_value.weight])
+        assert torch.equal(w, b.att.qkv.weight)
+    p17, p19 = dict(m17.named_parameters()), dict(m19.named_parameters())
+    assert all(torch.equal(p17[k], p) for k, p in p19.items() if "qkv" not in k)
+    x = torch.randint(0, 512, (2, cfg["context_length"]))
+    torch.testing.assert_close(m19(x), m17(x))
+
+
+def test_step_20_grows_the_batch_to_the_largest_power_of_two_that_fits(tmp_path, monkeypatch):
+    """Where the harness lets it (a GPU, simulated: the check says yes and mem_get_info gives a
+    capacity), step 20 doubles the batch while the memory model's prediction, x1.15 and the CUDA
+    context, fits; its record says it acted. On a CPU the batch stays (test_ladder's runs)."""
+    from speed_ladder.measure import inactive, rank_memory
+    from speed_ladder.measure.memory_model import CUDA_OVERHEAD, GIB
+
+    capacity = CUDA_OVERHEAD + 2 * GIB
+    seen, real = [], rank_memory.batch_fits
+
+    def fits(run, cfg, batch, total):
+        seen.append(batch)
+        return real(run, cfg, batch, total)
+
+    monkeypatch.setattr(inactive, "batch_fit_unavailable", lambda device, settings: None)
+    monkeypatch.setattr(rank_memory, "batch_fits", fits)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (capacity, capacity))
+    monkeypatch.setattr(inactive, "batch_not_grown", lambda device, batch, settings, step: None)
+    code, rec = step_here("steps/20_batch_that_fits.py", tmp_path, monkeypatch, interpret=False)
+    # from step_here's batch of 2, doubled (the check that would keep a --batch-size is patched)
+    assert code == 0 and seen == [2 * 2**k for k in range(1, len(seen) + 1)]
+    assert rec["batch_size"] == seen[-1] // 2 > 2  # the last doubling that fit
+    assert "step 20: the batch grew to the largest power of two" in " ".join(rec["notes"])
+
+
+def test_step_20_says_why_the_batch_stayed():
+    from speed_ladder.measure import inactive
+    from speed_ladder.measure.settings import resolve_spec
+
+    cpu = torch.device("cpu")
+    tiny = resolve_spec({"preset": "tiny"}, "cpu").settings
+    why = inactive.batch_not_grown(cpu, 8, tiny, "20")
+    assert why == "the batch is fitted to a GPU's memory: on cpu it stays as it was"
+    by_hand = resolve_spec({"preset": "tiny", "batch_size": 6}, "cuda").settings
+    assert inactive.batch_fit_unavailable(CUDA, by_hand) == "--batch-size 6 set by hand: kept"
+    assert inactive.batch_not_grown(CUDA, 32, tiny, "20") is None  # grew from 8
+    assert inactive.batch_not_grown(CUDA, 8, tiny, "20").startswith("no batch twice 8 fits")

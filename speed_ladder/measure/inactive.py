@@ -5,7 +5,8 @@ run's own step and every rung it builds on, with the facts its parameters name: 
 `cfg` (the step's GPT_CONFIG), `dtype` (step 05's autocast dtype, fp32 where it is off:
 `precision.choice`), `step` (the rung asked about), `drop_rate` (the preset's), `batch` (the
 run's sequences per step and process),
-`accum_steps` (the preset's) and `attention_kernel` (the SDPA kernel the training call
+`accum_steps` (the preset's), `settings` (the run's resolved settings) and
+`attention_kernel` (the SDPA kernel the training call
 ran, known after the warm-up: measure/attention_kernel.py, which asks the checks that take it
 then). Each reason is a note of the record (`step NN: reason`, and in its `inactive_rungs`); the
 run's own step's makes its record say `step_active: false` (the summary, README table and charts
@@ -275,6 +276,28 @@ def batch_not_split(batch: int, accum_steps: int) -> str | None:
     )
 
 
+def batch_fit_unavailable(device: torch.device, settings: dict) -> str | None:
+    """Step 20: why the batch is not fitted to this device's memory (not a CUDA GPU: a CPU's RAM
+    would hold batches far past where a larger one helps; a batch set by hand, --batch-size,
+    stays), or None where the step fits it."""
+    if device.type != "cuda":
+        return f"the batch is fitted to a GPU's memory: on {device.type} it stays as it was"
+    if settings.get("batch_override") is not None:
+        return f"--batch-size {settings['batch_override']} set by hand: kept"
+    return None
+
+
+def batch_not_grown(device: torch.device, batch: int, settings: dict, step: str) -> str | None:
+    """Step 20, on what ran: why the run's batch is its base rung's (the reasons above, or no
+    larger power of two fits this GPU), or None where it grew."""
+    why = batch_fit_unavailable(device, settings)
+    after = ladder.rung(step).after
+    if why is not None or batch > ladder.rung(after).batch(settings):
+        return why
+    return (f"no batch twice {batch} fits this GPU by the memory model (x1.15 and the CUDA "
+            "context): the batch stays as it was")  # fmt: skip
+
+
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run
 
 
@@ -295,6 +318,7 @@ def asked(
     accum_steps=None,
     attention_kernel=None,
     only=None,
+    settings=None,
 ) -> list[tuple]:
     """[(rung, reason or None, acted)] for rung `step` and every rung it builds on
     (ladder.lineage), the first rung first: each rung's registry check asked with the facts its
@@ -307,7 +331,7 @@ def asked(
     except UserError:
         return []
     facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate,
-             "batch": batch, "accum_steps": accum_steps,
+             "batch": batch, "accum_steps": accum_steps, "settings": settings,
              "attention_kernel": attention_kernel}  # fmt: skip
     out = []
     for r in chain:

@@ -49,7 +49,7 @@ from speed_ladder.measure.inactive import (
 )
 from speed_ladder.measure.rank_memory import announce
 from speed_ladder.measure.run_record import base_record, mfu_of
-from speed_ladder.measure.settings import resolve_spec
+from speed_ladder.measure.settings import check_accum_steps, resolve_spec
 from speed_ladder.outputs import check_file
 from speed_ladder.records import FIELDS, append_jsonl
 
@@ -81,6 +81,7 @@ class Run:
                    f"{self.device.type}: {dev.name(self.device)}")  # fmt: skip
         if self.settings["batch_rule"] is not None:  # a GPU too small for the preset's batch
             self.note(f"batch rule: {self.settings['batch_rule']['reason']}")
+        check_accum_steps(self.spec, step, vars(args).get("accum_steps"))  # cannot split: refused
         if self.settings["to_loss"] is not None:  # every rung evaluates on the same tokens
             self.settings["eval_iters"] = self._val_batches(self.settings["to_loss"])
 
@@ -161,7 +162,8 @@ class Run:
         self.cfg, self.batch_size, self.fused_loss = cfg, batch_size, fused_loss
         drop = self.settings["drop_rate"]
         accum = self.settings["accum_steps"]  # step 18's micro-batches, where they split the batch
-        for step, reason, acted in asked(self.step, self.device, cfg, drop, batch_size, accum):
+        facts = (self.step, self.device, cfg, drop, batch_size, accum)
+        for step, reason, acted in asked(*facts, settings=self.settings):
             self.inactive(step, reason, acted)
         self.memory_prediction = announce(self, model)
         emb = {

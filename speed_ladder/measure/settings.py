@@ -24,7 +24,7 @@ from speed_ladder.autocast_env import amp_forced, bf16_forced
 from speed_ladder.errors import UserError
 from speed_ladder.files import data_id
 from speed_ladder.measure import memory_model
-from speed_ladder.presets import GPT2_VOCAB, PRESETS, TO_LOSS
+from speed_ladder.presets import GPT2_VOCAB, PRESETS, TO_LOSS, micro_batches
 from speed_ladder.spec import RunSpec, preset_name
 
 # speed_ladder.measure.memory_model counts fused ops (Korthikanti et al.): step 00's hand-written
@@ -55,7 +55,7 @@ def resolve_spec(values: dict, device_type: str, gpu: tuple[int, str] | None = N
         if values.get(key) is not None:
             p[key] = values[key]
     p["batch_rule"] = None
-    override = values.get("batch_size")
+    override = p["batch_override"] = values.get("batch_size")
     if override is not None:
         p["batch_size"] = p["large_batch_size"] = override
     elif device_type == "cuda" and gpu is not None:
@@ -164,3 +164,26 @@ def fit_batch(name: str, p: dict, gpu_bytes: int, amp: str) -> dict | None:
         f"{head}, nor at batch 1: the preset's batch is kept (python -m "
         "speed_ladder.measure.memory_model shows what fits; step 14 on several GPUs shards "
         "the state)")}  # fmt: skip
+
+
+def check_accum_steps(spec: RunSpec, step: str, asked: int | None) -> None:
+    """A --accum-steps set by hand that does not split the rung's batch into equal micro-batches
+    is a UserError: the run would not do what was asked. The preset's own accum_steps on a batch
+    it does not split (a GPU's batch rule can leave an odd one) stays a note: the rung is
+    inactive (measure/inactive.py's batch_not_split)."""
+    if asked is None or asked <= 1:
+        return
+    try:
+        rung = ladder.rung(step)
+    except UserError:  # not a rung of the ladder (a test's script)
+        return
+    if rung.memory.accumulation == "none":
+        return
+    batch = rung.batch(spec.settings)
+    if micro_batches(batch, asked) == 1:
+        fits = [k for k in range(2, batch + 1) if batch % k == 0]
+        raise UserError(
+            f"--accum-steps {asked} does not split step {step}'s batch of {batch} into equal "
+            f"micro-batches: use one of {', '.join(map(str, fits)) or '1'}, or another "
+            "--batch-size"
+        )

@@ -26,6 +26,7 @@ from speed_ladder.report.compare.reference import (
     published,
     read_reference,
 )
+from speed_ladder.report.pages.excerpt import FIELDS, docstring_fields, excerpt
 from speed_ladder.report.pages.ladder_table import STEPS_DOC, diff_command
 from speed_ladder.report.pages.tag_page import PAGE as TAG_PAGE
 from speed_ladder.report.pages.tag_page import earlier_version
@@ -36,6 +37,7 @@ from speed_ladder.report.rows import (
     number,
     parity_cell,
     percent_text,
+    text,
 )
 from speed_ladder.report.summary import read_summary
 
@@ -126,90 +128,6 @@ def change(step: Step, prev: Step | None) -> list[str]:
     return out
 
 
-FIELDS = ("What", "Change", "Why", "Cost", "Source")  # a step docstring's lines, in order
-EXCERPT = 20  # lines of a step's change shown, its "..." included; the whole is its diff
-
-
-def docstring_fields(path: Path) -> dict[str, str]:
-    """{What/Change/Why/Cost/Source: its text on one line} of a step file's docstring."""
-    try:
-        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    except (OSError, SyntaxError, ValueError):
-        return {}
-    out, key = {}, None
-    for line in doc.splitlines()[1:]:
-        head = line.split(":", 1)[0]
-        if head in FIELDS and ":" in line:
-            key = head
-            out[key] = line.split(":", 1)[1].strip()
-        elif not line.strip() or head in ("More", "Run"):
-            key = None
-        elif key is not None:
-            out[key] += " " + line.strip()
-    return out
-
-
-def excerpt(step: Step, lines: list[str], budget: int = EXCERPT) -> list[str]:
-    """The lines of a step's change that show its idea: the hunks that use its API (the
-    registry's `api`; a long one cut to the lines around each use), then those that carry its
-    `step NN` tag, in file order, `...` where lines are left out, within `budget` lines."""
-    hunks, cur = [], None
-    for ln in lines:
-        if ln.startswith("@@"):
-            cur = []
-            hunks.append(cur)
-        elif cur is not None:
-            cur.append(ln)
-    names = [a.rstrip("(") for a in step.api]  # its import too
-    uses = lambda ln: any(a in ln[1:].split("  #")[0] for a in names)  # noqa: E731
-    tag = f"step {step.num}"
-    chosen: dict[int, list[str]] = {}
-    left = budget
-    for want in (uses, lambda ln: tag in ln):
-        for i, h in enumerate(hunks):
-            if i in chosen or not any(want(ln) for ln in h):
-                continue
-            part = h
-            if len(h) > left:  # each use's statement alone
-                near = {k for j, ln in enumerate(h) if want(ln) for k in _statement(h, j)}
-                part = [ln for j, ln in enumerate(h) if j in near]
-            if len(part) + 1 <= left:  # with its "..." line
-                chosen[i], left = part, left - len(part) - 1
-    out = []
-    for i in sorted(chosen):
-        if out or i > 0:
-            out.append("  ...")
-        out += chosen[i]
-    if out and max(chosen) < len(hunks) - 1:
-        out.append("  ...")
-    return out
-
-
-def _statement(hunk: list[str], j: int) -> range:
-    """The lines of the statement that diff line `j` is in: the comment lines right above it,
-    back over the lines it continues (an open bracket, a trailing comma), on to where its
-    brackets close, and the block it opens (a line ending in `:`); a comment line's statement
-    is the one it comments."""
-    code = lambda k: hunk[k][1:].split("  #")[0].rstrip()  # noqa: E731
-    comment = lambda k: hunk[k][1:].lstrip().startswith("#")  # noqa: E731
-    indent = lambda k: len(hunk[k][1:]) - len(hunk[k][1:].lstrip())  # noqa: E731
-    while comment(j) and j + 1 < len(hunk):
-        j += 1
-    start = j
-    while start > 0 and (code(start - 1).endswith(("(", "[", "{", ",")) or comment(start - 1)):
-        start -= 1
-    end, depth = j, 0
-    for k in range(start, len(hunk)):
-        depth += sum(code(k).count(c) for c in "([{") - sum(code(k).count(c) for c in ")]}")
-        end = k
-        if k >= j and depth <= 0:
-            break
-    if code(end).endswith(":"):  # the block it opens
-        while end + 1 < len(hunk) and code(end + 1) and indent(end + 1) > indent(j):
-            end += 1
-    return range(start, end + 1)
-
-
 def _anchor(heading: str) -> str:
     """GitHub's anchor for a Markdown heading."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
@@ -234,6 +152,15 @@ def _before_after(before: dict | None, after: dict, key: str, fmt) -> str:
 def _linked(cell: str, word: str, page: str) -> str:
     """`cell`, linked to the tag's page where it is `word` (the detail is there)."""
     return f"[{cell}]({page})" if cell == word else cell
+
+
+def _kernel_change(before: dict | None, row: dict) -> str:
+    """'; attention flash -> cudnn' where the records show another SDPA kernel than the base's
+    ran (the gain is then the kernel's too), else ''."""
+    was, now = (text((r or {}).get("attention_kernel")) for r in (before, row))
+    if not was or not now or was == now or "materialized" in (was, now):
+        return ""
+    return f"; attention {was} → {now}"
 
 
 def _status(row: dict, page: str) -> str:
@@ -265,7 +192,8 @@ def _measured(step: Step, prev: Step | None, summaries, base: Path, root: Path) 
                  _before_after(before, r, "tokens_per_sec_median", lambda v: f"{v:,.0f}"),
                  gain,
                  _before_after(before, r, "peak_reserved_gib", lambda v: f"{v:.2f}"),
-                 _linked(parity_cell(r), "**off**", page), _status(r, page)]  # fmt: skip
+                 _linked(parity_cell(r), "**off**", page),
+                 _status(r, page) + _kernel_change(before, r)]  # fmt: skip
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     if not rows:
         return ["Not measured yet in any results tag.", ""]
