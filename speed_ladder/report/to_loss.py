@@ -66,11 +66,18 @@ def _row(step: Step, oks: list[dict]) -> dict:
     return row
 
 
-def table(steps: list[Step], records: list[dict]) -> list[dict]:
-    """The rows (COLUMNS) of the rungs with ok --to-loss runs, in ladder order."""
+def _used(steps: list[Step], records: list[dict]) -> tuple[dict, dict]:
+    """(per rung, its --to-loss runs a row takes; the A/A control's runs), as a summary rebuilt
+    from the records alone takes them (selection.judged_by)."""
     records = [r for r in records if is_to_loss(r)]
     configs, shas, repeats, machine = judged_by(records, steps)
     _, used, control = collect(steps, records, configs, shas, repeats, machine)
+    return used, control
+
+
+def table(steps: list[Step], records: list[dict]) -> list[dict]:
+    """The rows (COLUMNS) of the rungs with ok --to-loss runs, in ladder order."""
+    used, control = _used(steps, records)
     rows = {s.num: _row(s, used[s.num]) for s in steps if s.num in used}
     first = next(iter(rows), None)
     seeds = [r["to_loss"]["time_s"] for r in used.get(first, []) + control.get(first, [])]
@@ -135,9 +142,7 @@ def read(tag_dir: Path) -> list[dict]:
 def curves(tag_dir: Path, steps: list[Step]) -> dict[str, list[tuple[float, float]]]:
     """Each rung's loss curve of its last used --to-loss run: [(time, val_loss)], the time on the
     same clock as `time_s` (the warm-up counted at the run's median step time)."""
-    records = [r for r in load_runs(tag_dir) if is_to_loss(r)]
-    configs, shas, repeats, machine = judged_by(records, steps)
-    _, used, _ = collect(steps, records, configs, shas, repeats, machine)
+    used, _ = _used(steps, load_runs(tag_dir))
     out = {}
     for num, oks in used.items():
         r = oks[-1]
