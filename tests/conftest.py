@@ -41,9 +41,9 @@ RSS_FOLLOWS_TENSORS = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 def missing_inputs() -> str | None:
     """Why the tests cannot have their text and GPT-2's tokenizer (offline, no mirror), or None.
     The text is made here when missing: the first 20,000 characters of Middlemarch, the mirror's
-    where it has one. read_text(None) would copy that into the checkout's data/middlemarch.txt,
-    which every later test reads as Middlemarch: in tools/gpu_session.sh's smoke test (a mirror
-    of the --data text only) that was The Verdict, and test_commands then failed."""
+    where it has one. It is not read_text(None): that copies a mirror's text into the checkout's
+    data/middlemarch.txt, which every later test reads as Middlemarch, and a mirror of another
+    text (tools/gpu_session.sh's, of its --data text only) would be taken for it."""
     try:
         if not VERDICT.is_file():
             staged = mirror() / "middlemarch.txt"

@@ -250,7 +250,7 @@ def test_the_summary_says_which_kernel_ran_and_what_each_step_rests_on(tmp_path)
         rows.append(row)
     assert [r["inactive_rungs"] for r in rows] == ["02", "02 07", "02 07 12", "12"]
     old = dict.fromkeys(summary.SUMMARY_COLUMNS, None) | {"step": "00"}
-    summary._ran(old, [{"step": "00", "status": "ok"}])  # a record from before these fields
+    summary._ran(old, [{"step": "00", "status": "ok"}])  # a record without these fields
     assert old["attention_kernel"] is None and old["inactive_rungs"] is None
     df = pd.DataFrame(rows, columns=summary.SUMMARY_COLUMNS)
     summary.write_summary(tmp_path, df)

@@ -155,8 +155,8 @@ def median_step(ms: dict[str, list[float]]) -> dict[str, float]:
 
 def phase_columns(runs: list[dict]) -> dict:
     """A summary row's `phase_<name>_ms` (each the median over the runs that have phases) and
-    `data_share` (the median of theirs); empty where no run has phases (records older than
-    phases, MPS)."""
+    `data_share` (the median of theirs); empty where no run has phases (records without the
+    field, MPS)."""
     have = [r for r in runs if isinstance(r.get("phase_ms"), dict)]
 
     def median(values):
