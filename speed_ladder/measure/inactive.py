@@ -4,13 +4,12 @@ speed_ladder/data/ladder.json), and the harness asks it (`asked`, from Run.set_m
 run's own step and every rung it builds on, with the facts its parameters name: `device`,
 `cfg` (the step's GPT_CONFIG), `dtype` (step 05's autocast dtype, fp32 where it is off:
 `precision.choice`), `step` (the rung asked about), `drop_rate` (the preset's), `batch` (the
-run's sequences per step and process),
-`accum_steps` (the preset's), `settings` (the run's resolved settings) and
-`attention_kernel` (the SDPA kernel the training call
-ran, known after the warm-up: measure/attention_kernel.py, which asks the checks that take it
-then). Each reason is a note of the record (`step NN: reason`, and in its `inactive_rungs`); the
-run's own step's makes its record say `step_active: false` (the summary, README table and charts
-then show the step as inactive here, never as a gain or a loss)."""
+run's sequences per step and process), `accum_steps` (the preset's), `settings` (the run's
+resolved settings) and `attention_kernel` (the SDPA kernel the training call ran, known after
+the warm-up: measure/attention_kernel.py, which asks the checks that take it then). Each reason
+is a note of the record (`step NN: reason`, and in its `inactive_rungs`); the run's own step's
+makes its record say `step_active: false` (the summary, README table and charts then show the
+step as inactive here, never as a gain or a loss)."""
 
 import inspect
 import os
@@ -22,6 +21,7 @@ from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.measure import precision, sdpa_dispatch
 from speed_ladder.measure.device import is_rocm
+from speed_ladder.measure.settings import FIT_MARGIN
 from speed_ladder.presets import micro_batches
 
 
@@ -70,9 +70,8 @@ def sdpa_math_only(device: torch.device, cfg: dict, dtype: torch.dtype) -> str |
     call's shape, dtype and dropout. On a CPU, a dropout above 0 is the usual cause: the CPU
     flash kernel's checks refuse it ("Both fused kernels do not support non-zero dropout", aten
     sdp_utils_cpp.h). What the dispatcher would choose; step 07's check is what ran."""
-    if (
-        sdpa_dispatch.dispatcher_choice(device, cfg, dtype) != "math"
-    ):  # None on MPS, or where torch can't say
+    choice = sdpa_dispatch.dispatcher_choice(device, cfg, dtype)  # None: MPS, or torch can't say
+    if choice != "math":
         return None
     why = _math_why(device, cfg, dtype)
     return f"scaled_dot_product_attention runs the math path ({why}): no flash attention"
@@ -294,8 +293,8 @@ def batch_not_grown(device: torch.device, batch: int, settings: dict, step: str)
     after = ladder.rung(step).after
     if why is not None or batch > ladder.rung(after).batch(settings):
         return why
-    return (f"no batch twice {batch} fits this GPU by the memory model (x1.15 and the CUDA "
-            "context): the batch stays as it was")  # fmt: skip
+    return (f"no batch twice {batch} fits this GPU by the memory model (x{FIT_MARGIN} and the "
+            "CUDA context): the batch stays as it was")  # fmt: skip
 
 
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run

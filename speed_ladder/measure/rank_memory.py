@@ -5,8 +5,8 @@ holds (measured), and the memory a rank may use."""
 import os
 from dataclasses import asdict
 
-from speed_ladder.measure.memory_model import CUDA_OVERHEAD, GIB, VOCAB, predict_run
-from speed_ladder.measure.settings import FIT_MARGIN
+from speed_ladder.measure.memory_model import GIB, VOCAB, predict_run
+from speed_ladder.measure.settings import gpu_bytes_needed
 from speed_ladder.presets import PRESETS
 
 PREDICTED_ENV = "SPEED_LADDER_PREDICTED"  # set by the sweep, which printed the prediction itself
@@ -43,13 +43,13 @@ def announce(run, model) -> dict:
 
 
 def batch_fits(run, cfg: dict, batch: int, capacity: int) -> bool:
-    """Step 20's rule, the batch rule's margin (measure/settings.py's FIT_MARGIN): whether `batch`
-    sequences per process of this run's rung, as the memory model predicts them on this device,
-    x FIT_MARGIN and the CUDA context, fit `capacity` bytes."""
+    """Step 20's rule, the batch rule's margin (measure/settings.py's gpu_bytes_needed): whether
+    `batch` sequences per process of this run's rung, as the memory model predicts them on this
+    device, fit `capacity` bytes."""
     shape = {**PRESETS[run.preset_name], **cfg, "accum_steps": run.settings["accum_steps"]}
     p = predict_run(shape, run.step, _world(), batch, run.spec.half, run.device.type,
                     vocab=cfg.get("vocab_size", VOCAB), name=run.preset_name)  # fmt: skip
-    return p.total_bytes * FIT_MARGIN + CUDA_OVERHEAD <= capacity
+    return gpu_bytes_needed(p.total_bytes) <= capacity
 
 
 def _world() -> int:

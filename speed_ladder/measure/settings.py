@@ -34,6 +34,12 @@ from speed_ladder.spec import RunSpec, preset_name
 FIT_MARGIN = 1.15
 
 
+def gpu_bytes_needed(predicted: float) -> float:
+    """What a GPU must hold for a run the memory model predicts at `predicted` bytes: x FIT_MARGIN
+    and the CUDA context (the batch rule's and step 20's test)."""
+    return predicted * FIT_MARGIN + memory_model.CUDA_OVERHEAD
+
+
 def amp_known(device_type: str, gpu_amp: str | None) -> str | None:
     """Step 05's autocast where it needs no measuring: $SPEED_LADDER_AMP, $SPEED_LADDER_BF16
     (bf16 or fp32), else a CUDA GPU's (`gpu_amp`); None on a CPU or MPS (measured there)."""
@@ -142,7 +148,7 @@ def fit_batch(name: str, p: dict, gpu_bytes: int, amp: str) -> dict | None:
 
     def need(batch, large):
         step, b = _heaviest(p, batch, large, amp != "fp32")
-        return step, b * FIT_MARGIN + memory_model.CUDA_OVERHEAD
+        return step, gpu_bytes_needed(b)
 
     batch, large = p["batch_size"], p["large_batch_size"]
     step, first = need(batch, large)
