@@ -1,13 +1,14 @@
 """Which of a tag's records count (runs.jsonl, as store.py reads it).
 
 A step's runs are its records of one sweep configuration (`sweep.config`, spec.sweep_config),
-one script sha256 and one machine's fingerprint (`sweep.machine`, see machine.py): `matching`.
-A step counts as done when it holds enough `ok` runs, none of them followed by a failure
-(`done_runs`: what the sweep skips a step on); its summary row takes the last `--repeats` of
-them, and the A/A control runs beside them (`collect`). A record's `sweep.round` says in which
-round of an interleaved sweep it ran; `sweep.control` marks the A/A control run (gains.py).
+one version of its code (`version`) and one machine's fingerprint (`sweep.machine`, see
+machine.py): `matching`. A step counts as done when it holds enough `ok` runs, none of them
+followed by a failure (`done_runs`: what the sweep skips a step on); its summary row takes the
+last `--repeats` of them, and the A/A control runs beside them (`collect`). A record's
+`sweep.round` says in which round of an interleaved sweep it ran; `sweep.control` marks the A/A
+control run (gains.py).
 
-The configuration and script a step's runs are matched by are the sweep's own for the steps it
+The configuration and code a step's runs are matched by are the sweep's own for the steps it
 measures; for a step it did not measure, and for a summary rebuilt from runs.jsonl alone, its
 last record's (`settled`, `judged_by`). Whether an ok record can be right and belongs to its tag
 is report/checks/validity.py's: the summary marks such a record `invalid` before it selects.
@@ -17,20 +18,27 @@ from speed_ladder.ladder import Step
 from speed_ladder.spec import config_of
 
 
+def version(rec: dict) -> str | None:
+    """The code a record's sweep ran: its `sweep.code_sha256` (records.code_sha256: docstrings
+    and comments left out), or where it has none (an older record) its `sweep.script_sha256`."""
+    sw = rec.get("sweep") or {}
+    return sw.get("code_sha256") or sw.get("script_sha256")
+
+
 def matching(
     records: list[dict], step: Step, config: dict, sha: str, machine=None, control: bool = False
 ) -> list[dict]:
     """The records of `step` run with this sweep configuration (spec.sweep_config; a record's is
-    read by spec.config_of, which resolves one that holds the sweep's flags) and this script, on
-    `machine` (a fingerprint; None: any machine); the A/A control runs with `control`, else the
-    others."""
+    read by spec.config_of, which resolves one that holds the sweep's flags) and this code
+    (`version`), on `machine` (a fingerprint; None: any machine); the A/A control runs with
+    `control`, else the others."""
     out = []
     for r in records:
         sw = r.get("sweep") or {}
         if (
             r.get("step") == step.num
             and config_of(r) == config
-            and sw.get("script_sha256") == sha
+            and version(r) == sha
             and (machine is None or sw.get("machine") == machine)
             and bool(sw.get("control")) == control
         ):
@@ -84,10 +92,10 @@ def last_config(records: list[dict], step: Step):
     if not mine:
         return {}, "", None, 1
     sw, config = mine[-1].get("sweep") or {}, config_of(mine[-1])
-    same = matching(mine, step, config, sw.get("script_sha256"), sw.get("machine"))
+    same = matching(mine, step, config, version(mine[-1]), sw.get("machine"))
     rounds = [(r.get("sweep") or {}).get("round") or (r.get("sweep") or {}).get("repeat") or 1
               for r in same]  # fmt: skip
-    return config, sw.get("script_sha256"), sw.get("machine"), max(rounds, default=1)
+    return config, version(mine[-1]), sw.get("machine"), max(rounds, default=1)
 
 
 def settled(records: list[dict], steps: list[Step], configs: dict, shas: dict):
@@ -98,7 +106,7 @@ def settled(records: list[dict], steps: list[Step], configs: dict, shas: dict):
     configs, shas = dict(configs), dict(shas)
     for s in steps:
         mine = [r for r in records if r.get("step") == s.num]
-        if not any((r.get("sweep") or {}).get("script_sha256") == shas.get(s.num) for r in mine):
+        if not any(version(r) == shas.get(s.num) for r in mine):
             config, sha, _, _ = last_config(records, s)
             if sha:
                 configs[s.num], shas[s.num] = config, sha

@@ -90,7 +90,8 @@ def _repair_tail(path: Path) -> None:
 
 _NUMBERS = ("tokens_per_sec", "step_time_ms", "peak_mem_reserved_bytes", "mfu", "train_loss",
             "val_loss", "world_size", "duration_s")  # fmt: skip
-_TEXTS = ("status", "reason", "preset", "device_name", "torch_version", "script", "script_sha256")
+_HASHES = ("script_sha256", "code_sha256")
+_TEXTS = ("status", "reason", "preset", "device_name", "torch_version", "script", *_HASHES)
 
 
 def _kind(v) -> str:
@@ -117,7 +118,8 @@ def record_problem(r) -> str | None:
         if not isinstance(sweep, dict):
             return f'"sweep" is {_kind(sweep)}, not an object'
         for k, want in (("run_id", str), ("config", dict), ("script_sha256", str),
-                        ("machine", dict), ("round", int), ("host", str)):  # fmt: skip
+                        ("code_sha256", str), ("machine", dict), ("round", int),
+                        ("host", str)):  # fmt: skip
             if sweep.get(k) is not None and not isinstance(sweep.get(k), want):
                 return f'"sweep.{k}" is {_kind(sweep.get(k))}'
     return None

@@ -12,6 +12,7 @@ from conftest import ROOT
 from test_docs import relative_links
 
 from speed_ladder.ladder import rungs
+from speed_ladder.records import code_sha256, file_sha256
 from speed_ladder.report.compare.reference import read_reference, single_gpu
 from speed_ladder.report.pages import readme, tag_page
 from speed_ladder.report.summary import find_tags, read_summary
@@ -119,3 +120,42 @@ def test_a_row_measured_with_an_earlier_step_file_is_marked(tmp_path):
     recs[0]["script_sha256"] = "0" * 64  # step 00's only record: another version
     (tag / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert marked(tag_page.tag_markdown(tag, tmp_path)) == {recs[0]["step"]}
+
+
+def test_a_docstring_edit_keeps_a_row_current_and_a_code_edit_marks_it(tmp_path):
+    """† follows the records' code_sha256 (the script less docstrings and comments); an older
+    record without one, its script_sha256."""
+    script = "steps/01_dynamic_causal_mask.py"
+    path, tag = tmp_path / script, tmp_path / "tag"
+    path.parent.mkdir()
+    tag.mkdir()
+    shutil.copy(ROOT / script, path)
+    text = path.read_text(encoding="utf-8")
+    shas = {"script_sha256": file_sha256(path), "code_sha256": code_sha256(path)}
+    rec = {"step": "01", "script": script, **shas}
+    rows = [{"step": "01", "script": script, "status": "ok"}]
+
+    def stale(record: dict, now: str) -> bool:
+        (tag / "runs.jsonl").write_text(json.dumps(record) + "\n")
+        path.write_text(now, encoding="utf-8")
+        return tag_page.earlier_version(tag, rows, tmp_path) == {"01"}
+
+    doc_only = text.replace("a dynamic causal mask.", "a causal mask per batch.", 1) + "# a note\n"
+    assert doc_only != text and not stale(rec, doc_only)
+    assert stale(rec, text.replace("diagonal=1", "diagonal=2"))
+    older = {k: v for k, v in rec.items() if k != "code_sha256"}
+    assert not stale(older, text) and stale(older, doc_only)
+
+
+def test_code_sha256_leaves_out_docstrings_comments_and_blank_lines_only(tmp_path):
+    path = tmp_path / "a.py"
+
+    def sha(text: str) -> str:
+        path.write_text(text, encoding="utf-8")
+        return code_sha256(path)
+
+    code = 'x = "é"  # c\nclass A:\n    """Doc."""\n\n    def f(self):\n        """Doc."""\n'
+    code += '        return f"{x!r}"  # f\n'
+    edited = code.replace('"""Doc."""', '"""Other.\n\n    More."""').replace("# c", "# d")
+    assert sha(code) == sha(edited) == sha(code.replace("\n", "\n\n"))
+    assert sha(code) != sha(code.replace("!r", "!s")) and sha(code) != sha(code + "y = 1\n")

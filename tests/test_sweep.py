@@ -194,9 +194,14 @@ def test_force_reruns_and_changes_invalidate(tmp_path, capsys):
     assert [r["step"] for r in recs] == ["00", "01", "03"] * 2
     assert len({r["sweep"]["run_id"] for r in recs}) == 6
 
-    # an edited script reruns (its sha256 changed); the others stay up to date
+    # a docstring or comment edit changes no code: still up to date (code_sha256)
     script = ladder / "steps" / "01_fixture_ok.py"
-    script.write_text(script.read_text() + "\n# edited\n")
+    text = script.read_text().replace("that succeeds.", "that succeeds, edited.")
+    script.write_text(text + "\n# edited\n")
+    code, out, _ = sweep_here(capsys, *base)
+    assert code == 0 and out.count("up to date") == 3
+    # an edited line of code reruns; the others stay up to date
+    script.write_text(text.replace('main(__file__, "ok")', 'main(__file__, "o" + "k")'))
     code, out, _ = sweep_here(capsys, *base)
     assert code == 0 and out.count("up to date") == 2
     assert [r["step"] for r in runs_of(results)][-1] == "01"

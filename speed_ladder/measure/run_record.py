@@ -11,7 +11,7 @@ from speed_ladder.files import ROOT, portable_path
 from speed_ladder.measure import device as dev
 from speed_ladder.measure import precision
 from speed_ladder.measure.inactive import interpreted
-from speed_ladder.records import file_sha256, git_state, mfu_problem
+from speed_ladder.records import code_sha256, file_sha256, git_state, mfu_problem
 
 
 def base_record(run, status: str, world: int) -> dict:
@@ -31,6 +31,7 @@ def base_record(run, status: str, world: int) -> dict:
         "cuda_version": torch.version.cuda if cuda else None,
         **git_state(ROOT),  # git_sha, git_sha_reason
         "script_sha256": file_sha256(run.script),
+        "code_sha256": code_sha256(run.script),  # what a row is stale by: not its docstrings
         "started_at": run.started_at,
         "duration_s": round(time.time() - run.t_begin, 2),
         "notes": run.notes,

@@ -21,11 +21,12 @@ tag folder at a time.
   configuration (`sweep.config`, spec.sweep_config: the RunSpec's preset, device, max_steps,
   warmup_steps, seed and data as resolved, so a default and the flag that names it are one,
   and nproc; the text named by what it holds, not where it lives: files.data_id; a record from
-  before the RunSpec is resolved as its step resolved it), the same script sha256 and this
-  machine's fingerprint (machine.py), none followed by a failure. Failed steps are retried; a
-  failure ends that step's rounds in this sweep. `--profile` and `--trace`
-  (speed_ladder.measure.profile) do not change the configuration, but a profiled sweep counts only
-  the latest runs that have a time breakdown, and reruns the others.
+  before the RunSpec is resolved as its step resolved it), the same code (the script's
+  `code_sha256`: a docstring or comment edit reruns nothing; a record without one, by its
+  `script_sha256`) and this machine's fingerprint (machine.py), none followed by a failure.
+  Failed steps are retried; a failure ends that step's rounds in this sweep. `--profile` and
+  `--trace` (speed_ladder.measure.profile) do not change the configuration, but a profiled sweep
+  counts only the latest runs that have a time breakdown, and reruns the others.
 - **Another machine's folder.** A tag folder holding records of another machine (committed
   results, or records without a fingerprint) is never written: the sweep uses
   `<hardware>-<6 hex digits of this machine's fingerprint>-xN` instead and says so.
@@ -71,7 +72,7 @@ from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.device import resolve as resolve_torch_device
 from speed_ladder.measure.gpus import autocast_for
 from speed_ladder.measure.settings import resolve_spec
-from speed_ladder.records import file_sha256
+from speed_ladder.records import code_sha256
 from speed_ladder.report import to_loss
 from speed_ladder.report.compare import committed
 from speed_ladder.report.pages import redraw as report
@@ -252,7 +253,7 @@ def plan(args) -> Plan:
         tag_dir.mkdir(parents=True, exist_ok=True)
         held = expected_steps(ladder, tag)
         configs = {s.num: sweep_config(spec, n if s.distributed else 1) for s in held}
-        shas = {s.num: file_sha256(s.path) for s in held}
+        shas = {s.num: code_sha256(s.path) for s in held}
         chosen = [s for s in selected if s in held]
         hw = hardware + processes_suffix(n)
         passes.append(Pass(tag, tag_dir, n, held, chosen, configs, shas, hw))

@@ -91,6 +91,7 @@ def _synthesized(step: Step, status: str, reason: str, meta: dict, started_at: s
         "status": status,
         "reason": reason,
         "script_sha256": meta["script_sha256"],
+        "code_sha256": meta.get("code_sha256"),
         "started_at": started_at,
         "duration_s": duration_s,
     }

@@ -32,7 +32,7 @@ class Pass:
     ladder: list[Step]  # the steps this tag holds (its summary's rows)
     steps: list[Step]  # the chosen ones, run in this sweep
     configs: dict[str, dict]  # per step: the sweep configuration its runs are matched by
-    shas: dict[str, str]  # per step: its script's sha256
+    shas: dict[str, str]  # per step: its script's code_sha256 (records.code_sha256)
     hardware: str = ""  # this machine's hardware tag with the -xN (what --tag may name otherwise)
 
 

@@ -13,7 +13,7 @@ from speed_ladder import machine
 from speed_ladder.files import shown
 from speed_ladder.measure import cpu_load
 from speed_ladder.measure.profile import profiled_runs
-from speed_ladder.records import append_jsonl, read_jsonl
+from speed_ladder.records import append_jsonl, file_sha256, read_jsonl
 from speed_ladder.selection import done_runs, matching
 from speed_ladder.spec import config_of, resolved_config
 from speed_ladder.store import load_runs
@@ -123,7 +123,8 @@ def _run_job(p: Plan, job: Job, rnd: int, timeout: float, keep_timeout: bool = T
         "tag": ps.tag,
         "round": rnd,
         "config": ps.configs[job.step.num],
-        "script_sha256": ps.shas[job.step.num],
+        "code_sha256": ps.shas[job.step.num],
+        "script_sha256": file_sha256(job.step.path),
         "machine": p.machine,
         "host": machine.real_host_id(),  # the real one, also where machine.py pools hosts
     }
@@ -166,7 +167,7 @@ CUT_FACTOR = 1.5  # a cut run needed more than it had: expect half as much again
 
 def _cut_key(job: Job, config: dict, sha: str, fp: dict) -> dict:
     return {"step": job.step.num, "control": job.control, "config": config,
-            "script_sha256": sha, "machine": fp}  # fmt: skip
+            "code_sha256": sha, "machine": fp}  # fmt: skip
 
 
 def note_cut(tag_dir, job: Job, config: dict, sha: str, fp: dict, seconds: float) -> None:

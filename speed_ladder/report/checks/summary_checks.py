@@ -15,7 +15,7 @@ from speed_ladder.errors import UserError
 from speed_ladder.report.checks.record_checks import Report
 from speed_ladder.report.rows import number, text
 from speed_ladder.report.summary import _DIGITS, SUMMARY, read_summary, rebuild
-from speed_ladder.selection import matching, ok_since_failure
+from speed_ladder.selection import matching, ok_since_failure, version
 from speed_ladder.spec import config_of
 from speed_ladder.store import RUNS
 
@@ -73,7 +73,7 @@ def rebuilt(tag_dir: Path, steps, records, rep: Report):
         first = next(s for s in expected if s.num in used)
         sw = used[first.num][-1].get("sweep") or {}
         ctl = matching([r for _, r in records], first, config_of(used[first.num][-1]),
-                       sw.get("script_sha256"), sw.get("machine"), control=True)  # fmt: skip
+                       version(used[first.num][-1]), sw.get("machine"), control=True)  # fmt: skip
         runs += ok_since_failure(ctl)[-max(len(rs) for rs in used.values()) :]
     return df, {(r.get("sweep") or {}).get("run_id") for r in runs}, columns
 

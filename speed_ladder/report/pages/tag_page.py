@@ -10,11 +10,11 @@ rounds. A tag of N processes shows the scaling efficiency over its steps' 1-proc
 rank's peak beside the memory model's prediction. A GPU tag's table (its records ran on CUDA) sets
 the published A100 figure of each step beside it, with that step's gain in the published ladder
 (compare/reference.py), and says under the table that those are Raschka's figures, not measured
-here. A row whose records measured another version of its step file than the checkout's (their
-`script_sha256` against the file's sha256 today) is marked, with one line under the table. Two lines
-say what ran where it is not what the steps say (chain_notes): the rungs that did nothing here under
-the steps built on them (summary `inactive_rungs`: a step on Liger's fallback ran no Liger either),
-and the steps whose attention kernel is not their rung's (`attention_kernel`)."""
+here. A row whose records measured other code than its step file holds today (their `code_sha256`,
+or an older record's `script_sha256`) is marked, with one line under the table. Two lines say what
+ran where it is not what the steps say (chain_notes): the rungs that did nothing here under the
+steps built on them (summary `inactive_rungs`: a step on Liger's fallback ran no Liger either), and
+the steps whose attention kernel is not their rung's (`attention_kernel`)."""
 
 import hashlib
 import os
@@ -24,7 +24,7 @@ from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT, atomic_write_bytes, is_within
 from speed_ladder.ladder import tag_processes
-from speed_ladder.records import read_jsonl
+from speed_ladder.records import code_sha256, read_jsonl
 from speed_ladder.report import by_hand
 from speed_ladder.report.charts.bar_charts import CHARTS
 from speed_ladder.report.charts.gain_chart import GAIN_CHART
@@ -75,8 +75,9 @@ HEADER_N = [  # a tag of N processes: its distributed steps, against their 1-pro
 PUBLISHED = "published A100 tok/s (its gain)"  # a GPU tag's column, after "vs previous step"
 EARLIER = "†"  # a row measured with an earlier version of its step file
 EARLIER_NOTE = (
-    f"{EARLIER} measured with an earlier version of the step file (the records' `script_sha256` "
-    "is not the sha256 of the file in this checkout)."
+    f"{EARLIER} measured with an earlier version of the step file's code (the records' "
+    "`code_sha256`, or where they have none their `script_sha256`, is not the file's in this "
+    "checkout; a docstring or comment edit changes no `code_sha256`)."
 )
 
 TAG_CHARTS = (("tok/s", CHARTS[0]), ("each step's own gain", GAIN_CHART),
@@ -110,19 +111,21 @@ def _digests(path: Path) -> set[str]:
 
 
 def earlier_version(tag_dir: Path, rows: list[dict], root: Path = ROOT) -> set[str]:
-    """The ok steps whose last record (not an A/A control's) measured another version of the
-    step's file (the summary's `script`, under `root`) than the one there now."""
+    """The ok steps whose last record (not an A/A control's) measured other code than the step's
+    file (the summary's `script`, under `root`) holds now: its `code_sha256` (docstrings and
+    comments left out) against the file's; a record without one, its `script_sha256`."""
     last = {}
     for rec in read_jsonl(Path(tag_dir) / RUNS):
         if isinstance(rec, dict) and rec.get("script_sha256"):
             if not (rec.get("sweep") or {}).get("control"):
-                last[rec.get("step")] = rec["script_sha256"]
+                last[rec.get("step")] = rec
     out = set()
     for r in rows:
-        sha, script = last.get(r["step"]), text(r.get("script"))
+        rec, script = last.get(r["step"]), text(r.get("script"))
         path = Path(root) / script if script else None
-        if r.get("status") == "ok" and sha and path and path.is_file():
-            if sha not in _digests(path):
+        if r.get("status") == "ok" and rec and path and path.is_file():
+            code = rec.get("code_sha256")
+            if code != code_sha256(path) if code else rec["script_sha256"] not in _digests(path):
                 out.add(r["step"])
     return out
 
