@@ -216,3 +216,18 @@ def test_a_steps_own_bound_can_hold_for_one_regime_only():
     for regime in ("fp32", "fp32-compiled"):
         assert parity.rule("15", regime, regime)["atol"] == 1e-4
     assert parity.rule("16", "bf16", "bf16")["atol"] is None  # exact: no own bound
+
+
+def test_validation_loss_is_compared_where_one_commit_evaluated_both():
+    """Training losses within the rule and final validation losses too: ok. Validation losses
+    apart: off where one clean commit evaluated both runs, not comparable where other commits
+    did (their evaluation may differ), and the detail says which."""
+    sha, other = "a" * 40, "b" * 40
+    prev, cur = dict(rec("06"), val_loss=7.6, git_sha=sha), dict(rec("07", 1e-5), val_loss=7.6)
+    assert parity.judge("07", prev, dict(cur, git_sha=sha))[0] == "ok"
+    state, _, detail = parity.judge("07", prev, dict(cur, val_loss=8.1, git_sha=sha))
+    assert state == "off" and "validation loss 7.6000 against 8.1000" in detail
+    for later in (other, sha + "-dirty", None):
+        state, _, detail = parity.judge("07", prev, dict(cur, val_loss=8.1, git_sha=later))
+        assert state == "not comparable" and "across commits (aaaaaaaa, " in detail, later
+    assert parity.judge("07", prev, dict(cur, val_loss=None, git_sha=other))[0] == "ok"

@@ -322,8 +322,9 @@ def page_markdown(tag_dirs, base: Path, root: Path = ROOT) -> str:
         "gain over the rung it builds on (median of the per-round ratios, [min-max] over the "
         "rounds) and a verdict, *no change* when the interval holds 1.00x or the change is under "
         "the noise floor or 1%. *Inactive here*: the step changes nothing on that device. *Loss "
-        "parity*: its per-step losses against that rung's under its rule (ok, **off**, or n/c "
-        "where the rule cannot apply); † a row measured with an earlier version of its file. "
+        "parity*: its per-step training losses and final validation loss against that rung's "
+        "under its rule (ok, **off**, or n/c where the rule cannot apply); † a row measured with "
+        "an earlier version of its code. "
         f"Words: [docs/glossary.md]({_rel(ROOT / 'docs/glossary.md', base)}). How the numbers are "
         "taken: "
         f"[docs/measurement.md]({_rel(ROOT / MEASUREMENT, base)}).{_breakdowns(summaries, base)}",

@@ -141,11 +141,12 @@ def parity_notes(rows: list[dict]) -> list[str]:
     if not any(text(r.get("parity")) for r in rows):
         return []
     lines = [
-        "*loss parity*: this step's per-step training losses against the previous step's, "
-        "round with round (same seed, same data), under `speed_ladder/data/ladder.json`'s rule for "
-        "the step and the runs' numeric regime (`speed_ladder/parity.py`); *n/c* (not "
-        "comparable): the rule does not hold on this preset; details in summary.csv's "
-        "`parity_detail`."
+        "*loss parity*: this step's per-step training losses, then its final validation loss, "
+        "against the previous step's, round with round (same seed, same data), under "
+        "`speed_ladder/data/ladder.json`'s rule for the step and the runs' numeric regime "
+        "(`speed_ladder/parity.py`); *n/c* (not comparable): the rule does not hold on this "
+        "preset, or the validation losses part where other commits evaluated them; details in "
+        "summary.csv's `parity_detail`."
     ]
     off = [f"step {r['step']} ({cell(text(r.get('parity_detail')) or '')})" for r in rows
            if text(r.get("parity")) == "off"]  # fmt: skip
