@@ -159,3 +159,31 @@ def test_the_sweep_measures_time_to_target_and_the_spread_of_two_seeds(
     assert (tag_dir / "loss_curves.png").is_file() and (tag_dir / "time_to_target.png").is_file()
     code, out, _ = sweep_here(capsys, *args)
     assert code == 0 and len(records(tag_dir / "runs.jsonl")) == 3  # up to date: nothing ran
+
+
+def test_an_inactive_rung_gets_no_verdict_and_each_line_says_what_it_times():
+    """The committed time-to-loss tag, rebuilt from its records: a rung whose idea did nothing
+    there has no sooner/later; LADDER.md's line names validation loss, the preset and the
+    warm-up (compiling) beside the time."""
+    from conftest import ROOT
+
+    from speed_ladder.ladder import discover, expected_steps
+    from speed_ladder.report import to_loss
+    from speed_ladder.store import load_runs
+
+    (tag,) = (ROOT / "results").glob("*-to-loss-x1")
+    rows = to_loss.table(expected_steps(discover(ROOT), tag.name), load_runs(tag))
+    inactive = [r for r in rows if r["inactive"]]
+    assert inactive and all(r["verdict"] == "inactive here" for r in inactive)
+    assert {r["verdict"] for r in rows if not r["inactive"]} <= {
+        None,
+        "sooner",
+        "later",
+        "within noise",
+        "one seed",
+    }
+    lines = [ln for ln in (ROOT / "LADDER.md").read_text().splitlines() if "*Time to" in ln]
+    assert len(lines) == len(rows)
+    for ln in lines:
+        assert ln.startswith("*Time to validation loss ") and f"(preset {rows[0]['preset']}, " in ln
+        assert " s apart" in ln and ("sooner" not in ln or "inactive" not in ln)

@@ -12,7 +12,9 @@ several rounds, each figure is the median of the rounds'.
 Noise: the A/A control of such a sweep runs the first rung again with the next seed, so the
 seeds' spread of time to target (`noise`: max - min over their median, step 00's seeds) says
 how far apart two runs of one rung land. A rung's `verdict` against its base is `sooner` or
-`later` only beyond that spread, else `within noise`; with a single seed, `one seed`.
+`later` only beyond that spread, else `within noise`; with a single seed, `one seed`; a rung
+whose idea did nothing here (`inactive`: a run's `step_active` false), `inactive here`, never
+a verdict.
 """
 
 import csv
@@ -26,9 +28,9 @@ from speed_ladder.selection import collect, judged_by
 from speed_ladder.store import RUNS, load_runs
 
 TO_LOSS = "to_loss.csv"
-COLUMNS = ["step", "title", "after", "target", "reached", "runs", "tokens", "time_s", "train_s",
-           "warmup_s", "tokens_per_sec", "tokens_ratio", "tps_ratio", "time_speedup",
-           "verdict", "noise", "seeds"]  # fmt: skip
+COLUMNS = ["step", "title", "after", "preset", "target", "reached", "runs", "tokens", "time_s",
+           "train_s", "warmup_s", "tokens_per_sec", "tokens_ratio", "tps_ratio", "time_speedup",
+           "verdict", "noise", "seeds", "inactive"]  # fmt: skip
 
 
 def is_to_loss(rec: dict) -> bool:
@@ -55,7 +57,8 @@ def _ratio(a, b):
 def _row(step: Step, oks: list[dict]) -> dict:
     reached = [r for r in oks if r["to_loss"].get("reached")]
     row = dict.fromkeys(COLUMNS) | {"step": step.num, "title": step.title, "after": step.after}
-    row.update(target=oks[-1]["to_loss"]["target"], runs=len(oks),
+    row.update(target=oks[-1]["to_loss"]["target"], runs=len(oks), preset=oks[-1].get("preset"),
+               inactive=any(r.get("step_active") is False for r in oks),
                reached=f"{len(reached)}/{len(oks)}",
                tokens_per_sec=_median(r.get("tokens_per_sec") for r in oks),
                warmup_s=_median(r.get("warmup_s") for r in oks))  # fmt: skip
@@ -91,7 +94,7 @@ def table(steps: list[Step], records: list[dict]) -> list[dict]:
         row["tokens_ratio"] = _ratio(row["tokens"], base["tokens"])
         row["tps_ratio"] = _ratio(row["tokens_per_sec"], base["tokens_per_sec"])
         row["time_speedup"] = _ratio(base["time_s"], row["time_s"])
-        row["verdict"] = verdict(row["time_speedup"], noise)
+        row["verdict"] = "inactive here" if row["inactive"] else verdict(row["time_speedup"], noise)
     return list(rows.values())
 
 
@@ -131,9 +134,9 @@ def read(tag_dir: Path) -> list[dict]:
         return []
 
     def value(k, v):
-        if v == "" or k in ("step", "title", "after", "reached", "verdict"):
+        if v == "" or k in ("step", "title", "after", "preset", "reached", "verdict"):
             return v or None
-        return float(v)
+        return v == "True" if k == "inactive" else float(v)
 
     with open(path, encoding="utf-8", newline="") as f:
         return [{k: value(k, v) for k, v in r.items()} for r in csv.DictReader(f)]

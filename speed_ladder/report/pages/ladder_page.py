@@ -229,21 +229,29 @@ def _reference(step: Step, ref) -> list[str]:
 
 
 def _time_to_target(step: Step, tag_dirs, base: Path) -> list[str]:
-    """'Time to loss L (`tag`): 42 s, 1.31x sooner than step 10 (tokens x1.10, tok/s x1.44).'"""
+    """'Time to validation loss L (preset P, `tag`): 42.0 s of training over N tokens, its
+    warm-up (compiling, where it compiles) 3.1 s apart; 1.31x as soon as step 10 (tokens
+    x1.10, tok/s x1.44): sooner.' An inactive rung's verdict is `inactive here`."""
     out = []
     for t in tag_dirs:
         row = next((r for r in to_loss.read(t) if r["step"] == step.num), None)
         if row is None:
             continue
-        head = f"*Time to loss {row['target']:g}* ([`{t.name}`]({_rel(t / TAG_PAGE, base)}))"
+        where = f"[`{t.name}`]({_rel(t / TAG_PAGE, base)})"
+        if row.get("preset"):
+            where = f"preset {row['preset']}, {where}"
+        head = f"*Time to validation loss {row['target']:g}* ({where})"
         if row["time_s"] is None:
             out.append(f"{head}: not reached ({row['reached']} runs).")
             continue
-        line = f"{head}: {row['time_s']:.1f} s over {row['tokens']:,.0f} tokens"
+        line = f"{head}: {row['time_s']:.1f} s of training over {row['tokens']:,.0f} tokens"
+        if row["warmup_s"] is not None:
+            line += f", its warm-up (compiling, where it compiles) {row['warmup_s']:.1f} s apart"
         if row["time_speedup"] is not None:
-            line += (f", {row['time_speedup']:.2f}x as soon as step {row['after']} (tokens "
+            verdict = row["verdict"] + (", no verdict" if row.get("inactive") else "")
+            line += (f"; {row['time_speedup']:.2f}x as soon as step {row['after']} (tokens "
                      f"x{row['tokens_ratio']:.2f}, tok/s x{row['tps_ratio']:.2f}): "
-                     f"{row['verdict']}")  # fmt: skip
+                     f"{verdict}")  # fmt: skip
         out.append(line + ".")
     return [*out, ""] if out else []
 

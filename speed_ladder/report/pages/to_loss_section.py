@@ -21,12 +21,14 @@ def lines(tag_dir: Path) -> list[str]:
     noise = first["noise"]
     spread = (
         f"the A/A control ran step {first['step']} with a second seed: its times to the target "
-        f"lie {noise:.1%} apart, so a rung is *sooner* or *later* than its base only beyond that"
+        f"lie {noise:.1%} apart, so a rung is *sooner* or *later* than its base only beyond that, "
+        "and a rung whose idea did nothing here (*inactive here*) gets no verdict"
         if noise is not None
         else f"step {first['step']} ran with one seed: no spread, no verdict"
     )
+    preset = f" (preset {first['preset']})" if first.get("preset") else ""
     out = [
-        f"## Time to validation loss {first['target']:g}",
+        f"## Time to validation loss {first['target']:g}{preset}",
         "",
         "Each rung trained until its validation loss (on the same validation tokens for every "
         "rung) reached the target. *time*: its training time to where that loss crossed the "
