@@ -257,8 +257,15 @@ def test_reference_csv_is_the_published_table():
         "metric",
         "hardware",
         "source",
+        "rungs",
+        "like",
     ]
     assert list(ref["step"]) == [f"{n:02d}" for n in range(12)]
+    # like with like: his 05 casts the whole model to bf16 (our 15), his 07 bundles our 07 and
+    # 19 (fused QKV); every other step is ours of its number, and each says why where it differs
+    moved = {r["step"]: r["rungs"] for r in ref.to_dict("records") if r["rungs"] != r["step"]}
+    assert moved == {"05": "15", "07": "07 19"}
+    assert all(ref[ref["step"].isin([*moved, "10"])]["like"].str.len() > 0)
     assert list(ref["tokens_per_sec"]) == [
         12525, 12526, 27648, 28399, 28402, 45486, 55256, 91901, 112046, 127345, 142156, 419259,
     ]  # fmt: skip
@@ -367,6 +374,10 @@ def test_a_gpu_tag_sets_the_published_a100_figures_beside_its_steps(tmp_path):
     assert row(gpu_part, "10")[4] == "142,156 (1.12x)"  # the csv as committed
     assert row(gpu_part, "08")[4] == "112,046"  # avg tok/s before, step tok/s from 08: no ratio
     assert row(gpu_part, "00")[4] == "12,525" and row(gpu_part, "12")[4] == "–"
+    assert row(gpu_part, "05")[4] == "–"  # his 05 is our 15 (not run there), not our autocast
+    assert row(gpu_part, "07")[4] == f"his 07 (our 07 + 19): {pub['07']:,.0f} (1.66x)"
+    assert published(read_reference(), "15", 1) == (pub["05"], pub["05"] / pub["04"])
+    assert published(read_reference(), "19", 1) is None  # bundled: beside 07 only
     assert len(row(cpu_part, "10")) == len(tag_page.HEADER[0].split(" | "))  # no column
     note = next(ln for ln in gpu_part.splitlines() if ln.startswith("*published A100 tok/s"))
     assert "Raschka's **published** figures" in note and "not measured here" in note
@@ -377,8 +388,12 @@ def test_a_gpu_tag_sets_the_published_a100_figures_beside_its_steps(tmp_path):
 
     page = ladder_page.page_markdown([cpu, gpu], tmp_path)
     sec10 = page.split("## 10 ")[1].split("\n## ")[0]
-    assert "*Published, not measured here* (Raschka, 1x A100 (PyTorch 2.6)): 142,156 tok/s" in sec10
-    assert "its step's gain 1.12x" in sec10 and sec10.count("Published") == 1
+    pub10 = "*Published, not measured here* (Raschka's step 10, 1x A100 (PyTorch 2.6)): 142,156"
+    assert pub10 in sec10 and "his step's gain 1.12x" in sec10 and sec10.count("Published") == 1
+    sections = {n: page.split(f"## {n} ")[1].split("\n## ")[0] for n in ("05", "15", "19")}
+    assert "Published" not in sections["05"] and "in step 15's section" in sections["05"]
+    assert "(Raschka's step 05, 1x A100" in sections["15"]
+    assert "*Raschka's step 07* bundles this rung with step 07" in sections["19"]
     # the GPU tag's row: tok/s and peak GiB before (step 09) -> after, as the published ladder
     row = next(ln for ln in sec10.splitlines() if ln.startswith("| `nvidia-h200-x1`"))
     assert "254,598 → 409,840" in row
@@ -503,8 +518,9 @@ def test_the_comparison_is_each_tags_speedup_over_its_own_step_00(tags, monkeypa
         ends = [round(p.get_x() + p.get_width(), 4) for p in ax.patches]  # bars start at 1x
         assert all(p.get_x() == 1.0 for p in ax.patches)
         ref = read_reference()
-        one_gpu = ref[ref["hardware"].str.startswith("1x")]["tokens_per_sec"]
-        reference = [round(v / 12525, 4) for v in one_gpu]
+        one_gpu = dict(zip(ref["step"], ref["tokens_per_sec"], strict=True))
+        one_gpu.pop("11")  # 4x A100; his 05 sits beside our 15, last on the axis
+        reference = [round(one_gpu[s] / 12525, 4) for s in sorted(one_gpu, key=lambda s: s == "05")]
         assert len(reference) == 11 and round(419259 / 12525, 4) not in ends  # no 4x A100 row
         assert ends == [1.0, 1.2, 3.1,  # cpu-fixture over its step 00 (1000 tok/s)
                         1.0, round(1200 / 9000, 4), round(3100 / 9000, 4),  # gpu-fixture's 9000
@@ -514,6 +530,7 @@ def test_the_comparison_is_each_tags_speedup_over_its_own_step_00(tags, monkeypa
         for label in ("failed (oom)", "failed (error)", "not run"):
             assert texts.count(label) == 2  # one per 1-process tag, at 1x
         assert "3.10x" in texts and "0.34x" in texts and "11.3x" in texts
+        assert "3.63x (his 05)" in texts  # beside our 15, the rung that does what his 05 did
         legend = [t.get_text() for t in ax.get_legend().get_texts()]
         assert "cpu-fixture-x2 (this project; over cpu-fixture's step 00)" in legend
         assert f"{REF_LABEL} (1x A100)" in legend

@@ -82,6 +82,11 @@ def test_the_headline_ratio_comes_from_the_records():
     theirs = f"{a100[top] / 1000:.1f}K (step {top}): {a100[top] / a100['00']:.2f}x"
     assert theirs in text and "11.35x" in theirs  # the published csv as committed
     assert "![Speedup over step 00 per step" in text and "(results/gpu_vs_a100.png)" in text
+    # his figures beside the rung that does what his step did: not his 05 beside our autocast
+    rows = [ln.split(" | ") for ln in text.splitlines() if re.match(r"\| \d\d \|", ln)]
+    his = {cells[0][2:]: cells[5] for cells in rows}
+    assert his["05"] == "–" and his["07"] == "07 (our 07 + 19)" and his["10"] == "10"
+    assert "His step 05 (our 15) casts the whole model to bf16" in text
 
 
 def test_the_readme_and_pages_speak_to_users():

@@ -5,18 +5,23 @@ results/gpu_vs_a100.png, the same for the 1-process GPU tags alone, the README's
 Per step, each tag's speedup over its own step 00 (tok/s of the step / tok/s of that tag's step 00;
 an N-process tag, which holds the distributed steps only, over its 1-process tag's step 00 on the
 same machine) beside the published reference's speedup over its step 00 (its single-GPU rows,
-compare/reference.py's), on a log axis with 1x at step 00. An inactive step is a hatched, pale bar
-labelled "inactive here: <why>" (wrapped, never cut: the bars make room); a step that failed, ran
-interpreted or did not run is a label at 1x, never a bar. The chart is written atomically, as every
-chart (chart_style.save).
-"""
+compare/reference.py's, each beside the rung that does what its step did), on a log axis with 1x at
+step 00. An inactive step is a hatched, pale bar labelled "inactive here: <why>" (wrapped, never
+cut: the bars make room); a step that failed, ran interpreted or did not run is a label at 1x, never
+a bar. The chart is written atomically, as every chart (chart_style.save)."""
 
 import re
 from pathlib import Path
 
 from speed_ladder.ladder import BASELINE, tag_processes
 from speed_ladder.report.charts import chart_style
-from speed_ladder.report.compare.reference import REF_LABEL, resolve_reference, single_gpu
+from speed_ladder.report.compare.reference import (
+    REF_LABEL,
+    records,
+    resolve_reference,
+    rungs_of,
+    single_gpu,
+)
 from speed_ladder.report.rows import inactive, number, speedup_text
 from speed_ladder.report.summary import read_summary
 
@@ -113,20 +118,25 @@ def _comparison_bars(ax, series, bases, steps, height, colors) -> tuple[list, li
 
 
 def _comparison_reference(ax, ref, steps, height, k: int) -> tuple[list, list]:
-    """The published single-GPU figures' speedup over their step 00, hatched grey."""
-    by_step = {r["step"]: r for r in ref.to_dict("records")}
+    """The published single-GPU figures' speedup over their step 00, hatched grey, each beside
+    the rung that does what its step did (compare/reference.py's `rungs`), "(his 05)" where
+    that is not the rung of its number, "(his 07 = our 07 + 19)" where it bundles several."""
+    by_rung = {rungs_of(r)[0]: r for r in records(ref)}
     values, texts = [], []
-    base = by_step.get(BASELINE)
+    base = by_rung.get(BASELINE)
     if base is None:
         return values, texts
     for i, s in enumerate(steps):
-        r = by_step.get(s)
+        r = by_rung.get(s)
         if r is not None:
             y = i - 0.4 + height * (k + 0.5)
             up = float(r["tokens_per_sec"]) / float(base["tokens_per_sec"])
             _speedup_bar(ax, y, up, height, **chart_style.REF_STYLE)
             values.append(up)
-            texts.append(chart_style.label_after(ax, max(up, 1.0), y, speedup_text(up), fontsize=7,
+            ours = rungs_of(r)
+            his = f"his {r['step']}" + (f" = our {' + '.join(ours)}" if len(ours) > 1 else "")
+            label = speedup_text(up) + (f" ({his})" if ours != [r["step"]] else "")
+            texts.append(chart_style.label_after(ax, max(up, 1.0), y, label, fontsize=7,
                                      color="#505050"))  # fmt: skip
     return values, texts
 
@@ -150,9 +160,9 @@ def plot_comparison(tag_dirs, out: Path | None = None, reference="default", titl
         for r in df.to_dict("records"):
             titles.setdefault(r["step"], r.get("title") or "")
     if ref is not None:
-        steps = sorted(set(steps) | set(ref["step"]))
-        for r in ref.to_dict("records"):
-            titles.setdefault(r["step"], r["optimization"])
+        steps = sorted(set(steps) | {rungs_of(r)[0] for r in records(ref)})
+        for r in records(ref):
+            titles.setdefault(rungs_of(r)[0], r["optimization"])
     n = len(series) + (1 if ref is not None else 0)
     height = 0.8 / max(n, 1)
     fig, ax = plt.subplots(figsize=(11, _bar_in(series) / 0.8 * len(steps) * max(n, 2) + 2.6))

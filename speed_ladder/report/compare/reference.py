@@ -1,6 +1,11 @@
 """The published reference ladder: the single-A100 figures of Raschka's LLMs-from-scratch
 (ch05/10), results/reference/published_a100_ladder.csv, which the charts draw beside this
-project's measurements, always labelled as published figures, never as ours."""
+project's measurements, always labelled as published figures, never as ours.
+
+Like with like: each published step sits beside the rung of ours that does what it did (the
+csv's `rungs`, with why in `like`), not beside our step of the same number: his 05 casts the
+whole model to bf16, as our 15 does; his 07 bundles our 07 and 19 (his figure beside the first
+of them, `counterpart`)."""
 
 from pathlib import Path
 
@@ -21,7 +26,9 @@ def read_reference(path: Path = REFERENCE_CSV):
     if not Path(path).is_file():
         return None
     try:
-        df = pd.read_csv(path, dtype={"step": str})
+        df = pd.read_csv(
+            path, dtype={"step": str, "rungs": str, "like": str}, keep_default_na=False
+        )
         df["step"] = df["step"].str.zfill(2)
         missing = {"tokens_per_sec", "reserved_memory_gb", "optimization", "hardware"} - set(df)
         if missing:
@@ -67,31 +74,67 @@ def single_gpu(ref):
     return one if len(one) else None
 
 
+def records(ref) -> list[dict]:
+    """The reference's rows as dicts; none without a reference."""
+    return [] if ref is None else ref.to_dict("records")
+
+
+def rungs_of(row: dict) -> list[str]:
+    """Our rungs that do what a published step did: its `rungs` ('07 19'), else its own step."""
+    return str(row.get("rungs") or row["step"]).split()
+
+
+def counterpart(ref, rung: str) -> dict | None:
+    """The published row whose `rungs` hold our `rung` (the first of them carries his figure),
+    or None."""
+    return next((r for r in records(ref) if rung in rungs_of(r)), None)
+
+
 def published(ref, step: str, processes: int = 1) -> tuple[float, float | None] | None:
-    """(the csv's tok/s of `step`, its gain over the csv's previous step) for a tag of
-    `processes` processes; None where the csv has no such step or it ran on another number of
-    GPUs than the tag's processes (step 11: 4x A100, no like for like on one process). The gain
-    is None for step 00 and where the metric changes between the two rows (avg tok/s up to 07,
-    step tok/s from 08: no ratio across them)."""
-    if ref is None:
+    """(the tok/s of the published step that our rung `step` is the first counterpart of, its
+    gain over the csv's previous step) for a tag of `processes` processes; None where no
+    published step maps to it or it ran on another number of GPUs than the tag's processes
+    (step 11: 4x A100, no like for like on one process). The gain is None for step 00 and where
+    the metric changes between the two rows (avg tok/s up to 07, step tok/s from 08: no ratio
+    across them)."""
+    row = counterpart(ref, step)
+    if row is None or rungs_of(row)[0] != step or _gpus(row["hardware"]) not in (None, processes):
         return None
-    records = ref.to_dict("records")
-    at = next((i for i, r in enumerate(records) if r["step"] == step), None)
-    row = records[at] if at is not None else None
-    if row is None or _gpus(row["hardware"]) not in (None, processes):
-        return None
-    prev = records[at - 1] if at > 0 else None  # the csv's row before: its previous step
+    rows = records(ref)
+    at = next(i for i, r in enumerate(rows) if r["step"] == row["step"])
+    prev = rows[at - 1] if at > 0 else None  # the csv's row before: its previous step
     same = prev is not None and prev.get("metric") == row.get("metric") and prev["tokens_per_sec"]
     gain = row["tokens_per_sec"] / prev["tokens_per_sec"] if same else None
     return float(row["tokens_per_sec"]), gain
 
 
+def his_step(ref, step: str) -> str:
+    """'05', or '07 (our 07 + 19)' where his step bundles several of ours: the published step
+    beside our rung `step`; '' where none maps to it."""
+    row = counterpart(ref, step)
+    if row is None:
+        return ""
+    ours = rungs_of(row)
+    return row["step"] + (f" (our {' + '.join(ours)})" if len(ours) > 1 else "")
+
+
 def published_cell(ref, step: str, processes: int = 1) -> str:
-    """'142,156 (1.12x)' for a tag page's column; '112,046' without a gain; '–' without one."""
+    """'142,156 (1.12x)' for a tag page's column, 'his 05: 45,486 (1.60x)' where his step has
+    another number; '112,046' without a gain; '–' without one."""
     fig = published(ref, step, processes)
     if fig is None:
         return "–"
-    return f"{fig[0]:,.0f}" + (f" ({fig[1]:.2f}x)" if fig[1] is not None else "")
+    his = his_step(ref, step)
+    head = "" if his == step else f"his {his}: "
+    return head + f"{fig[0]:,.0f}" + (f" ({fig[1]:.2f}x)" if fig[1] is not None else "")
+
+
+def mapping_note(ref) -> str:
+    """'His step 05 (our 15) casts ...': each published step that is not our step of its number,
+    or says more (the csv's `like`); '' where none is."""
+    moved = [r for r in records(ref) if rungs_of(r) != [r["step"]] or r.get("like")]
+    said = [f"His step {r['step']} (our {' + '.join(rungs_of(r))}) {r['like']}." for r in moved]
+    return " ".join(said)
 
 
 def metric_switch(ref) -> str | None:
@@ -113,8 +156,10 @@ def published_note(ref) -> str:
         else ""
     )
     return (
-        "*published A100 tok/s (its gain)*: Raschka's **published** figures for the same step "
-        "(LLMs-from-scratch ch05/10, one A100, PyTorch 2.6; step 11 on 4x A100), not measured "
-        "here, and that step's gain over his previous step." + metric + " *–*: his ladder has no "
-        "such step (12 on), or it ran on another number of GPUs than this tag's processes."
-    )
+        "*published A100 tok/s (its gain)*: Raschka's **published** figures for the step of his "
+        "that does what this rung does (LLMs-from-scratch ch05/10, one A100, PyTorch 2.6; step "
+        "11 on 4x A100), not measured here, and that step's gain over his previous step."
+        + metric
+        + " *–*: his ladder has no such step, or it ran on another number of GPUs "
+        "than this tag's processes. " + mapping_note(ref)
+    ).rstrip()

@@ -22,9 +22,12 @@ from speed_ladder.ladder import BASELINE, DIFFS, Step, discover, skips, tag_proc
 from speed_ladder.report import to_loss
 from speed_ladder.report.charts.time_chart import TIME_CHART
 from speed_ladder.report.compare.reference import (
+    counterpart,
     metric_switch,
     published,
     read_reference,
+    records,
+    rungs_of,
 )
 from speed_ladder.report.pages.excerpt import FIELDS, docstring_fields, excerpt
 from speed_ladder.report.pages.ladder_table import STEPS_DOC, diff_command
@@ -204,26 +207,28 @@ def _measured(step: Step, prev: Step | None, summaries, base: Path, root: Path) 
 
 
 def _reference(step: Step, ref) -> list[str]:
-    """Raschka's published figure for this step, once, labelled: not measured here."""
-    if ref is None:
-        return []
-    match = ref[ref["step"] == step.num]
-    if not len(match):
-        return []
-    r = match.iloc[0]
-    base = ref[ref["step"] == BASELINE]
-    speed = ""
-    if len(base):
-        speed = f", {float(r['tokens_per_sec']) / float(base['tokens_per_sec'].iloc[0]):.2f}x " \
-                "its step 00"  # fmt: skip
-    n = 4 if "4x" in str(r["hardware"]) else 1
-    fig = published(ref, step.num, n)
-    gain = f", its step's gain {fig[1]:.2f}x" if fig is not None and fig[1] is not None else ""
-    metric = " (step tok/s from here on)" if step.num == metric_switch(ref) else ""
+    """Raschka's published figure beside the rung that does what his step did (the first of
+    the rungs his step bundles), once, labelled: not measured here; where his step of this
+    number, or his step that bundles this rung, is another rung's, a line says whose."""
+    r = counterpart(ref, step.num)
+    if r is None or rungs_of(r)[0] != step.num:
+        if r is not None:
+            line = f"*Raschka's step {r['step']}* bundles this rung with step {rungs_of(r)[0]}"
+        else:
+            r = next((x for x in records(ref) if x["step"] == step.num), None)
+            line = r and f"*Raschka's step {step.num}* {r['like']}"
+        where = r and f": its published figure is in step {rungs_of(r)[0]}'s section."
+        return [line + where, ""] if r else []
+    base = next(x for x in records(ref) if x["step"] == BASELINE)
+    speed = float(r["tokens_per_sec"]) / float(base["tokens_per_sec"])
+    fig = published(ref, step.num, 4 if "4x" in str(r["hardware"]) else 1)
+    gain = f", his step's gain {fig[1]:.2f}x" if fig is not None and fig[1] is not None else ""
+    metric = " (step tok/s from here on)" if r["step"] == metric_switch(ref) else ""
+    like = f" His step {r['step']} {r['like']}." if r.get("like") else ""
     return [
-        f"*Published, not measured here* (Raschka, {r['hardware']}): "
-        f"{float(r['tokens_per_sec']):,.0f} tok/s{metric}{speed}{gain}; "
-        f"{float(r['reserved_memory_gb']):.1f} GB reserved.",
+        f"*Published, not measured here* (Raschka's step {r['step']}, {r['hardware']}): "
+        f"{float(r['tokens_per_sec']):,.0f} tok/s{metric}, {speed:.2f}x his step 00{gain}; "
+        f"{float(r['reserved_memory_gb']):.1f} GB reserved.{like}",
         "",
     ]
 

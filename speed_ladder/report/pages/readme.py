@@ -15,6 +15,8 @@ from speed_ladder.report.charts.comparison_chart import COMPARISON, GPU_CHART
 from speed_ladder.report.compare.reference import (
     REFERENCE_CSV,
     gpu_ladders,
+    his_step,
+    mapping_note,
     metric_switch,
     published,
     read_reference,
@@ -39,8 +41,9 @@ GENERATED = (
     "are overwritten -->"
 )
 GPU_HEADER = [
-    "| step | title | tok/s | vs previous step | speedup | published A100 tok/s | its speedup |",
-    "|---|---|--:|---|--:|--:|--:|",
+    "| step | title | tok/s | vs previous step | speedup | published A100 step | its tok/s | "
+    "its gain |",
+    "|---|---|--:|---|--:|---|--:|--:|",
 ]
 
 
@@ -90,15 +93,15 @@ def _gpu_row(r: dict, ref, title: str) -> str:
     ok = r.get("status") == "ok"
     tps, speed = number(r.get("tokens_per_sec_median")), number(r.get("speedup_vs_00"))
     fig = published(ref, r["step"], 1)
-    base = published(ref, BASELINE, 1)
     cells = (
         r["step"],
         title,
         f"{tps:,.0f}" if ok and tps is not None else (r.get("status") or "not run"),
         effect_cell(r, one_round=False),
         speedup_text(speed) if ok and speed is not None else "–",
+        (his_step(ref, r["step"]) or "–") if fig is not None else "–",
         "–" if fig is None else f"{fig[0]:,.0f}",
-        "–" if fig is None or base is None else speedup_text(fig[0] / base[0]),
+        "–" if fig is None or fig[1] is None else speedup_text(fig[1]),
     )
     return "| " + " | ".join(cell(x) for x in cells) + " |"
 
@@ -112,10 +115,12 @@ def published_line(ref) -> str:
         else ""
     )
     return (
-        "*published A100*: Raschka's **published** figures for the same step (LLMs-from-scratch "
-        f"ch05/10, one A100, PyTorch 2.6), not measured here{metric}; *its speedup*: over his "
-        "step 00; *–*: his ladder has no such step on one GPU."
-    )
+        "*published A100 step*: the step of Raschka's ladder that does what this rung does, "
+        "with his **published** figures (LLMs-from-scratch ch05/10, one A100, PyTorch 2.6), not "
+        f"measured here{metric}; *its gain*: over his previous step, beside this rung's *vs "
+        "previous step*; *–*: his ladder has no such step on one GPU, or no gain across a "
+        f"change of metric. {mapping_note(ref)}"
+    ).rstrip()
 
 
 def gpu_section(tag_dir: Path, base: Path, ref, root: Path = ROOT) -> list[str]:
