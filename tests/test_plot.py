@@ -344,10 +344,10 @@ def test_the_ladder_page_gives_change_why_cost_and_effect(tags, tmp_path):
     assert "- **Change.**" in sec01 and "- **Why.**" in sec01 and "```diff" in sec01
     assert "`code --diff 00_orig.py steps/01_dynamic_causal_mask.py`" in sec01
     page = f"{tags[0].relative_to(tmp_path).as_posix()}/README.md"
-    assert "| `cpu-fixture` | 1,000 → 1,200 | 1.20x [1.10-1.30] faster |" in sec01
+    assert "| `cpu-fixture` | 1,000 → 1,200 | 1.20x [1.10-1.30] (inactive here) |" in sec01
     assert f"| [**off**]({page}) | [inactive here]({page}) |" in sec01  # the detail: its page
     assert "| loss parity | status |" in sec01
-    assert "*Published, not measured here* (Raschka, 1x A100" in sec01
+    assert "*Published, not measured here* (Raschka's step 01, 1x A100" in sec01
     assert sec01.count("*Published, not measured here*") == 1
     assert "Not measured yet in any results tag." in text.split("## 14 ")[1]
     path = ladder_page.write_page(tmp_path / "LADDER.md", tags)

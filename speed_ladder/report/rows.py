@@ -108,7 +108,7 @@ def effect_text(row: dict, prefix: str = "gain_vs_prev", verdict: str = "verdict
     v = text(row.get(verdict))
     if v == "one round: no interval":
         return f"{cell} ({v})" if one_round else cell
-    if v == "inactive":  # measured all the same; `inactive()` says why
+    if v == "inactive" or inactive(row):  # measured all the same, no verdict; `inactive()`: why
         return f"{cell} (inactive here)"
     return f"{cell} {v}" if v else cell
 
