@@ -34,14 +34,14 @@ step before it in the ladder, never across a step its tag lacks. Such a pair is 
 comparable`, with the reason, never `ok` or `off`. "The step before it" is the rung it builds
 on: step 15 with `"after": "12"` is judged against step 12's runs.
 
-Where the training losses keep the rule, the two runs' final validation losses must too
-(`validation`): apart, they are `off` where one commit's code evaluated both, and `not
-comparable` where records of other commits meet (a row that mixes sweeps), never silently `ok`.
+Where the training losses keep the rule, the two runs' final validation losses are compared
+under it too (`validation`): apart, the pair is `not comparable` where records of other commits
+meet (a row that mixes sweeps: the evaluation may have changed), never silently `ok`; where one
+commit evaluated both, the detail gives the gap.
 """
 
 import json
 import math
-import re
 import sys
 from functools import cache
 from pathlib import Path
@@ -211,24 +211,25 @@ def judge(step: str, prev_rec: dict, cur_rec: dict) -> tuple[str, float, str]:
     else:
         bound = f"{'<=' if ok else '>'} {r['atol']:g}"
     line = f"max |loss difference| {worst:.2e} {bound} ({r['why']})"
-    val = validation(prev_rec, cur_rec, r) if ok else None
-    return (val[0], worst, f"{line}; {val[1]}") if val else ((OK if ok else OFF), worst, line)
+    state, val = (OK if ok else OFF), validation(prev_rec, cur_rec, r) if ok else None
+    return (val[0] or state, worst, f"{line}; {val[1]}") if val else (state, worst, line)
 
 
-def validation(prev_rec: dict, cur_rec: dict, r: dict) -> tuple[str, str] | None:
+def validation(prev_rec: dict, cur_rec: dict, r: dict) -> tuple[str | None, str] | None:
     """The two runs' final validation losses under the same rule: None where one has none or
-    they agree; `off` where they part though one commit's code evaluated both (the same clean
-    `git_sha`); `not comparable` where other code may have (another commit, or a dirty or
-    unknown checkout): the loss says what the evaluation computed, not what the rung did."""
+    they agree. Apart, (None, how) where one commit's code evaluated both (the same `git_sha`:
+    the training losses judge the rung, whose own change may move the validation loss more:
+    09's new init), else `not comparable`: other code may have evaluated them (another commit,
+    or an unknown one), a row that mixes sweeps."""
     a, b = prev_rec.get("val_loss"), cur_rec.get("val_loss")
     if not all(isinstance(v, (int, float)) for v in (a, b)):
         return None
     if a == b or (r["rule"] != "exact" and abs(a - b) <= r["atol"]):
         return None
     line = f"validation loss {a:.4f} against {b:.4f}"
-    shas = {str(x.get("git_sha")) for x in (prev_rec, cur_rec)}
-    if len(shas) == 1 and re.fullmatch(r"[0-9a-f]{40}", shas.pop()):
-        return OFF, line + " (one commit evaluated both)"
+    shas = {x.get("git_sha") for x in (prev_rec, cur_rec)}
+    if len(shas) == 1 and None not in shas:
+        return None, line + ", one commit evaluated both"
     commits = ", ".join(str(x.get("git_sha"))[:8] for x in (prev_rec, cur_rec))
     why = "their evaluation may differ; a sweep of both rungs at one commit compares them"
     return NOT_COMPARABLE, f"{line}, not comparable across commits ({commits}): {why}"

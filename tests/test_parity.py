@@ -220,14 +220,14 @@ def test_a_steps_own_bound_can_hold_for_one_regime_only():
 
 def test_validation_loss_is_compared_where_one_commit_evaluated_both():
     """Training losses within the rule and final validation losses too: ok. Validation losses
-    apart: off where one clean commit evaluated both runs, not comparable where other commits
-    did (their evaluation may differ), and the detail says which."""
+    apart: not comparable where other commits evaluated the two runs (their evaluation may
+    differ); where one clean commit did, the training losses' verdict, the gap in the detail."""
     sha, other = "a" * 40, "b" * 40
     prev, cur = dict(rec("06"), val_loss=7.6, git_sha=sha), dict(rec("07", 1e-5), val_loss=7.6)
     assert parity.judge("07", prev, dict(cur, git_sha=sha))[0] == "ok"
     state, _, detail = parity.judge("07", prev, dict(cur, val_loss=8.1, git_sha=sha))
-    assert state == "off" and "validation loss 7.6000 against 8.1000" in detail
-    for later in (other, sha + "-dirty", None):
+    assert state == "ok" and "validation loss 7.6000 against 8.1000, one commit" in detail
+    for later in (other, None):
         state, _, detail = parity.judge("07", prev, dict(cur, val_loss=8.1, git_sha=later))
         assert state == "not comparable" and "across commits (aaaaaaaa, " in detail, later
     assert parity.judge("07", prev, dict(cur, val_loss=None, git_sha=other))[0] == "ok"
