@@ -147,6 +147,10 @@ def _check_page(page: str):
     assert "checkpoint(block, x, use_reentrant=False)" in sections["13"]
     assert "torch.compile(model)" in sections["08"]
     assert "DDP(model" in sections["11"] and "weights.step(optimizer, scaler)" in sections["15"]
+    # the lines that do the work: the process group, the fp32 masters, the micro-batch loop
+    assert "dist.init_process_group(" in sections["11"]
+    assert "self.master = [nn.Parameter(" in sections["15"]
+    assert "in enumerate(micro):" in sections["18"] and ".backward()" in sections["18"]
     assert "run.inactive(" not in page and 'STEP = "' not in page
     assert "after step 12* (not the file before it)" in sections["15"]
     # every tag's measured rows: each step a tag ran has its row in the step's section, marked
