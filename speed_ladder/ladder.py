@@ -128,6 +128,7 @@ class Step:
     summary_file: str | None = None  # a file at the root that copies this rung
     after: str | None = None  # the rung this one is "that rung + one idea" of; None: the first
     api: tuple[str, ...] = ()  # what its diff against `after` adds a line using (the idea)
+    after_why: str = ""  # why it builds on `after`, not on the file before it
 
     @property
     def rel(self) -> str:
@@ -195,7 +196,8 @@ def _step(f: Path, e: dict, state: dict, where: str, after: str | None) -> Step:
         raise UserError(f"{where}: inactive {inactive}: {err}") from None
     return Step(f.name[:2], f, step_title(f), state["distributed"], state["compiled"], memory,
                 e.get("summary", ""), e.get("parity") or {}, inactive,
-                e.get("summary_file"), after, tuple(e.get("api") or ()))  # fmt: skip
+                e.get("summary_file"), after, tuple(e.get("api") or ()),
+                e.get("after_why", ""))  # fmt: skip
 
 
 def _after(e: dict, earlier: list[str], where: str) -> str | None:

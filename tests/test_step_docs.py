@@ -15,7 +15,7 @@ import re
 import pytest
 from conftest import ROOT
 
-from speed_ladder.ladder import BASELINE, DIFFS, rung, rungs
+from speed_ladder.ladder import BASELINE, DIFFS, rung, rungs, skips
 from speed_ladder.report.pages import ladder_page, tag_page
 from speed_ladder.report.pages.ladder_table import STEPS_DOC, diff_command
 from speed_ladder.report.summary import find_tags, read_summary
@@ -152,7 +152,15 @@ def _check_page(page: str):
     assert "self.master = [nn.Parameter(" in sections["15"]
     assert "in enumerate(micro):" in sections["18"] and ".backward()" in sections["18"]
     assert "run.inactive(" not in page and 'STEP = "' not in page
-    assert "after step 12* (not the file before it)" in sections["15"]
+    # a rung that skips the file before it says why (the registry's after_why), here and in
+    # README's ladder table
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for r, skip in zip(rungs(), skips(list(rungs())), strict=True):
+        if skip:
+            where = f"after step {r.after}* (not the file before it: {r.after_why})"
+            assert r.after_why and where in sections[r.num], r.num
+            assert f"{r.num} builds on {r.after}: {r.after_why}" in readme, r.num
+    assert "18's memory trade" in sections["19"]
     # every tag's measured rows: each step a tag ran has its row in the step's section, marked
     # where it ran an earlier version of its file
     for tag in find_tags(ROOT / "results"):

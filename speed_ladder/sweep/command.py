@@ -53,7 +53,7 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
         type=positive,
         default=1,
         metavar="K",
-        help="rounds: every chosen step once per round, K rounds (00...16, then 00...16 "
+        help="rounds: every chosen step once per round, K rounds (all of them in order, then "
         "again); the summary gives each step's median, min and max, and its gain over the "
         "previous step with an interval (default: 1)",
     )

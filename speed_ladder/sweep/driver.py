@@ -13,7 +13,7 @@ tag folder at a time.
   on N processes in `<hardware>-xN`, whose summary gives their scaling efficiency against the
   `-x1` runs. 1-process and N-process results never share a folder.
 - **Rounds.** With `--repeats K` the sweep runs K rounds, every chosen step once per round
-  (00...16, then 00...16 again), so slow drift of the machine spreads over all steps instead
+  (all of them in order, then again), so slow drift of the machine spreads over all steps instead
   of landing on a few; from 2 rounds an A/A control (the first step run again right after
   itself) measures the noise floor (gains.py). A killed sweep resumes in its round: a step's
   round is one more than its ok runs so far (`sweep.round` in the record).

@@ -268,7 +268,8 @@ def _where(step: Step, prev: Step | None, base: Path, root: Path, skip: bool) ->
     if prev is None:
         return where + " · the first rung, which every step builds on"
     if skip:
-        where += f" · *after step {prev.num}* (not the file before it)"
+        why = f": {step.after_why}" if step.after_why else ""
+        where += f" · *after step {prev.num}* (not the file before it{why})"
     diff = Path(root) / DIFFS / f"{step.num}.diff"
     against = f"diff against step {prev.num}"
     where += f" · [{against}]({_rel(diff, base)})" if diff.is_file() else f" · {against}"

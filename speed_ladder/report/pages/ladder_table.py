@@ -3,7 +3,8 @@ written from the registry (speed_ladder/data/ladder.json: each rung's `summary` 
 between two markers in README.md. `python tools/ladder.py goldens` writes it and `check` fails
 where it is stale, so a new rung's row comes with its entry. Every row but the first gives the
 exact `code --diff BASE FILE` that shows its one idea; a rung that builds on another than the
-file before it (its `after`) has its base in bold, and a line under the table says so."""
+file before it (its `after`) has its base in bold, and a line under the table says so and why
+(its `after_why`)."""
 
 from pathlib import Path
 
@@ -34,9 +35,14 @@ def ladder_table(steps: list[Step]) -> str:
              f"[{STEPS_DOC}]({STEPS_DOC}); its code change and measured effect: "
              "[LADDER.md](LADDER.md)."]  # fmt: skip
     if any(skipping):
+        bases = [s for s, skip in zip(steps, skipping, strict=True) if skip]
+        said = [
+            f"{s.num} builds on {s.after}" + f": {s.after_why}" * bool(s.after_why) for s in bases
+        ]
+        why = "; ".join(said)
         rows[-1] += (" A base in **bold** is not the file before: that rung builds on an earlier "
                      "one (`after` in speed_ladder/data/ladder.json), and is diffed and measured "
-                     "against it.")  # fmt: skip
+                     f"against it ({why}).")  # fmt: skip
     return "\n".join(rows)
 
 
