@@ -3,14 +3,14 @@ them, and which of them a results tag of N processes holds.
 
 What a rung is lives in one place, speed_ladder/data/ladder.json, one entry per step file: what it
 changes (memory terms, precision, compiled, distributed), its README line, its loss-parity rule,
-what makes it inactive on a device, and the summary file that copies it. An entry states only
-what its rung changes over the rung it builds on (`after`: the file before it unless the entry
-names an earlier rung); the loader folds each entry onto that rung's state, so each `Step`
-carries the whole state. The memory model, the spec, parity, the inactive checks, the README
-table, the charts and the tests read it here, and no code elsewhere compares step numbers or
-greps a step's source (tests/test_no_step_literals.py). A new rung is its file plus one entry
-(docs/developing.md, Add a rung); whatever pairs a rung with the rung before it takes `after`
-from here (`bases`, `descendants`, `skips`)."""
+what makes it inactive on a device, and the summary file that copies it. An entry states only what
+its rung changes over the rung it builds on (`after`: the file before it unless the entry names an
+earlier rung, and `after_why`); the loader folds each entry onto that rung's state, so each `Step`
+carries the whole state. The memory model, the spec, parity, the inactive checks, the README table,
+the charts and the tests read it here, and no code elsewhere compares step numbers or greps a step's
+source (tests/test_no_step_literals.py). A new rung is its file plus one entry (docs/developing.md,
+Add a rung); whatever pairs a rung with the rung before it takes `after` from here (`bases`,
+`descendants`, `skips`)."""
 
 import difflib
 import json
@@ -195,9 +195,8 @@ def _step(f: Path, e: dict, state: dict, where: str, after: str | None) -> Step:
     except TypeError as err:
         raise UserError(f"{where}: inactive {inactive}: {err}") from None
     return Step(f.name[:2], f, step_title(f), state["distributed"], state["compiled"], memory,
-                e.get("summary", ""), e.get("parity") or {}, inactive,
-                e.get("summary_file"), after, tuple(e.get("api") or ()),
-                e.get("after_why", ""))  # fmt: skip
+                e.get("summary", ""), e.get("parity") or {}, inactive, e.get("summary_file"),
+                after, tuple(e.get("api") or ()), e.get("after_why", ""))  # fmt: skip
 
 
 def _after(e: dict, earlier: list[str], where: str) -> str | None:
@@ -284,9 +283,8 @@ def rungs() -> tuple[Step, ...]:
 
 def rung(num: str) -> Step:
     """This checkout's rung `num`."""
-    for s in rungs():
-        if s.num == num:
-            return s
+    if s := first(lambda s: s.num == num):
+        return s
     raise UserError(f"no step {num} in {_rel(REGISTRY)} (steps {rungs()[0].num}-{rungs()[-1].num})")
 
 
