@@ -3,14 +3,14 @@
 Change: each attention layer builds its bool causal mask for the batch's own length, on the
 batch's device, instead of slicing a registered (context x context) float buffer.
 Why: nothing full-size is held per layer or made bool each forward; no fixed sequence length.
-Cost: one small `torch.triu` per layer per forward. The losses are step 00's: exactly on a CPU,
-within 1e-4 on a GPU (atomic adds in the embedding's backward sum in another order).
+Cost: one small `torch.triu` per layer per forward. Its rule: step 00's losses, the same floats
+on a CPU, within 1e-4 on a GPU (atomic adds in the embedding's backward sum in another order).
 Source: Raschka's training-speed bonus, step 01.
 More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
-    python <this file> --device cpu  # CPU: about 30 s of timed steps
+    python <this file> --device cpu  # on the CPU, even where there is a GPU
     python <this file> --preset tiny --max-steps 5 --results r.jsonl
     torchrun --nproc_per_node=4 <this file>  # steps 11 and 14: 4 GPUs (README, "Several GPUs")
 """

@@ -10,7 +10,7 @@ More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its m
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
-    python <this file> --device cpu  # CPU: about 30 s of timed steps
+    python <this file> --device cpu  # on the CPU, even where there is a GPU
     python <this file> --preset tiny --max-steps 5 --results r.jsonl
     torchrun --nproc_per_node=4 <this file>  # steps 11 and 14: 4 GPUs (README, "Several GPUs")
 """

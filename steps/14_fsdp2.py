@@ -3,14 +3,14 @@
 Change: FSDP2's `fully_shard` on each block (compiled on its own), then the root, in place of DDP.
 Why: each of W processes keeps and updates 1/W of the weights, gradients and AdamW state, so a
 model too large for DDP on each GPU trains.
-Cost: weights gathered for forward and again for backward: about 1.5x DDP's traffic. A world of
-one shards nothing, and the step is inactive.
+Cost: weights gathered for forward and again for backward: half as much traffic again as DDP's.
+A world of one shards nothing, and the step is inactive.
 Source: Zhao et al. 2023, "PyTorch FSDP"; Rajbhandari et al. 2020, "ZeRO" (stage 3).
 More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
-    python <this file> --device cpu  # CPU: about 30 s of timed steps
+    python <this file> --device cpu  # on the CPU, even where there is a GPU
     python <this file> --preset tiny --max-steps 5 --results r.jsonl
     torchrun --nproc_per_node=4 <this file>  # steps 11 and 14: 4 GPUs (README, "Several GPUs")
 """

@@ -3,14 +3,14 @@
 Change: each batch in k micro-batches (the preset's accum_steps), forward and backward on each
 with its loss divided by k, then one optimizer step; under DDP one all-reduce, in the last.
 Why: backward keeps one micro-batch's activations at a time: a lower peak where they are most of
-it (gpt2-124m, batch 32: 12.3 -> 7.7 GiB predicted); the cpu preset's measured peak: 0.99x.
+it, as at gpt2-124m's batch of 32 (the memory model's prediction: docs/memory.md).
 Cost: k smaller passes per step run slower. A batch that k does not split stays whole: inactive.
 Source: nanoGPT and build-nanogpt (gradient_accumulation_steps); PyTorch DDP's no_sync.
 More: docs/steps.md (how it works, sources, caveats); LADDER.md (its diff, its measured effect).
 
 Run (every file of the ladder the same way; --help lists the flags and shows this file's path):
     python <this file>  # CUDA: the gpt2-124m preset; otherwise the cpu preset
-    python <this file> --device cpu  # CPU: about 30 s of timed steps
+    python <this file> --device cpu  # on the CPU, even where there is a GPU
     python <this file> --preset tiny --max-steps 5 --results r.jsonl
     torchrun --nproc_per_node=4 <this file>  # steps 11 and 14: 4 GPUs (README, "Several GPUs")
 """
