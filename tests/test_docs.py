@@ -67,3 +67,16 @@ def test_the_readme_links_every_docs_page_and_keeps_the_ci_command():
         assert f"(docs/{page.name})" in readme, f"README.md does not link docs/{page.name}"
     ci = [line for line in readme.splitlines() if re.match(r"pip install .*python -m pytest", line)]
     assert ci and ci[0].startswith('pip install -e ".[test]" && python -m pytest')  # .ci/run's
+
+
+def test_the_glossary_defines_the_words_the_pages_use():
+    """Each word a learner meets in README, LADDER.md and the steps without its meaning."""
+    text = (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8")
+    defined = {m.lower() for m in re.findall(r"^- \*\*(.+?)\*\*", text, flags=re.M)}
+    words = "TF32, compute capability, foreach, H2D, all-reduce, mesh, master weights, MFU, "
+    words += "a world of one, memory model, A/A control"
+    assert not [w for w in words.split(", ") if w.lower() not in defined], defined
+    assert "`cpu-small`" in text
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.index("MFU (model FLOPs utilization") == readme.index("MFU")  # at first use
+    assert "laptop" not in readme.lower()  # every CPU result is a 2-core server VM
