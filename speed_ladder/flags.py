@@ -123,6 +123,13 @@ STEP_FLAGS = (
         {"type": positive, "metavar": "N"},
     ),
     Flag(
+        "--workers",
+        "DataLoader worker processes for the training batches, kept alive across epochs "
+        "(default: 4 on CUDA, 0 elsewhere: loaded in the training process)",
+        {"type": non_negative, "metavar": "N"},
+        passed=True,
+    ),
+    Flag(
         "--to-loss",
         "train until the validation loss reaches L (bare: the preset's measured target), "
         "evaluating every few thousand tokens, or until --token-budget tokens; the record says "

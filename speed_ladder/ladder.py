@@ -1,16 +1,9 @@
-"""The ladder itself: which step scripts there are, what each rung is, how a `--steps` spec names
-them, and which of them a results tag of N processes holds.
-
-What a rung is lives in one place, speed_ladder/data/ladder.json, one entry per step file: what it
-changes (memory terms, precision, compiled, distributed), its README line, its loss-parity rule,
-what makes it inactive on a device, and the summary file that copies it. An entry states only what
-its rung changes over the rung it builds on (`after`: the file before it unless the entry names an
-earlier rung, and `after_why`); the loader folds each entry onto that rung's state, so each `Step`
-carries the whole state. The memory model, the spec, parity, the inactive checks, the README table,
-the charts and the tests read it here, and no code elsewhere compares step numbers or greps a step's
-source (tests/test_no_step_literals.py). A new rung is its file plus one entry (docs/developing.md,
-Add a rung); whatever pairs a rung with the rung before it takes `after` from here (`bases`,
-`descendants`, `skips`)."""
+"""The ladder: its step scripts, what each rung is, how `--steps` names them, and which of them a
+results tag of N processes holds. What a rung is lives in speed_ladder/data/ladder.json, one entry
+per step file, stating only what it changes over the rung it builds on (`after`, and why:
+`after_why`); the loader folds each entry onto that rung's state. No code elsewhere compares step
+numbers (tests/test_no_step_literals.py); a new rung is its file plus one entry
+(docs/developing.md)."""
 
 import difflib
 import json
@@ -34,7 +27,8 @@ TERMS = {
     # flash: no (B, H, T, T) scores; cudnn: cuDNN's fused kernel on CUDA, the same memory
     "attention": ("materialized", "flash", "cudnn"),
     "vocab": ("gpt2", "padded"),  # 50257 or 50304 rows
-    "batch": ("batch_size", "large_batch_size"),  # the preset's setting the rung trains with
+    # the preset's setting the rung trains with; fits: large_batch_size, grown to fit a GPU (20)
+    "batch": ("batch_size", "large_batch_size", "fits"),
     "loss": ("logits", "fused"),  # fused: chunked / Liger linear + cross-entropy
     "checkpointing": (False, True),
     "state": ("single", "ddp", "fsdp2"),
@@ -81,7 +75,7 @@ class Memory:
 
     @property
     def large_batch(self) -> bool:
-        return self.batch == "large_batch_size"
+        return self.batch != "batch_size"
 
     def micro_batches(self, settings: dict, batch: int) -> int:
         """The micro-batches a batch of `batch` sequences is split into under a preset's
@@ -139,7 +133,8 @@ class Step:
 
     def batch(self, settings: dict) -> int:
         """The batch this rung trains with under a preset's settings."""
-        return settings[self.memory.batch if self.memory else "batch_size"]
+        m = self.memory.batch if self.memory else "batch_size"
+        return settings["large_batch_size" if m == "fits" else m]  # fits: where it starts
 
 
 _TITLE = re.compile(

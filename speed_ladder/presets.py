@@ -140,7 +140,10 @@ PRESETS = {
 # --to-loss per preset (measure/curve.py, speed_ladder/measure/settings.py): the target validation
 # loss a bare --to-loss trains to, the token budget after which a run stops "not reached", how
 # often it evaluates and on how many validation tokens, each with its reason. A preset not named
-# here has none: --to-loss names a preset that has.
+# here has none: --to-loss names a preset that has. Every budget leaves timed steps at any batch:
+# a run trains its warm-up and measure/curve.py's MIN_TIMED_STEPS steps at least, and a budget
+# smaller than that at the rung's batch grows to it (step 20 on a large GPU: gpt2-124m's budget is
+# 8 steps of its batch 256, fewer than its 10 warm-up steps).
 TO_LOSS = {
     "cpu-small": {
         "target": 6.5,

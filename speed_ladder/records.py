@@ -19,6 +19,7 @@ FIELDS = [
     "world_size",
     "preset",
     "batch_size",
+    "workers",  # the training DataLoader's worker processes (--workers)
     "context_length",
     "tokens_per_sec",
     "step_time_ms",

@@ -42,7 +42,7 @@ class RunSpec:
     def record(self) -> dict:
         """The record's `spec` (its one configuration; the batch rule is its own field)."""
         keys = ("max_steps", "epochs", "warmup_steps", "batch_size", "large_batch_size",
-                "accum_steps", "to_loss")  # fmt: skip
+                "accum_steps", "workers", "to_loss")  # fmt: skip
         return {"preset": self.preset, "device": self.device,
                 **{k: self.settings[k] for k in keys}, "seed": self.seed,
                 "batch_size_override": self.batch_size_override, "data": self.data,
@@ -53,16 +53,25 @@ class RunSpec:
 KEY_FIELDS = ("device", "preset", "max_steps", "warmup_steps", "data", "seed")
 
 
+def default_workers(device_type: str) -> int:
+    """DataLoader workers without --workers: Raschka's 4 on CUDA; elsewhere none, as workers would
+    take cores from the training process itself (the step files' create_dataloader)."""
+    return 4 if device_type == "cuda" else 0
+
+
 def sweep_config(spec: RunSpec, nproc: int) -> dict:
     """What a sweep's run is matched by (`sweep.config` in its record: the up-to-date check, the
     summary's rounds): the RunSpec's KEY_FIELDS and the processes, and a --to-loss run's
-    resolved `to_loss` (its target and token budget). --profile and --trace are not among them
-    (speed_ladder.measure.profile), nor the batch: the same GPU resolves the same."""
+    resolved `to_loss` (its target and token budget) and --workers where not the default.
+    --profile and --trace are not among them (speed_ladder.measure.profile), nor the batch: the
+    same GPU resolves the same."""
     fields = dict(spec.settings, device=spec.device, preset=spec.preset, data=spec.data,
                   seed=spec.seed)  # fmt: skip
     config = dict({k: fields[k] for k in KEY_FIELDS}, nproc=nproc)
     if spec.settings["to_loss"] is not None:  # a time-to-loss run: its target, budget, evals
         config["to_loss"] = spec.settings["to_loss"]
+    if spec.settings["workers"] != default_workers(spec.device):  # --workers, where not default
+        config["workers"] = spec.settings["workers"]
     return config
 
 

@@ -146,7 +146,9 @@ class GPTDataset(Dataset):
         return chunk[:-1], chunk[1:]  # (T,), (T,)
 
 
-def create_dataloader(token_ids, batch_size, context_length, shuffle, drop_last, seed, pin_memory):
+def create_dataloader(
+    token_ids, batch_size, context_length, shuffle, drop_last, seed, workers, pin_memory
+):
     dataset = GPTDataset(token_ids, context_length, stride=context_length)
     # A seeded generator, reseeded every epoch by the loop: the same batch order in every step.
     sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
@@ -157,11 +159,12 @@ def create_dataloader(token_ids, batch_size, context_length, shuffle, drop_last,
         drop_last=drop_last,
         # Worker processes prefetch the next batches while the GPU trains, as Raschka's scripts
         # load (num_workers=4, from his 00 on), kept alive across epochs (an epoch of Middlemarch
-        # is 13 steps at batch 32: new workers every epoch would stall the timed steps). On a
-        # machine without CUDA the batch loads in the training process: workers would take
-        # cores from training itself, and a window's slice costs microseconds.
-        num_workers=4 if torch.cuda.is_available() else 0,
-        persistent_workers=torch.cuda.is_available(),
+        # is 13 steps at batch 32: new workers every epoch would stall the timed steps); --workers,
+        # by default 4 on CUDA and 0 elsewhere, where workers would take cores from training.
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        # iterators seeded by the loader's own generator, not the global one dropout draws from
+        generator=torch.Generator().manual_seed(seed),
         pin_memory=pin_memory,  # step 04: batches in page-locked memory for async H2D copies
     )
 
@@ -181,23 +184,24 @@ def calc_loss_batch(input_batch, target_batch, model):
 
 
 def calc_loss_loader(data_loader, model, device, num_batches):
-    total, count = 0.0, 0
+    total, tokens = 0.0, 0
     for i, (input_batch, target_batch) in enumerate(data_loader):
         if i >= num_batches:
             break
         input_batch, target_batch = input_batch.to(device), target_batch.to(device)
-        total += calc_loss_batch(input_batch, target_batch, model).item()
-        count += 1
-    return total / max(count, 1)
+        # each batch's mean weighed by its tokens: the mean per token (a short batch counts less)
+        total += calc_loss_batch(input_batch, target_batch, model).item() * target_batch.numel()
+        tokens += target_batch.numel()
+    return total / max(tokens, 1)
 
 
 # step 08: evaluation is never timed, so compiling it would only cost compile time
 # (a new graph under no_grad, another for the last, shorter batch): run it eager
 @torch.compiler.set_stance("force_eager")  # step 08
-def evaluate_model(model, train_loader, val_loader, device, eval_iter):
+def evaluate_model(model, train_eval_loader, val_loader, device, eval_iter):
     model.eval()
     with torch.no_grad():
-        train_loss = calc_loss_loader(train_loader, model, device, num_batches=eval_iter)
+        train_loss = calc_loss_loader(train_eval_loader, model, device, num_batches=eval_iter)
         val_loss = calc_loss_loader(val_loader, model, device, num_batches=eval_iter)
     model.train()
     return train_loss, val_loss
@@ -259,11 +263,18 @@ def main():
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
-        shuffle=True, drop_last=True, seed=args.seed, pin_memory=pin_memory,
+        shuffle=True, drop_last=True, seed=args.seed, workers=P["workers"], pin_memory=pin_memory,
+    )  # fmt: skip
+    # Evaluation reads loaders of its own, in order, in batches of the preset's batch_size
+    # whatever the training batch: the same windows on every step; the training loader's
+    # iterator (a persistent worker pool's) is never reset mid-epoch. Untimed: no workers.
+    train_eval_loader = create_dataloader(
+        train_ids, P["batch_size"], GPT_CONFIG["context_length"],
+        shuffle=False, drop_last=False, seed=args.seed, workers=0, pin_memory=pin_memory,
     )  # fmt: skip
     val_loader = create_dataloader(
-        val_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
-        shuffle=False, drop_last=False, seed=args.seed, pin_memory=pin_memory,
+        val_ids, P["batch_size"], GPT_CONFIG["context_length"],
+        shuffle=False, drop_last=False, seed=args.seed, workers=0, pin_memory=pin_memory,
     )  # fmt: skip
 
     # step 05: bf16 where it is native; fp16 with loss scaling on GPUs without it (V100, T4)
@@ -301,7 +312,7 @@ def main():
             if run.eval_due():
                 with run.paused():
                     train_loss, val_loss = evaluate_model(
-                        model, train_loader, val_loader, device, SETTINGS["eval_iter"]
+                        model, train_eval_loader, val_loader, device, SETTINGS["eval_iter"]
                     )
                     run.evaluated(epoch, train_loss, val_loss)  # printed; the loss curve
             if run.finished:
@@ -316,7 +327,7 @@ def main():
 
     with run.paused():
         train_loss, val_loss = evaluate_model(
-            model, train_loader, val_loader, device, SETTINGS["eval_iter"]
+            model, train_eval_loader, val_loader, device, SETTINGS["eval_iter"]
         )
     run.finish(train_loss, val_loss)
 

@@ -6,11 +6,13 @@ the peer (--peer) beside the sweep's results; and the plan of a 15-minute sessio
 committed H200 durations."""
 
 import json
+import os
 import re
 import shutil
 import statistics
 import sys
 import tarfile
+import time
 import zipfile
 
 import pytest
@@ -239,11 +241,17 @@ def test_the_peers_run_beside_the_sweeps_results_and_a_rerun_skips_them(tmp_path
     flags = ["--no-sweep", "--device", "cpu", "--preset", "tiny", "--max-steps", 12,
              "--warmup-steps", 2, "--data", VERDICT, "--bpe", BPE, "--peer", src]  # fmt: skip
     out = tmp_path / "s"
+    # a time-to-loss sweep's tag in the same folder, its records the newest: no peer lands there
+    to_loss = out / "results" / "cpu-test-to-loss-x1" / "runs.jsonl"
+    to_loss.parent.mkdir(parents=True)
+    to_loss.write_text((done / "results" / "cpu-test-x1" / "runs.jsonl").read_text())
+    os.utime(to_loss, (time.time() + 3600,) * 2)
     for rerun in (False, True):
         proc = run_script([*SCRIPT, out, *flags, "--no-tests", "--resume", done], timeout=300,
                           env=env)  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         peers = records(out / "results" / "cpu-test-x1" / "peer.jsonl")
+        assert not (out / "results" / "cpu-test-to-loss-x1" / "peer.jsonl").exists()
         assert [(p["peer"], p["preset"], p["timed_steps"]) for p in peers] == [
             ("peer", "tiny", 10), ("peer-no-dropout", "tiny", 10)
         ]  # fmt: skip

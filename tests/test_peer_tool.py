@@ -325,6 +325,30 @@ def test_the_comparison_sets_each_peer_beside_the_rungs_of_its_model(tmp_path):
     )
 
 
+def test_the_rung_that_fits_its_batch_stands_beside_the_peer_at_its_own_batch(tmp_path):
+    """Step 20 trains the batch that fits the GPU, not the peer's: it stands beside the peer at
+    its own batch, both batches named (on this GPU, which trains faster); a rung at a fixed
+    batch still needs the peer's."""
+    fp = {"device_name": "GPU", "host_id": "h"}
+    base = {"status": "ok", "preset": "gpt2-124m", "batch_size": 32, "context_length": 1024,
+            "warmup_steps": 10, "timed_steps": 50, "machine": fp, "device_name": "GPU",
+            "source": "01_opt_single_gpu.py", "dtype": "bfloat16", "step_time_ms": 80.0,
+            "peer": "peer-no-dropout", "tokens_per_sec": 400.0, "drop_rate": 0.0,
+            "dropout_off": True}  # fmt: skip
+    off = peer_compare.rungs_for(True)
+    first, top = off[0], off[-1]
+    assert top.memory.batch == "fits" and first.memory.batch != "fits"
+    runs = [_ladder_run(first.num, 440.0, base, batch_size=256),  # another batch: left out
+            _ladder_run(top.num, 560.0, base, batch_size=256)]  # fmt: skip
+    (tmp_path / "peer.jsonl").write_text(json.dumps(base) + "\n")
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    lines, short = peer_compare.compare(tmp_path)
+    text = "\n".join(lines)
+    assert f"step {first.num} " in text and "no ok run here with the peer's preset" in text
+    assert "at batch 256 (the peer's 32): 560 tok/s over 1 run(s)" in text, text
+    assert "1.400x the peer's median tok/s" in text and f"step {top.num} 1.400x" in short
+
+
 def test_another_peer_or_bad_input_is_one_error_line(tmp_path):
     moved = STAND_IN.replace('    file_path = "middlemarch.txt"\n', '    file_path = "x.txt"\n')
     renamed = STAND_IN.replace("def main(gpt_config, settings):", "def main(cfg, settings):")

@@ -16,6 +16,7 @@ from conftest import LIGER, VERDICT, fake_liger, load_script, load_step, records
 import speed_ladder
 from speed_ladder import ladder
 from speed_ladder.measure import inactive
+from speed_ladder.measure.data import train_windows
 from speed_ladder.presets import PRESETS
 
 CUDA = torch.device("cuda", 0)  # only a name here: nothing is allocated on it
@@ -24,12 +25,13 @@ TINY = ["--device", "cpu", "--preset", "tiny", "--max-steps", 3, "--warmup-steps
 RAN = "step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)"
 
 
-def step_here(script, tmp_path, monkeypatch, interpret=True):
+def step_here(script, tmp_path, monkeypatch, interpret=True, data=VERDICT, extra=()):
     """`python SCRIPT` on tiny, eager, in this process under speed_ladder.main, with bf16 off;
     `interpret`: TRITON_INTERPRET=1, so that the harness lets Liger run on this CPU. Returns
     (exit code, its record: the run's, or its failure's)."""
     out = tmp_path / "r.jsonl"
-    monkeypatch.setattr(sys, "argv", [script, *map(str, TINY), "--results", str(out)])
+    argv = [script, *map(str, TINY), "--data", str(data), *extra, "--results", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setenv("SPEED_LADDER_BF16", "0")
     if interpret:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -218,6 +220,59 @@ def test_step_20_grows_the_batch_to_the_largest_power_of_two_that_fits(tmp_path,
     assert code == 0 and seen == [2 * 2**k for k in range(1, len(seen) + 1)]
     assert rec["batch_size"] == seen[-1] // 2 > 2  # the last doubling that fit
     assert "step 20: the batch grew to the largest power of two" in " ".join(rec["notes"])
+
+
+def short_text(tmp_path):
+    """The Verdict's first 3,000 characters: 16 to 31 training windows of tiny's 32 tokens."""
+    text = tmp_path / "short.txt"
+    text.write_text(VERDICT.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    assert 16 <= train_windows(str(text), 32) < 32
+    return text
+
+
+@pytest.mark.parametrize("liger", [True, False])
+def test_step_20_fits_the_loss_that_will_run_and_no_more_than_the_texts_windows(
+    liger, tmp_path, monkeypatch
+):
+    """A GPU of 1200 MiB, simulated. Where Liger runs, its loss keeps no logits: memory would
+    hold batch 32, but the text has fewer windows, and the batch stops at 16 (not "text too
+    short"). Where liger-kernel is missing (its import fails), step 12 falls back to the full
+    logits, and the fit predicts them: the batch stays at 2."""
+    from speed_ladder.measure import inactive
+    from speed_ladder.measure.memory_model import GIB
+
+    text = short_text(tmp_path)
+    if liger:
+        fake_liger(monkeypatch)
+    else:
+        monkeypatch.setitem(sys.modules, LIGER, None)  # `import liger_kernel.transformers` fails
+    monkeypatch.setattr(inactive, "batch_fit_unavailable", lambda device, settings: None)
+    monkeypatch.setattr(inactive, "batch_not_grown", lambda device, batch, settings, step: None)
+    capacity = 1200 * GIB // 1024
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (capacity, capacity))
+    code, rec = step_here(
+        "steps/20_batch_that_fits.py", tmp_path, monkeypatch, data=text, extra=["--epochs", "3"]
+    )  # one step an epoch at batch 16
+    assert code == 0 and rec["batch_size"] == (16 if liger else 2), rec.get("reason")
+    ran = "step 12: Liger fused linear cross-entropy kernel ran" in " ".join(rec["notes"])
+    assert ran is liger
+
+
+@pytest.mark.parametrize("liger", [True, False])
+def test_the_sweeps_preview_predicts_step_20_at_the_batch_it_will_pick(liger, monkeypatch):
+    """The memory line before step 20's run: at the batch step 20's loop reaches on this GPU
+    (the sweep's RunSpec, the loss that can run, the text's windows), not step 19's."""
+    from speed_ladder.measure import memory_model
+    from speed_ladder.measure.memory_model import GIB
+    from speed_ladder.measure.settings import resolve_spec
+    from speed_ladder.sweep import preflight
+
+    monkeypatch.setattr(memory_model, "liger_runs_on", lambda device_type: liger)
+    spec = resolve_spec({"preset": "tiny"}, "cuda", (1536 * GIB // 1024, "fp32"))
+    assert spec.batch_rule is None and spec.batch("20") == 8
+    pred = preflight.predict(ladder.rung("20"), spec, 1, str(VERDICT))
+    assert pred.batch == (128 if liger else 16) and pred.loss == ("fused" if liger else "logits")
+    assert preflight.predict(ladder.rung("19"), spec, 1, str(VERDICT)).batch == 8
 
 
 def test_step_20_says_why_the_batch_stayed():

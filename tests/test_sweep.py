@@ -453,9 +453,10 @@ def test_one_flag_table_gives_the_steps_and_the_sweep_their_flags():
     sweep_command.add_run_parser(p.add_subparsers(dest="command"))
     values = vars(p.parse_args(["run"]))
     # the passed flags but the profiler's identify a run: spec.KEY_FIELDS, as resolved, and a
-    # --to-loss run's resolved `to_loss` (target and budget), in its config alone
+    # --to-loss run's resolved `to_loss` (target and budget) and a --workers that is not the
+    # device's default, in its config alone
     passed = {f.dest for f in cli.STEP_FLAGS if f.passed} - {"profile", "trace"}
-    assert passed - {"to_loss", "token_budget"} == set(KEY_FIELDS)
+    assert passed - {"to_loss", "token_budget", "workers"} == set(KEY_FIELDS)
     assert {k: values[k] for k in KEY_FIELDS} == {"preset": None, "device": "auto",
             "max_steps": None, "warmup_steps": None, "seed": 123, "data": None}  # fmt: skip
     assert cli.child_argv(values) == ["--device", "auto", "--seed", "123"]

@@ -6,9 +6,9 @@ import argparse
 import statistics
 
 import pytest
-from conftest import VERDICT, py, records
+from conftest import VERDICT, load_script, py, records
 
-from speed_ladder.measure.curve import LossCurve, val_batches
+from speed_ladder.measure.curve import MIN_TIMED_STEPS, LossCurve, val_batches
 from speed_ladder.measure.run import Run
 from speed_ladder.presets import TO_LOSS
 
@@ -91,7 +91,8 @@ def test_a_preset_without_measured_settings_says_so():
 
 
 def test_every_rung_evaluates_on_the_same_validation_tokens(monkeypatch):
-    """Step 10 doubles the batch: it evaluates half as many batches, the same tokens."""
+    """Step 10 doubles the training batch; every rung evaluates in batches of the preset's
+    batch_size: the same batches, the same tokens."""
     monkeypatch.setenv("SPEED_LADDER_BF16", "0")
     args = argparse.Namespace(device="cpu", preset="tiny", epochs=None, max_steps=None,
                               warmup_steps=None, batch_size=None, accum_steps=None,
@@ -99,7 +100,7 @@ def test_every_rung_evaluates_on_the_same_validation_tokens(monkeypatch):
                               token_budget=None, profile=None, trace=None)  # fmt: skip
     val = TO_LOSS["tiny"]["val_tokens"]
     batches = {step: Run(args, step, __file__).settings["eval_iters"] for step in ("09", "10")}
-    assert batches == {"09": val // (4 * 32), "10": val // (8 * 32)}
+    assert batches == {"09": val // (4 * 32), "10": val // (4 * 32)}
     assert val_batches(val, 3, 32) == 3  # a part batch: one more
 
 
@@ -175,15 +176,73 @@ def test_an_inactive_rung_gets_no_verdict_and_each_line_says_what_it_times():
     rows = to_loss.table(expected_steps(discover(ROOT), tag.name), load_runs(tag))
     inactive = [r for r in rows if r["inactive"]]
     assert inactive and all(r["verdict"] == "inactive here" for r in inactive)
-    assert {r["verdict"] for r in rows if not r["inactive"]} <= {
-        None,
-        "sooner",
-        "later",
-        "within noise",
-        "one seed",
-    }
+    verdicts = {None, "sooner", "later", "within noise", "one seed"}
+    assert {r["verdict"] for r in rows if not r["inactive"]} <= verdicts
     lines = [ln for ln in (ROOT / "LADDER.md").read_text().splitlines() if "*Time to" in ln]
     assert len(lines) == len(rows)
     for ln in lines:
         assert ln.startswith("*Time to validation loss ") and f"(preset {rows[0]['preset']}, " in ln
         assert " s apart" in ln and ("sooner" not in ln or "inactive" not in ln)
+
+
+def test_a_budget_smaller_than_the_warm_up_at_the_rungs_batch_grows_to_leave_timed_steps(
+    tmp_path, monkeypatch
+):
+    """A preset's budget that is all warm-up at the rung's batch (step 20 on a large GPU, on
+    gpt2-124m: 8 steps of batch 256 against 10 warm-up steps; here tiny's, made 2 steps of 4)
+    grows to the warm-up and MIN_TIMED_STEPS steps, and the record says so."""
+    import sys
+
+    import torch
+
+    import speed_ladder
+    from speed_ladder.measure import settings
+
+    monkeypatch.setitem(settings.TO_LOSS["tiny"], "budget_tokens", 2 * 4 * 32)
+    out = tmp_path / "r.jsonl"
+    argv = ["00_orig.py", *map(str, TINY), "--to-loss", "1.0", "--results", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setenv("SPEED_LADDER_BF16", "0")
+    with torch._dynamo.config.patch(disable=True):
+        speed_ladder.main(load_script("00_orig.py").main)
+    (rec,) = records(out)
+    assert rec["to_loss"]["budget_tokens"] == (2 + MIN_TIMED_STEPS) * 4 * 32
+    assert rec["timed_steps"] == MIN_TIMED_STEPS and rec["to_loss"]["reached"] is False
+    assert any(n.startswith("token budget raised to") for n in rec["notes"])
+
+
+def test_a_token_budget_that_leaves_no_timed_step_is_refused_before_training():
+    proc = py("00_orig.py", *TINY, "--to-loss", "5", "--token-budget", "256", env=EAGER,
+              timeout=120)  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "--token-budget 256 leaves no timed step: 2 warm-up steps of 128 tokens" in lines[0]
+    assert "step     1/" not in proc.stdout  # refused before the first step
+
+
+def test_a_target_reached_in_the_warm_up_trains_on_to_timed_steps():
+    """The run goes on past its target until it has MIN_TIMED_STEPS timed steps; its time to
+    target counts the steps to the crossing at the median step time."""
+    c = LossCurve({"target": 5.0, "budget_tokens": 10_000, "eval_tokens": 100, "val_tokens": 8})
+    assert c.size(100, warmup_steps=3, budget_given=False) is None  # the budget leaves them
+    c.start()
+    c.step(100)
+    c.add(6.0)
+    c.step(100)
+    c.add(4.0)  # crossed at 150 tokens, inside the 3 warm-up steps
+    assert not c.done()
+    for _ in range(3 + MIN_TIMED_STEPS - 2):
+        c.step(100)
+    assert c.done() and c.tokens == (3 + MIN_TIMED_STEPS) * 100
+    c.warmup_s = 10.0  # the compile: far more than the steps before the crossing took
+    fields = c.fields(median_step_s=0.5, warmup_steps=3)["to_loss"]
+    assert fields["tokens"] == 150 and fields["time_s"] == 1.5 * 0.5
+
+
+def test_the_sweep_never_cuts_a_to_loss_run_at_its_measuring_length():
+    from speed_ladder.sweep.preflight import measuring_values
+
+    speed = measuring_values({"preset": "gpt2-124m"}, "cuda")
+    assert speed["max_steps"] == speed["warmup_steps"] + 50
+    to_loss = measuring_values({"preset": "gpt2-124m", "to_loss": "preset"}, "cuda")
+    assert to_loss.get("max_steps") is None and to_loss["warmup_steps"] == 10

@@ -45,7 +45,7 @@ def main():
     cfg = {"vocab_size": GPT2_VOCAB, **{k: p[k] for k in keys}}
     train, _ = load_split(a.data, p["context_length"], p["batch_size"], 1)
     loader = s04.create_dataloader(
-        train, p["batch_size"], p["context_length"], True, True, 123, False
+        train, p["batch_size"], p["context_length"], True, True, 123, workers=0, pin_memory=False
     )
     print(
         f"tiny model, {a.steps} steps, lr {p['lr']}, batch {p['batch_size']}x{p['context_length']}"

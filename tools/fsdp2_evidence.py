@@ -75,7 +75,9 @@ def one(a) -> dict:
            "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
     batch = P["large_batch_size"]
     train, _ = load_split(a.data, cfg["context_length"], batch, world)
-    loader = s14.create_dataloader(train, batch, cfg["context_length"], True, True, 123, False)
+    loader = s14.create_dataloader(
+        train, batch, cfg["context_length"], True, True, 123, workers=0, pin_memory=False
+    )
 
     sent = {"all_reduce": 0, "all_gather": 0, "reduce_scatter": 0}
 

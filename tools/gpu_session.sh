@@ -260,7 +260,8 @@ fi
 # --budget left, and one still going at the end is stopped and not recorded.
 PEERS_LEFT=0
 PEER_S=60 # about what one takes on a GPU: its torch.compile, 60 steps, start-up and data
-RUNS_FILE=$(ls -t "$OUT"/results/*-x1/runs.jsonl 2>/dev/null | head -1)
+# the speed sweep's tag, never a time-to-loss one (<hardware>-to-loss-x1) in the same folder
+RUNS_FILE=$(ls -t "$OUT"/results/*-x1/runs.jsonl 2>/dev/null | grep -v -- '-to-loss-x1/' | head -1)
 if [ -z "$PEER" ]; then
     :
 elif [ $SWEEP_LEFT = 1 ]; then

@@ -9,25 +9,33 @@ no extra synchronization. `warmup_s` is the time of the warm-up steps (torch.com
 allocator, cuDNN plans), read where the timed window starts (synchronized there too).
 
 With `--to-loss L` a run evaluates every `eval_tokens` tokens (the same token counts on every
-rung, whatever its batch) on the same first `val_tokens` tokens of the validation split (the
-evaluation's batches per rung: `val_batches`), and stops at the first evaluation at or below L,
-or when `budget_tokens` are spent (`reached: false`). Its record's `to_loss` says where the
-validation loss crossed L, read linearly between that evaluation and the one before it (the
+rung, whatever its batch) on the same first `val_tokens` tokens of the validation split (every
+rung evaluates in batches of the preset's batch_size: `val_batches` of them), and stops at the
+first evaluation at or below L, or when `budget_tokens` are spent (`reached: false`). It always
+has timed steps: it trains at least its warm-up and MIN_TIMED_STEPS steps at the batch the rung
+picks (`size`), past its target if need be, and the preset's budget grows to that where it is
+smaller; a --token-budget that leaves no timed step is refused. Its record's `to_loss` says where
+the validation loss crossed L, read linearly between that evaluation and the one before it (the
 evaluations lie `eval_tokens` apart; the loss bends little over that span):
 - `tokens`: tokens trained on up to the crossing;
 - `train_s`: the training time up to it, warm-up and compiling included;
 - `time_s`: the same with the warm-up steps counted at the run's median step time, so that a
-  compiled rung's one-time compile (`warmup_s`, reported on its own) does not hide its speed.
-  This is the time to target that rungs are compared by.
+  compiled rung's one-time compile (`warmup_s`, reported on its own) does not hide its speed
+  (a crossing inside the warm-up: its steps at the median). This is the time to target that
+  rungs are compared by.
 """
 
 import math
 import time
 
+from speed_ladder.errors import UserError
+
+MIN_TIMED_STEPS = 5  # a to-loss run's fewest timed steps: their median counts its warm-up
+
 
 def val_batches(val_tokens: int, batch: int, context_length: int) -> int:
     """Evaluation batches of `batch` sequences that cover the first `val_tokens` tokens of the
-    validation split (the loader keeps its order there): the same tokens on every rung."""
+    validation split (its loader keeps their order)."""
     return max(1, math.ceil(val_tokens / (batch * context_length)))
 
 
@@ -48,6 +56,9 @@ class LossCurve:
 
     def __init__(self, to_loss: dict | None):
         self.to_loss = to_loss
+        self.budget = to_loss["budget_tokens"] if to_loss else None  # may grow: `size`
+        self.floor = 0  # tokens trained before the run may stop at its target: `size`
+        self.step_tokens = 0  # tokens a step, all ranks
         self.points: list[list] = []  # [tokens, train_s, val_loss]
         self.tokens = 0
         self.warmup_s: float | None = None
@@ -79,6 +90,29 @@ class LossCurve:
     def step(self, tokens: int) -> None:
         self.tokens += tokens
 
+    def size(self, step_tokens: int, warmup_steps: int, budget_given: bool) -> str | None:
+        """--to-loss at `step_tokens` tokens a step (the batch the rung picked, all ranks): the
+        run trains its warm-up and MIN_TIMED_STEPS steps at least, and the preset's budget grows
+        to that (a note says so); a --token-budget (`budget_given`) that leaves no timed step
+        is a UserError."""
+        if self.to_loss is None:
+            return None
+        self.step_tokens = step_tokens
+        self.floor = (warmup_steps + MIN_TIMED_STEPS) * step_tokens
+        least = (warmup_steps + 1) * step_tokens
+        if budget_given and self.budget < least:
+            raise UserError(
+                f"--token-budget {self.budget:,} leaves no timed step: {warmup_steps} warm-up "
+                f"steps of {step_tokens:,} tokens come first; give at least {least:,}"
+            )
+        if budget_given or self.budget >= self.floor:
+            return None
+        self.budget = self.floor
+        return (
+            f"token budget raised to {self.floor:,}: {warmup_steps} warm-up and "
+            f"{MIN_TIMED_STEPS} timed steps of {step_tokens:,} tokens"
+        )
+
     # ------------------------------------------------------------ evaluations and the target
     def eval_due(self) -> bool:
         """--to-loss: another `eval_tokens` tokens trained on since the last evaluation."""
@@ -102,7 +136,8 @@ class LossCurve:
         """--to-loss: the target reached, or the token budget spent."""
         if self.to_loss is None:
             return False
-        return self.reached is not None or self.tokens >= self.to_loss["budget_tokens"]
+        reached = self.reached is not None and self.tokens >= self.floor
+        return reached or self.tokens >= self.budget
 
     def fields(self, median_step_s: float | None, warmup_steps: int) -> dict:
         """The record's `curve`, `warmup_s` and `to_loss` (None without --to-loss)."""
@@ -110,12 +145,14 @@ class LossCurve:
         out = {"curve": self.points, "warmup_s": round(warmup_s, 3), "to_loss": None}
         if self.to_loss is None:
             return out
-        result = dict(self.to_loss, reached=self.reached is not None, tokens=None,
-                      train_s=None, time_s=None)  # fmt: skip
+        result = dict(self.to_loss, budget_tokens=self.budget, reached=self.reached is not None)
+        result.update(tokens=None, train_s=None, time_s=None)
         if self.reached is not None:
             tokens, train_s = self.reached
             steady = warmup_steps * median_step_s if median_step_s else warmup_s
-            result.update(tokens=round(tokens), train_s=train_s,
-                          time_s=round(train_s - warmup_s + steady, 3))  # fmt: skip
+            time_s = train_s - warmup_s + steady
+            if train_s < warmup_s and median_step_s and self.step_tokens:  # inside the warm-up
+                time_s = tokens / self.step_tokens * median_step_s
+            result.update(tokens=round(tokens), train_s=train_s, time_s=round(time_s, 3))
         out["to_loss"] = result
         return out

@@ -187,14 +187,25 @@ def num_windows(n_tokens: int, context_length: int) -> int:
     return max(0, -(-(n_tokens - context_length) // context_length))
 
 
+def _split(data: str | None) -> tuple[np.ndarray, np.ndarray, Path]:
+    """(train ids, validation ids, the text's path): the text's first TRAIN_RATIO, the rest."""
+    text, path = read_text(data)
+    ids = token_ids(text)
+    split = int(TRAIN_RATIO * len(ids))
+    return ids[:split], ids[split:], path
+
+
+def train_windows(data: str | None, context_length: int) -> int:
+    """The training windows the text gives (step 20's batch over every process stops there)."""
+    return num_windows(len(_split(data)[0]), context_length)
+
+
 def load_split(data: str | None, context_length: int, batch_size: int, world_size: int):
     """(train_ids, val_ids) as int64 tensors; one clear error when the text is too short."""
     import torch
 
-    text, path = read_text(data)
-    ids = token_ids(text)
-    split = int(TRAIN_RATIO * len(ids))
-    train, val = ids[:split], ids[split:]
+    train, val, path = _split(data)
+    total = len(train) + len(val)
     need = batch_size * world_size
     have = num_windows(len(train), context_length)
     if have < need or num_windows(len(val), context_length) < 1:
@@ -208,7 +219,7 @@ def load_split(data: str | None, context_length: int, batch_size: int, world_siz
         else:
             fix = f"use at most {have} processes, a longer --data text or a smaller --preset"
         raise UserError(
-            f"{path.name}: text too short: {len(ids):,} tokens give {have} training windows of "
+            f"{path.name}: text too short: {total:,} tokens give {have} training windows of "
             f"{context_length + 1} tokens and {num_windows(len(val), context_length)} validation "
             f"windows; one batch needs {need} (batch {batch_size} x {world_size} processes) and "
             f"validation needs 1. {fix}"

@@ -293,8 +293,10 @@ def batch_not_grown(device: torch.device, batch: int, settings: dict, step: str)
     after = ladder.rung(step).after
     if why is not None or batch > ladder.rung(after).batch(settings):
         return why
-    return (f"no batch twice {batch} fits this GPU by the memory model (x{FIT_MARGIN} and the "
-            "CUDA context): the batch stays as it was")  # fmt: skip
+    return (
+        f"no batch twice {batch} fits this GPU by the memory model (x{FIT_MARGIN} and the CUDA "
+        "context), or the text's training windows: the batch stays as it was"
+    )
 
 
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run

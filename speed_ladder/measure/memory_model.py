@@ -49,8 +49,10 @@ predicted, not measured.
 """
 
 import argparse
+import importlib.util
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 from speed_ladder import ladder
@@ -142,9 +144,11 @@ def step_kind(step: str, fused: bool | None = None) -> str:
 def liger_runs_on(device_type: str) -> bool:
     """Whether step 12's Liger can run on this device type (measure.inactive.liger_unavailable's
     rule, torch-free for the sweep: a test checks that they agree): CUDA, or a CPU through
-    Triton's interpreter."""
+    Triton's interpreter, with liger-kernel and Triton installed (found, not imported)."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    return device_type == "cuda" or (device_type == "cpu" and interpreted)
+    where = device_type == "cuda" or (device_type == "cpu" and interpreted)
+    found = lambda m: m in sys.modules or importlib.util.find_spec(m) is not None
+    return where and found("liger_kernel") and found("triton")
 
 
 def activation_bytes(

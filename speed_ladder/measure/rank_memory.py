@@ -5,8 +5,11 @@ holds (measured), and the memory a rank may use."""
 import os
 from dataclasses import asdict
 
+from speed_ladder.measure import precision
+from speed_ladder.measure.data import train_windows
+from speed_ladder.measure.inactive import liger_unavailable
 from speed_ladder.measure.memory_model import GIB, VOCAB, predict_run
-from speed_ladder.measure.settings import gpu_bytes_needed
+from speed_ladder.measure.settings import batch_fits_gpu
 from speed_ladder.presets import PRESETS
 
 PREDICTED_ENV = "SPEED_LADDER_PREDICTED"  # set by the sweep, which printed the prediction itself
@@ -43,13 +46,16 @@ def announce(run, model) -> dict:
 
 
 def batch_fits(run, cfg: dict, batch: int, capacity: int) -> bool:
-    """Step 20's rule, the batch rule's margin (measure/settings.py's gpu_bytes_needed): whether
-    `batch` sequences per process of this run's rung, as the memory model predicts them on this
-    device, fit `capacity` bytes."""
+    """Step 20's rule (measure/settings.py's batch_fits_gpu): whether `batch` sequences per
+    process of this run's rung fit the text's training windows and, as the memory model predicts
+    them with the loss that will run here (Liger's where it can, else the full logits), a GPU of
+    `capacity` bytes."""
     shape = {**PRESETS[run.preset_name], **cfg, "accum_steps": run.settings["accum_steps"]}
-    p = predict_run(shape, run.step, _world(), batch, run.spec.half, run.device.type,
-                    vocab=cfg.get("vocab_size", VOCAB), name=run.preset_name)  # fmt: skip
-    return gpu_bytes_needed(p.total_bytes) <= capacity
+    windows = train_windows(run.args.data, cfg["context_length"])
+    dtype = precision.DTYPES[precision.choice(run.device)[0]]  # step 05's autocast
+    fused = liger_unavailable(run.device, dtype) is None
+    world, half, name = _world(), run.spec.half, run.preset_name
+    return batch_fits_gpu(shape, run.step, world, batch, half, capacity, windows, fused, name)
 
 
 def _world() -> int:

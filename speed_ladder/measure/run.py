@@ -38,7 +38,7 @@ from speed_ladder.measure import attention_kernel, cpu_load, profile
 from speed_ladder.measure import device as dev
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
 from speed_ladder.measure.clock import StepClock
-from speed_ladder.measure.curve import LossCurve, val_batches
+from speed_ladder.measure.curve import LossCurve
 from speed_ladder.measure.data import gpt2_tokenizer, load_split
 from speed_ladder.measure.gpu_idle import IdleMeter
 from speed_ladder.measure.inactive import (
@@ -82,8 +82,6 @@ class Run:
         if self.settings["batch_rule"] is not None:  # a GPU too small for the preset's batch
             self.note(f"batch rule: {self.settings['batch_rule']['reason']}")
         check_accum_steps(self.spec, step, vars(args).get("accum_steps"))  # cannot split: refused
-        if self.settings["to_loss"] is not None:  # every rung evaluates on the same tokens
-            self.settings["eval_iters"] = self._val_batches(self.settings["to_loss"])
 
         self.steps_done = 0
         self.clock = StepClock(self.device)  # step times and losses (clock.py)
@@ -105,14 +103,6 @@ class Run:
         self.attention = attention_kernel.Watch(self)  # the SDPA kernel the training call ran
         self.curve = LossCurve(self.settings["to_loss"])  # evaluations on the training clock
         on_failure.register(self.write_failure)  # from here on, a failure can be recorded
-
-    def _val_batches(self, to_loss: dict) -> int:
-        """--to-loss: the evaluation's batches of this rung's batch that cover `val_tokens`."""
-        try:
-            batch = self.spec.batch(self.step)
-        except UserError:  # not a rung of the ladder (a test's script)
-            batch = self.settings["batch_size"]
-        return val_batches(to_loss["val_tokens"], batch, self.settings["context_length"])
 
     # ------------------------------------------------------------ helpers for the step
     def print(self, *a, **k) -> None:
@@ -166,6 +156,11 @@ class Run:
         for step, reason, acted in asked(*facts, settings=self.settings):
             self.inactive(step, reason, acted)
         self.memory_prediction = announce(self, model)
+        tokens = batch_size * cfg["context_length"] * self._world()  # a step's, all ranks
+        budget_given = getattr(self.args, "token_budget", None) is not None
+        sized = self.curve.size(tokens, self.settings["warmup_steps"], budget_given)
+        if sized:
+            self.note(sized)
         emb = {
             id(p)
             for m in model.modules()

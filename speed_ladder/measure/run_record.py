@@ -26,6 +26,7 @@ def base_record(run, status: str, world: int) -> dict:
         "world_size": world,
         "preset": run.preset_name,
         "batch_size": run.batch_size,
+        "workers": run.settings["workers"],  # the training DataLoader's worker processes
         "context_length": (run.cfg or {}).get("context_length"),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda if cuda else None,

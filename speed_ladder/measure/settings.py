@@ -24,8 +24,9 @@ from speed_ladder.autocast_env import amp_forced, bf16_forced
 from speed_ladder.errors import UserError
 from speed_ladder.files import data_id
 from speed_ladder.measure import memory_model
+from speed_ladder.measure.curve import val_batches
 from speed_ladder.presets import GPT2_VOCAB, PRESETS, TO_LOSS, micro_batches
-from speed_ladder.spec import RunSpec, preset_name
+from speed_ladder.spec import RunSpec, default_workers, preset_name
 
 # speed_ladder.measure.memory_model counts fused ops (Korthikanti et al.): step 00's hand-written
 # LayerNorm, GELU and attention save more. On the one published fp32 peak, step 00 at batch 8
@@ -38,6 +39,28 @@ def gpu_bytes_needed(predicted: float) -> float:
     """What a GPU must hold for a run the memory model predicts at `predicted` bytes: x FIT_MARGIN
     and the CUDA context (the batch rule's and step 20's test)."""
     return predicted * FIT_MARGIN + memory_model.CUDA_OVERHEAD
+
+
+def batch_fits_gpu(
+    shape: dict,
+    step: str,
+    world: int,
+    batch: int,
+    half: bool | None,
+    capacity: int,
+    windows: int,
+    fused: bool,
+    name: str = "custom",
+) -> bool:
+    """Step 20's test of one batch on a CUDA GPU: `batch` sequences per process within the text's
+    training `windows` (over every process), and the memory model's prediction for them, with
+    the loss that runs (`fused`: Liger's; else the full logits), x FIT_MARGIN and the CUDA
+    context, within `capacity` bytes."""
+    if batch * world > windows:
+        return False
+    vocab = shape.get("vocab_size")
+    p = memory_model.predict_run(shape, step, world, batch, half, "cuda", None, vocab, name, fused)
+    return gpu_bytes_needed(p.total_bytes) <= capacity
 
 
 def amp_known(device_type: str, gpu_amp: str | None) -> str | None:
@@ -69,10 +92,15 @@ def resolve_spec(values: dict, device_type: str, gpu: tuple[int, str] | None = N
         if p["batch_rule"] is not None:
             p["batch_size"] = p["batch_rule"]["batch"]
             p["large_batch_size"] = p["batch_rule"]["large_batch"]
+    workers = values.get("workers")
+    p["workers"] = default_workers(device_type) if workers is None else workers
     p["to_loss"] = to_loss_settings(name, values.get("to_loss"), values.get("token_budget"))
     if p["to_loss"] is not None:  # the target or the budget ends the run, not a step count
         p["max_steps"] = values.get("max_steps")
         p["epochs"] = values.get("epochs") or TO_LOSS_EPOCHS
+        # every rung evaluates in batches of batch_size: these cover the same val_tokens
+        val_tokens = p["to_loss"]["val_tokens"]
+        p["eval_iters"] = val_batches(val_tokens, p["batch_size"], p["context_length"])
     if p["max_steps"] is not None and p["max_steps"] <= p["warmup_steps"]:
         raise UserError(
             f"--max-steps {p['max_steps']} leaves no timed step after "

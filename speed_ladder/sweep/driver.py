@@ -261,6 +261,7 @@ def plan(args) -> Plan:
     control = args.control if args.control is not None else args.repeats > 1 or bool(mode)
     p = Plan(passes, child_argv(values), args.repeats, fp, spec, control, capacity(device_type))
     p.committed = None if args.ladder_dir else RESULTS  # they measured this checkout's ladder
+    p.data = values["data"]
     for i, ps in enumerate(passes):
         for k, s in enumerate(ps.steps):
             p.jobs.append(Job(i, s))

@@ -48,6 +48,7 @@ class Plan:
     control: bool
     capacity: int | None = None  # one device's memory: the GPU's, or the machine's RAM
     committed: Path | None = None  # the committed results, a first guess of each run's duration
+    data: str | None = None  # --data, resolved (None: the default text)
     jobs: list[Job] = field(default_factory=list)
 
     @property

@@ -2,8 +2,9 @@
 should take, and what memory each run should need (and whether it fits).
 
 - **Run length** (`measuring_values`): a preset with a `presets.SWEEP_LENGTH` entry (the GPU
-  presets) is run for its warm-up + timed steps instead of its full epochs; --max-steps and
-  --warmup-steps override it. A step run by hand keeps the tutorial's full run.
+  presets) is run for its warm-up + timed steps instead of its full epochs (a --to-loss run: its
+  warm-up, then until its target or budget); --max-steps and --warmup-steps override it. A step
+  run by hand keeps the tutorial's full run.
 - **Duration**: per run, the median duration of this tag's earlier ok runs of that step with the
   same configuration on this machine; without any, those of the committed tag the sweep's closing
   table compares with (report/compare/committed.py: the same hardware, else the closest) with the
@@ -28,6 +29,8 @@ from speed_ladder.errors import UserError
 from speed_ladder.files import RESULTS, portable_path
 from speed_ladder.ladder import Step
 from speed_ladder.measure import memory_model
+from speed_ladder.measure.data import train_windows
+from speed_ladder.measure.settings import batch_fits_gpu
 from speed_ladder.presets import PRESETS, SWEEP_LENGTH
 from speed_ladder.report.compare import committed
 from speed_ladder.spec import RunSpec, config_of, preset_name
@@ -40,12 +43,15 @@ HERE = "here"  # an estimate's source: this tag's runs (else a committed tag's; 
 
 
 def measuring_values(values: dict, device_type: str) -> dict:
-    """The sweep's step flags with the bounded run length of the preset filled in."""
+    """The sweep's step flags with the bounded run length of the preset filled in: its warm-up,
+    and its timed steps but in a --to-loss run, which its target or token budget ends."""
     length = SWEEP_LENGTH.get(preset_name(values.get("preset"), device_type)[0])
     if length is None or values.get("max_steps") is not None:
         return values
     warm = values.get("warmup_steps")
     warm = length["warmup_steps"] if warm is None else warm
+    if values.get("to_loss") is not None:
+        return dict(values, warmup_steps=warm)
     return dict(values, warmup_steps=warm, max_steps=warm + length["timed_steps"])
 
 
@@ -149,14 +155,25 @@ def estimate_line(estimates: list[tuple[float, str | None]], device_type: str) -
 
 
 # ---------------------------------------------------------------- memory
-def predict(step: Step, spec: RunSpec, world: int):
+def predict(step: Step, spec: RunSpec, world: int, data: str | None = None):
     """The memory model's prediction for one run of `step` on `world` processes, as its RunSpec
-    resolves it; None for a preset it does not know."""
+    resolves it: with Liger's loss where it can run, and a rung that fits its batch to a GPU
+    (step 20) at the batch it will pick there (on the text `data`, --data); None for a preset it
+    does not know."""
     shape = PRESETS.get(spec.preset)
     if shape is None:
         return None
-    return memory_model.predict_run(shape, step.num, world, spec.batch(step.num), spec.half,
-                                    spec.device, name=spec.preset)  # fmt: skip
+    batch, half = spec.batch(step.num), spec.half
+    fused = memory_model.liger_runs_on(spec.device) and spec.amp != "fp16"
+    grows = spec.device == "cuda" and spec.gpu_bytes and spec.batch_size_override is None
+    if step.memory.batch == "fits" and grows:  # step 20's loop, as it will run
+        windows = train_windows(data, shape["context_length"])
+        cap, name = spec.gpu_bytes, spec.preset
+        while batch_fits_gpu(shape, step.num, world, 2 * batch, half, cap, windows, fused, name):
+            batch *= 2
+    return memory_model.predict_run(
+        shape, step.num, world, batch, half, spec.device, name=spec.preset, fused=fused
+    )
 
 
 def memory_line(pred, device_type: str, capacity: int | None, world: int) -> tuple[str, str | None]:

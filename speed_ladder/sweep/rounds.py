@@ -107,7 +107,7 @@ def _before_run(p: Plan, job: Job, wait_s: float | None) -> None:
         else:
             cpu_load.quiet_check(say=say, measure=measure)
     world = p.pass_of(job).nproc if job.step.distributed else 1
-    pred = preflight.predict(job.step, p.spec, world)
+    pred = preflight.predict(job.step, p.spec, world, p.data)
     if pred is not None:
         line, warning = preflight.memory_line(pred, p.device_type, p.capacity, world)
         print(f"      memory: {line}", flush=True)

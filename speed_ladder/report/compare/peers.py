@@ -11,7 +11,9 @@ weights with the preset's dropout, so it stands beside the first rung with bf16 
 and dropout; the peer with --no-dropout beside the first rung with bf16 weights and dropout off,
 and the top rung where it trains that model too. A run of the ladder counts where it is an ok
 run (not the A/A control) of the same preset, batch, context, warm-up and timed steps, on the
-same machine (its fingerprint, speed_ladder/machine.py) as the peer's latest ok record. The
+same machine (its fingerprint, speed_ladder/machine.py) as the peer's latest ok record; a rung
+that fits its batch to the GPU (step 20) at its own batch, both batches named: on this GPU,
+which trains faster. The
 peer's tok/s is the median of its ok records of that same peer (source, changes, machine and
 window): a peer run once per round of the sweep gives its rounds. Both sides were timed the same
 way (tools/peer.py's `train` drives the ladder's clock): the ratio is each of our runs over the
@@ -43,9 +45,10 @@ def rungs_for(dropout_off: bool, steps=None) -> list[Step]:
     return out
 
 
-def comparable(run: dict, peer: dict) -> bool:
-    """Whether a ladder record measured what the peer's did: the same preset, batch, context,
-    window and machine, an ok run that is not the A/A control."""
+def comparable(run: dict, peer: dict, same_batch: bool = True) -> bool:
+    """Whether a ladder record measured what the peer's did: the same preset, batch (unless
+    `same_batch` is False), context, window and machine, an ok run that is not the A/A
+    control."""
     sweep = run.get("sweep") if isinstance(run.get("sweep"), dict) else {}
     spec = run.get("spec") if isinstance(run.get("spec"), dict) else {}
     return (
@@ -54,7 +57,7 @@ def comparable(run: dict, peer: dict) -> bool:
         and run.get("interpreted") is not True
         and isinstance(run.get("tokens_per_sec"), (int, float))
         and run.get("preset") == peer.get("preset")
-        and run.get("batch_size") == peer.get("batch_size")
+        and (not same_batch or run.get("batch_size") == peer.get("batch_size"))
         and run.get("context_length") == peer.get("context_length")
         and run.get("timed_steps") == peer.get("timed_steps")
         and spec.get("warmup_steps") == peer.get("warmup_steps")
@@ -107,7 +110,8 @@ def compare(tag_dir: Path, steps=None) -> tuple[list[str], str]:
             f"{_gib(max(r.get('peak_mem_reserved_bytes') or 0 for r in recs) or None)} reserved"
         )
         for s in rungs_for(bool(p.get("dropout_off")), steps):
-            ours = [r for r in runs if r.get("step") == s.num and comparable(r, p)]
+            fits = s.memory.batch == "fits"  # its own batch, beside the peer's
+            ours = [r for r in runs if r.get("step") == s.num and comparable(r, p, not fits)]
             if not ours:
                 lines.append(f"  step {s.num} {s.title}: no ok run here with the peer's preset, "
                              "batch, window and machine to compare with")  # fmt: skip
@@ -118,9 +122,12 @@ def compare(tag_dir: Path, steps=None) -> tuple[list[str], str]:
             med = statistics.median(ratios)
             spread = f" [{min(ratios):.3f}-{max(ratios):.3f}]" if len(ratios) > 1 else ""
             peak = max((r.get("peak_mem_reserved_bytes") or 0) for r in ours) or None
+            batches = sorted({r.get("batch_size") for r in ours}, key=str)
+            at = f" at batch {', '.join(map(str, batches))} (the peer's {p.get('batch_size')})"
             lines.append(
-                f"  step {s.num} {s.title}: {statistics.median(tps):,.0f} tok/s over "
-                f"{len(tps)} run(s), peak {_gib(peak)}: {med:.3f}x{spread} the peer's median tok/s"
+                f"  step {s.num} {s.title}{at if fits else ''}: {statistics.median(tps):,.0f} "
+                f"tok/s over {len(tps)} run(s), peak {_gib(peak)}: {med:.3f}x{spread} the peer's "
+                "median tok/s"
             )
             short.append(f"step {s.num} {med:.3f}x {name}")
     return lines, "; ".join(short)
