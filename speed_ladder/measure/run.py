@@ -47,6 +47,7 @@ from speed_ladder.measure.inactive import (
     asked,
     triton_interpreted,
 )
+from speed_ladder.measure.memory_snapshot import from_args as memory_snapshot
 from speed_ladder.measure.rank_memory import announce
 from speed_ladder.measure.run_record import base_record, mfu_of
 from speed_ladder.measure.settings import check_accum_steps, resolve_spec
@@ -73,6 +74,7 @@ class Run:
         if args.results is not None and self.is_rank0:
             check_file(args.results, "--results")
         check_cache_dir()
+        self.snapshot = memory_snapshot(args, self.device)  # --memory-snapshot: CUDA only
 
         # the run's settings, as the sweep resolved them for its plan (speed_ladder.spec)
         self.spec = resolve_spec(vars(args), self.device.type, dev.gpu_memory(self.device))
@@ -253,6 +255,8 @@ class Run:
         self._idle.stop()
         self.clock.read(wait=True)
         self._window_peak = self._memory.peak()
+        if self.snapshot is not None:
+            self.snapshot.dump(self.note)
         if self.is_rank0:
             self._busy = self._load.stop()
 
@@ -392,6 +396,8 @@ class Run:
 
     def write_failure(self, status: str, reason: str) -> None:
         try:
+            if self.snapshot is not None:  # what led to a failure, out of memory included
+                self.snapshot.dump(self.note)
             rec = base_record(self, status, self._world())
             rec["reason"] = reason
             self._write(rec)
