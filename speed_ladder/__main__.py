@@ -5,6 +5,7 @@ python -m speed_ladder run --steps 05-08 --repeats 3
 python -m speed_ladder run --device cpu --preset tiny --max-steps 5 --data the-verdict.txt
 python -m speed_ladder check results/<tag>          # a results folder validated (another machine's)
 python -m speed_ladder publish                      # checked, results/local/<tag> into results/
+python -m speed_ladder fit --memory 24GiB --nproc 2  # how large a model fits, rung by rung
 """
 
 import argparse
@@ -12,7 +13,7 @@ import sys
 
 from speed_ladder.errors import UserError, fail, pipe_safe
 from speed_ladder.flags import Parser
-from speed_ladder.report import publish
+from speed_ladder.report import fit_command, publish
 from speed_ladder.report.checks import check
 from speed_ladder.sweep import command as sweep_command
 
@@ -32,6 +33,7 @@ def parser() -> Parser:
     sweep_command.add_run_parser(sub)
     check.add_check_parser(sub)
     publish.add_publish_parser(sub)
+    fit_command.add_fit_parser(sub)
     return p
 
 

@@ -175,6 +175,12 @@ STEP_FLAGS = (
         {"metavar": "DIR"},
         passed=True,
     ),
+    Flag(
+        "--memory-snapshot",
+        "CUDA: record the allocator's history of the training steps into FILE, the pickle "
+        "pytorch.org/memory_viz draws (recording slows the steps)",
+        {"metavar": "FILE"},
+    ),
 )
 
 

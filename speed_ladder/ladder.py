@@ -31,7 +31,7 @@ TERMS = {
     "batch": ("batch_size", "large_batch_size", "fits"),
     "loss": ("logits", "fused"),  # fused: chunked / Liger linear + cross-entropy
     "checkpointing": (False, True),
-    "state": ("single", "ddp", "fsdp2"),
+    "state": ("single", "ddp", "fsdp2", "fsdp2-offload"),  # offload: shards in host memory
     "compiled": (False, True),  # torch.compile: the sweep times its compile
     "distributed": (False, True),  # sets up a process group: launched through torchrun
     "dropout": ("preset", "off"),  # off: dropout 0 whatever the preset says (no masks)

@@ -60,7 +60,9 @@ assert "no CUDA tolerance" in parity.uncovered("NEW", "cuda", "gpt2-124m", 4)
 p = PRESETS["gpt2-124m"]
 assert mm.predict_run(p, "NEW", 4, 32, True, "cuda").total_bytes == \
     mm.predict_run(p, "LAST", 4, 32, True, "cuda").total_bytes
-assert "| NEW |" in mm.fit_table() and "step NEW x4" in mm.breakdown_table(["LAST", "NEW"])
+assert "step NEW x4" in mm.breakdown_table(["LAST", "NEW"])
+from speed_ladder.measure import fit
+assert fit.room("NEW") is None and "| all of them together |" in fit.fit_table()
 assert mm.predict("gpt2-124m").line() == mm.predict("gpt2-124m", step="NEW").line()
 
 # a results tag that measured it: summary and check

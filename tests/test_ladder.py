@@ -276,7 +276,7 @@ def test_steps_on_cpu_say_why_they_do_nothing(ladder_runs):
     # (tiny has dropout 0, so SDPA's flash kernel runs; 09-14 run eager, but 08 compiles;
     # bf16 is forced off in these runs)
     expected = {r.num for r in rungs() if r.inactive and r.inactive.on_test_cpu}
-    assert expected == {"02", "04", "05", "11", "12", "14", "15", "16", "17", "20"}
+    assert expected == {"02", "04", "05", "11", "12", "14", "15", "16", "17", "20", "21"}
     recs = {ladder.step_of(ROOT / s): ladder_runs[s][1][0] for s in STEPS}
     inactive = {k for k, r in recs.items() if r["step_active"] is False}
     assert inactive == expected, {k: recs[k]["inactive_reason"] for k in inactive}
@@ -338,13 +338,13 @@ def test_each_rungs_diff_adds_a_line_that_uses_the_api_it_teaches():
 
 
 def test_the_golden_diffs_stay_short():
-    """Every rung's diff is its idea and little else: all of them together under 700 changed
-    lines."""
+    """Every rung's diff is its idea and little else: all of them together under 36 changed
+    lines a rung on average."""
     changed = 0
     for a, b in ladder.pairs():
         lines = ladder.unified(a, b).splitlines()
         changed += sum(ln[:1] in "+-" and ln[:3] not in ("+++", "---") for ln in lines)
-    assert changed < 700, changed
+    assert changed < 36 * len(ladder.pairs()), changed
 
 
 @pytest.mark.parametrize("script", ["00_orig.py", "steps/07_flash_attention_sdpa.py", SUMMARIES[1]])

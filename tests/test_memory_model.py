@@ -1,5 +1,5 @@
 """speed_ladder/measure/memory_model.py: the prediction against a direct count of the ladder's
-model, the GPT-2 family's sizes, and the "largest preset that fits" table (predicted); and
+model, the GPT-2 family's sizes and CPU offload's terms (tests/test_fit.py: what fits); and
 rank_memory.py's announcement of it before a run."""
 
 import functools
@@ -56,22 +56,10 @@ def test_gpt2_family_sizes():
         assert cfg["context_length"] == 1024 and cfg["emb_dim"] // cfg["n_heads"] == 64
 
 
-def test_fit_table_grows_with_sharding():
-    """Predicted: FSDP2 on 4 GPUs fits at least what one GPU fits, and 24 GB fits gpt2-xl."""
-    order = [None, *mm.GPT2_FAMILY]
-    for gb in mm.GPU_GB:
-        assert order.index(mm.largest_fit("14", 4, gb)) >= order.index(mm.largest_fit("13", 4, gb))
-    assert mm.largest_fit("14", 4, 24) == "gpt2-xl"
-    assert mm.largest_fit("13", 1, 24) != "gpt2-xl"  # 26 GB of state alone
-    table = mm.fit_table()
-    large = ["10", *(r.num for r in ladder.descendants("10"))]  # the large-batch rungs: a row each
-    assert table.count("\n") == len(large) + 1 and all(f"| {n} |" in table for n in large)
-
-
 def test_memory_model_command_prints_the_table():
     proc = run_script([sys.executable, "-m", "speed_ladder.measure.memory_model"], timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "PREDICTED" in proc.stdout and "| 14 |" in proc.stdout
+    assert "step 14 x4" in proc.stdout and "python -m speed_ladder fit" in proc.stdout
     assert proc.stdout.count("predicted per rank") == 4
 
 
@@ -182,3 +170,22 @@ def test_announce_predicts_the_loss_the_step_computes(monkeypatch):
     assert kinds["liger"]["kind"] == "fused" and kinds["liger"]["loss"] == "fused"
     assert kinds["fallback"]["kind"] == "logits" and kinds["fallback"]["loss"] == "logits"
     assert kinds["fallback"]["activation_bytes"] > kinds["liger"]["activation_bytes"]
+
+
+def test_cpu_offload_keeps_the_state_in_host_memory():
+    """The offload rung (state fsdp2-offload) on a GPU: FSDP2's shards of the rung it builds on
+    in host memory, the GPU keeping its gathered copies and activations; on a CPU, where the
+    state is in host memory already, the same prediction as that rung's."""
+    off = ladder.first(lambda r: r.memory.state == "fsdp2-offload")
+    cfg = PRESETS["gpt2-xl"]
+    for world in (1, 2, 4):
+        fsdp, host = (mm.predict_run(cfg, s, world, 4, True, "cuda") for s in (off.after, off.num))
+        assert host.host_bytes == fsdp.state_bytes == mm.state_bytes(cfg, world, "fsdp2")["total"]
+        assert host.state_bytes == 0 and host.state_bytes_per_param == 16
+        assert (host.buffer_bytes, host.activation_bytes) == (
+            fsdp.buffer_bytes,
+            fsdp.activation_bytes,
+        )
+        assert "in host memory" in host.line() and "in host memory" not in fsdp.line()
+        cpu = [mm.predict_run(cfg, s, world, 4, True, "cpu") for s in (off.after, off.num)]
+        assert cpu[0].total_bytes == cpu[1].total_bytes and cpu[1].host_bytes == 0

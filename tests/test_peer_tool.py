@@ -265,12 +265,13 @@ def _ladder_run(step, tps, peer, **over):
 
 def test_the_comparison_sets_each_peer_beside_the_rungs_of_its_model(tmp_path):
     """peer.jsonl beside runs.jsonl: the published peer against the first rung with bf16 weights
-    and dropout, the one without dropout against the first without and the top rung; only ok,
+    and dropout, the one without dropout against the first without and the last; only ok,
     comparable runs that are not the A/A control count; the ratio is ours / the peer's."""
     same = peer_compare.rungs_for(False)
     off = peer_compare.rungs_for(True)
     assert len(same) == 1 and same[0].memory.bf16_weights and same[0].memory.dropout == "preset"
-    assert off[0].memory.dropout == "off" and off[-1] == peer_compare.rungs()[-1]
+    last = [s for s in peer_compare.rungs() if s.memory.bf16_weights][-1]  # the top speed rung
+    assert off[0].memory.dropout == "off" and off[-1] == last
     fp = {"device_name": "GPU", "host_id": "h"}
     base = {"status": "ok", "preset": "gpt2-124m", "batch_size": 32, "context_length": 1024,
             "warmup_steps": 10, "timed_steps": 50, "machine": fp, "device_name": "GPU",

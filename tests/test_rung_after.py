@@ -77,15 +77,15 @@ def test_an_after_that_is_no_earlier_rung_is_one_error(tmp_path, after):
 
 def test_this_checkouts_rungs_build_on_the_file_before_except_the_speed_rungs():
     """Each rung builds on the file before, but 15 (bf16 weights) on 12, not on 13 and 14, and
-    19 (fused QKV) on 17, not on 18: speed rungs skip the memory trades; foreign steps keep
-    their order."""
+    19 (fused QKV) on 17, not on 18: speed rungs skip the memory trades; 21 (CPU offload) on 14,
+    a memory trade on the memory trades; foreign steps keep their order."""
     nums = [r.num for r in ladder.rungs()]
     afters = {r.num: r.after for r in ladder.rungs()}
     before = {n: (nums[i - 1] if i else None) for i, n in enumerate(nums)}
-    assert afters == before | {"15": "12", "19": "17"}
+    assert afters == before | {"15": "12", "19": "17", "21": "14"}
     steps = list(ladder.rungs())
     skipping = [s.num for s, skip in zip(steps, ladder.skips(steps), strict=True) if skip]
-    assert skipping == ["15", "19"]
+    assert skipping == ["15", "19", "21"]
     assert ladder.bases(["10", "11", "12", "13", "14", "15"]) == [
         "09",
         "10",
@@ -95,7 +95,7 @@ def test_this_checkouts_rungs_build_on_the_file_before_except_the_speed_rungs():
         "12",
     ]
     assert ladder.bases(["a", "b", nums[1]]) == [None, "a", nums[0]]
-    assert [s.num for s in ladder.descendants("13")] == ["14"]
+    assert [s.num for s in ladder.descendants("13")] == ["14", "21"]
     assert [s.num for s in ladder.descendants("12")] == nums[nums.index("13") :]  # all after 12
 
 
@@ -260,7 +260,8 @@ def test_a_rung_after_12_is_paired_with_12_everywhere(tmp_path):
         res.stdout[-3000:] + res.stderr
     )
 
-    # propagate: a change to 12 reaches every rung built on it and the dummy; one to 13, 14 only
+    # propagate: a change to 12 reaches every rung built on it and the dummy; one to 13, the
+    # memory rungs built on it only
     def propagate(num):
         path = repo / STEPS[num]
         path.write_text(path.read_text().replace(MARK, EDIT))
@@ -271,7 +272,7 @@ def test_a_rung_after_12_is_paired_with_12_everywhere(tmp_path):
         return {n for n, has in got.items() if has}
 
     assert propagate("12") == {"12", *(r.num for r in ladder.descendants("12")), NEW}
-    assert propagate("13") == {"13", "14"}
+    assert propagate("13") == {"13", *(r.num for r in ladder.descendants("13"))} > {"13", "14"}
 
     # an `after` that names no earlier rung: one error line, from the tools and the harness
     for bad in (NEW, "xx"):

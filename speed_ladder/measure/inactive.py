@@ -299,6 +299,14 @@ def batch_not_grown(device: torch.device, batch: int, settings: dict, step: str)
     )
 
 
+def offload_moves_nothing(device: torch.device) -> str | None:
+    """Step 21: CPU offload moves the state from an accelerator's memory to the host's; on a CPU
+    the state is in host memory already (the step runs FSDP2's offload path, unpinned)."""
+    if device.type != "cpu":
+        return None
+    return "CPU offload moves the state off a GPU into host memory: on a CPU it is there already"
+
+
 LIGER_RAN = "step 12: Liger fused linear cross-entropy kernel ran"  # the step's note, each run
 
 

@@ -15,6 +15,9 @@ gradients (2 B/param).
   the root (embeddings, final norm, out_head) stays gathered from its forward to the end of
   backward, with its full gradient (8 B per root parameter); a block is gathered for its forward
   and again for its backward, the next one prefetched meanwhile (2 blocks of params, 1 of grads).
+- FSDP2 with CPU offload (step 21, on a GPU): the same shards, in host memory (`host_bytes`), and
+  AdamW's update on the CPU; the GPU keeps what FSDP2 gathers (above) and the activations. On a
+  CPU nothing moves: the prediction is FSDP2's.
 
 Activations (saved for backward) follow Korthikanti et al. 2022, "Reducing Activation
 Recomputation in Large Transformer Models", eq. 1: per layer s*b*h*(34 + 5*a*s/h) bytes with
@@ -43,9 +46,8 @@ weights, gradients (summed in place) and AdamW state do not change.
 
 The sum state + buffers + activations is an upper bound of the peak (gradients are created as
 activations are freed); on CPU the process itself adds about 0.5 GiB. `python -m
-speed_ladder.measure.memory_model` prints the prediction per preset and the largest GPT-2 preset
-that fits per GPU for the large-batch steps, 10 on (docs/memory.md, "How big can you go"):
-predicted, not measured.
+speed_ladder.measure.memory_model` prints the prediction per preset; the largest model
+that fits per GPU is `python -m speed_ladder fit`'s (measure/fit.py): predicted, not measured.
 """
 
 import argparse
@@ -56,6 +58,7 @@ import sys
 from dataclasses import dataclass
 
 from speed_ladder import ladder
+from speed_ladder.ladder import Memory
 from speed_ladder.presets import GPT2_VOCAB, PRESETS
 
 VOCAB = 50304  # step 09 on: GPT-2's 50257 padded to a multiple of 64
@@ -65,7 +68,7 @@ FP32 = 4
 LIGER_CHUNK_MEM_CONST = 1
 GIB = 2**30
 GPT2_FAMILY = ["gpt2-124m", "gpt2-medium", "gpt2-large", "gpt2-xl"]
-GPU_GB = [24, 40, 80]
+SHARDED = ("fsdp2", "fsdp2-offload")  # the states FSDP2 splits over the world
 CUDA_OVERHEAD = GIB  # CUDA context, cuBLAS/cuDNN workspaces: outside the allocator's peak
 HEADROOM = 0.10  # allocator fragmentation: reserved exceeds allocated by some percent
 
@@ -100,10 +103,11 @@ def shard_numel(cfg: dict, world: int, vocab: int = VOCAB) -> int:
 
 # ---------------------------------------------------------------- state
 def state_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB) -> dict:
-    """Per-rank bytes of params, grads and AdamW moments (fp32), for mode ddp/single or fsdp2."""
-    if mode not in ("single", "ddp", "fsdp2"):
-        raise ValueError(f"mode {mode!r}: single, ddp or fsdp2")
-    n = shard_numel(cfg, world, vocab) if mode == "fsdp2" else param_counts(cfg, vocab)["total"]
+    """Per-rank bytes of params, grads and AdamW moments (fp32), for a mode of ladder.TERMS'
+    `state` (single, ddp, fsdp2, fsdp2-offload: wherever they are kept)."""
+    if mode not in ("single", "ddp", *SHARDED):
+        raise ValueError(f"mode {mode!r}: single, ddp, {' or '.join(SHARDED)}")
+    n = shard_numel(cfg, world, vocab) if mode in SHARDED else param_counts(cfg, vocab)["total"]
     out = {"params": FP32 * n, "grads": FP32 * n, "optimizer": 2 * FP32 * n}
     out["total"] = sum(out.values())
     return out
@@ -115,7 +119,7 @@ def buffer_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB, grad_byte
     pc = param_counts(cfg, vocab)
     if mode == "ddp":  # gradient buckets; a world of one is not wrapped in DDP (step 11)
         return grad_bytes * pc["total"] if world > 1 else 0
-    if mode == "fsdp2":
+    if mode in SHARDED:
         root = 2 * FP32 * pc["root"]  # gathered root params + their full grads
         blocks = (2 + 1) * FP32 * pc["block"] if cfg["n_layers"] else 0
         return root + blocks
@@ -131,14 +135,6 @@ def liger_chunk_rows(rows: int, dim: int, vocab: int, chunk_mem_const: int = LIG
 
 
 ACTIVATION_KINDS = ("logits", "fused", "checkpointed")
-
-
-def step_kind(step: str, fused: bool | None = None) -> str:
-    """How a ladder step keeps activations: full logits, fused loss (no full logits: step 12's
-    Liger), or checkpointed (step 13's block inputs): the rung's `loss` and `checkpointing`;
-    `fused` False: Liger's fallback ran, the full logits (see the module doc)."""
-    kind = ladder.rung(step).memory.activations
-    return "logits" if kind == "fused" and fused is False else kind
 
 
 def liger_runs_on(device_type: str) -> bool:
@@ -188,7 +184,7 @@ class Prediction:
     preset: str
     world: int
     mode: str
-    kind: str  # step_kind: logits, fused, checkpointed
+    kind: str  # Memory.activations: logits, fused, checkpointed (logits: Liger's fallback ran)
     batch: int
     act_bytes: int
     params: int
@@ -197,6 +193,7 @@ class Prediction:
     activation_bytes: int
     loss: str = "logits"  # the output layer: "fused" (Liger's chunks) or "logits" (full)
     micro_batches: int = 1  # step 18: the batch in this many parts, activations for one
+    host_bytes: int = 0  # step 21: the state FSDP2 offloads to host memory (per rank)
 
     @property
     def total_bytes(self) -> int:
@@ -206,8 +203,9 @@ class Prediction:
     def state_bytes_per_param(self) -> int:
         """16, or 20 with step 15's fp32 gradient buffers (FSDP2: per parameter of the model,
         before the split over the world)."""
-        shards = self.world if self.mode == "fsdp2" else 1
-        return round(self.state_bytes * shards / self.params) if self.params else 16
+        shards = self.world if self.mode in SHARDED else 1
+        held = self.state_bytes + self.host_bytes
+        return round(held * shards / self.params) if self.params else 16
 
     def line(self) -> str:
         g = lambda x: f"{x / GIB:.2f} GiB"
@@ -217,17 +215,12 @@ class Prediction:
             f"{f' in {self.micro_batches} micro-batches' if self.micro_batches > 1 else ''}): "
             f"state {g(self.state_bytes)}"
             f" (params, grads, AdamW: {self.state_bytes_per_param} B x "
-            f"{self.params / 1e6:.0f}M params{f' / {self.world}' if self.mode == 'fsdp2' else ''}"
-            "), buffers "
+            f"{self.params / 1e6:.0f}M params{f' / {self.world}' if self.mode in SHARDED else ''}"
+            f"{', in host memory' if self.host_bytes else ''}), buffers "
             f"{g(self.buffer_bytes)}, activations {g(self.activation_bytes)} ({self.kind}"
             f"{', full logits' if self.kind == 'checkpointed' and self.loss == 'logits' else ''}), "
             f"total {g(self.total_bytes)}"
         )
-
-
-def mode_of_step(step: str) -> str:
-    """single, ddp or fsdp2: how the rung keeps its state (ladder.json's `state`)."""
-    return ladder.rung(step).memory.state
 
 
 def predict(
@@ -240,23 +233,26 @@ def predict(
     mode: str | None = None,
     vocab: int = VOCAB,
     fused: bool | None = None,
+    memory: Memory | None = None,
 ) -> Prediction:
     """The prediction for one ladder step (default: the last) on one preset (name or dict) and
-    world size; `fused` False: step 12's fallback (the full logits) in place of Liger's."""
-    step = step or ladder.rungs()[-1].num
+    world size; `fused` False: step 12's fallback (the full logits) in place of Liger's;
+    `memory`: terms of the ladder's rungs combined (measure/fit.py) in place of the step's."""
+    m = memory or ladder.rung(step or ladder.rungs()[-1].num).memory
     cfg = PRESETS[preset] if isinstance(preset, str) else preset
     name = preset if isinstance(preset, str) else "custom"
-    mode = mode or mode_of_step(step)
-    kind = step_kind(step, fused)
-    rung = ladder.rung(step)
-    fused = rung.memory.loss == "fused" and fused is not False
+    mode = mode or m.state
+    kind = "logits" if m.activations == "fused" and fused is False else m.activations
+    fused = m.loss == "fused" and fused is not False
     if batch is None:
-        batch = rung.batch(cfg)
-    k = rung.memory.micro_batches(cfg, batch)  # step 18: activations of one micro-batch
-    cfg = {**cfg, "drop_rate": rung.memory.drop_rate(cfg)}  # step 16 on: no masks
+        batch = cfg[m.batch]
+    k = m.micro_batches(cfg, batch)  # step 18: activations of one micro-batch
+    cfg = {**cfg, "drop_rate": m.drop_rate(cfg)}  # step 16 on: no masks
     # bf16 weights (where bf16 is on): no autocast copies, bf16 gradients in DDP's buckets
-    bf16_weights = act_bytes == 2 and rung.memory.bf16_weights
+    bf16_weights = act_bytes == 2 and m.bf16_weights
     params = param_counts(cfg, vocab)["total"]
+    state = state_bytes(cfg, world, mode, vocab)["total"] + (FP32 * params if bf16_weights else 0)
+    host = state if mode == "fsdp2-offload" else 0  # step 21: the state in host memory
     return Prediction(
         preset=name,
         world=world,
@@ -265,8 +261,7 @@ def predict(
         batch=batch,
         act_bytes=act_bytes,
         params=params,
-        state_bytes=state_bytes(cfg, world, mode, vocab)["total"]
-        + (FP32 * params if bf16_weights else 0),  # step 15's fp32 gradient buffers
+        state_bytes=state - host,  # + step 15's fp32 gradient buffers
         buffer_bytes=buffer_bytes(cfg, world, mode, vocab, 2 if bf16_weights else FP32),
         activation_bytes=activation_bytes(
             cfg, batch // k, kind, act_bytes, flash, vocab, fused=fused
@@ -274,6 +269,7 @@ def predict(
         + (autocast_copy_bytes(cfg, vocab) if act_bytes == 2 and not bf16_weights else 0),
         loss="fused" if fused else "logits",
         micro_batches=k,
+        host_bytes=host,
     )
 
 
@@ -287,35 +283,6 @@ def autocast_copy_bytes(cfg: dict, vocab: int = VOCAB) -> int:
 def fits(pred: Prediction, gpu_bytes: float) -> bool:
     """A GPU of gpu_bytes holds the prediction with the CUDA context and 10% headroom."""
     return pred.total_bytes * (1 + HEADROOM) + CUDA_OVERHEAD <= gpu_bytes
-
-
-def largest_fit(step: str, gpus: int, gpu_gb: int) -> str | None:
-    """The largest GPT-2 family preset (its own batch) step `step` trains on gpus x gpu_gb GB."""
-    if not ladder.rung(step).distributed and gpus > 1:
-        return None  # a single-process step: more GPUs do not change it
-    best = None
-    for name in GPT2_FAMILY:
-        if fits(predict(name, gpus, step), gpu_gb * GIB):  # a "24 GB" card has 24 GiB
-            best = name
-    return best
-
-
-def fit_table(steps=None, gpus=(1, 4), sizes=GPU_GB) -> str:
-    """Markdown: the largest GPT-2 preset that fits per GPU, by step (default: the large-batch
-    rungs), GPU count and size."""
-    steps = steps or [r.num for r in ladder.rungs() if r.memory.large_batch]
-    head = "| step | " + " | ".join(f"{n}x {g} GB" for n in gpus for g in sizes) + " |"
-    rows = [head, "|---|" + "---|" * (len(gpus) * len(sizes))]
-    for s in steps:
-        cells = []
-        for n in gpus:
-            for g in sizes:
-                if not ladder.rung(s).distributed and n > 1:
-                    cells.append("(1 process)")
-                else:
-                    cells.append(largest_fit(s, n, g) or "none")
-        rows.append(f"| {s} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
 
 
 def breakdown_table(steps=None, gpus=(1, 4)) -> str:
@@ -375,6 +342,8 @@ def predict_run(shape: dict, step: str, world: int, batch: int, half: bool | Non
         vocab = VOCAB if m.padded_vocab else GPT2_VOCAB
     if fused is None:
         fused = liger_runs_on(device_type)
+    if mode is None and m.state == "fsdp2-offload" and device_type == "cpu":
+        mode = "fsdp2"  # step 21 on a CPU: the state is in host memory already
     p = predict(shape, world, step, batch, act, flash, mode, vocab, fused)
     p.preset = name
     return p
@@ -399,8 +368,7 @@ def main(argv=None) -> int:
     print("Predicted GiB per rank, state + buffers + activations (bf16 autocast):")
     print(breakdown_table())
     print()
-    print("Largest GPT-2 preset that fits per GPU (PREDICTED, its preset batch, bf16 autocast):")
-    print(fit_table())
+    print("The largest model that fits a GPU's memory: python -m speed_ladder fit")
     return 0
 
 

@@ -28,7 +28,7 @@ def announce(run, model) -> dict:
     vocab = cfg.get("vocab_size", VOCAB)  # every step passes it; a bare test config may not
     fused = run.fused_loss is not None  # step 12's Liger loss ran; else the full logits
     p = predict_run(shape, step, _world(), run.batch_size, run.spec.half, device.type,
-                    detect_mode(model), vocab, run.preset_name, fused)  # fmt: skip
+                    detect_mode(model, device), vocab, run.preset_name, fused)  # fmt: skip
     if not os.environ.get(PREDICTED_ENV):
         run.print(f"[{step}] {p.line()}")
     cap = capacity_bytes(device)
@@ -64,14 +64,18 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def detect_mode(model) -> str:
-    """fsdp2 when parameters are DTensors, ddp under DistributedDataParallel, else single."""
+def detect_mode(model, device) -> str:
+    """fsdp2 when parameters are DTensors (fsdp2-offload where their shards are in host memory
+    and `device`, the run's, is not the CPU: step 21), ddp under DistributedDataParallel, else
+    single."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch without distributed
         DTensor = ()
-    if any(isinstance(p, DTensor) for p in model.parameters()):
-        return "fsdp2"
+    shards = [p for p in model.parameters() if isinstance(p, DTensor)]
+    if shards:
+        host = device.type != "cpu" and shards[0].to_local().device.type == "cpu"
+        return "fsdp2-offload" if host else "fsdp2"
     from torch.nn.parallel import DistributedDataParallel
 
     return "ddp" if isinstance(model, DistributedDataParallel) else "single"

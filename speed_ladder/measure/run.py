@@ -18,7 +18,8 @@ MFU = tokens/s x (6N + 12*L*H*Q*T) / (peak x devices), N the parameters that tak
 (embedding tables excluded, the output layer included), L layers, H heads, Q head size, T context
 (PaLM, Chowdhery et al. 2022, app. B). The peak is the device's dense bf16 peak for every step,
 fp32 steps included (gpus.py's datasheet table; CPU and MPS: the best matmul rate measured here,
-matmul_peak.py).
+matmul_peak.py). HFU, beside it where a rung checkpoints its blocks: the same over the FLOPs the
+hardware ran, the recomputed forward counted (run_record.hfu_of).
 """
 
 import datetime as dt
@@ -47,8 +48,9 @@ from speed_ladder.measure.inactive import (
     asked,
     triton_interpreted,
 )
+from speed_ladder.measure.memory_snapshot import from_args as memory_snapshot
 from speed_ladder.measure.rank_memory import announce
-from speed_ladder.measure.run_record import base_record, mfu_of
+from speed_ladder.measure.run_record import base_record, hfu_of, mfu_of
 from speed_ladder.measure.settings import check_accum_steps, resolve_spec
 from speed_ladder.outputs import check_file
 from speed_ladder.records import FIELDS, append_jsonl
@@ -73,6 +75,7 @@ class Run:
         if args.results is not None and self.is_rank0:
             check_file(args.results, "--results")
         check_cache_dir()
+        self.snapshot = memory_snapshot(args, self.device)  # --memory-snapshot: CUDA only
 
         # the run's settings, as the sweep resolved them for its plan (speed_ladder.spec)
         self.spec = resolve_spec(vars(args), self.device.type, dev.gpu_memory(self.device))
@@ -248,6 +251,8 @@ class Run:
         self._idle.stop()
         self.clock.read(wait=True)
         self._window_peak = self._memory.peak()
+        if self.snapshot is not None:
+            self.snapshot.dump(self.note)
         if self.is_rank0:
             self._busy = self._load.stop()
 
@@ -335,6 +340,7 @@ class Run:
         tps = m.tokens / m.step_time
         world = self._world()
         mfu, mfu_invalid = mfu_of(tps, self, world)
+        hfu = hfu_of(mfu, self)  # where the rung recomputes its forward
         rec = base_record(self, "ok", world)
         rec.update(
             tokens_per_sec=round(tps, 1),
@@ -342,6 +348,7 @@ class Run:
             peak_mem_reserved_bytes=m.reserved,
             peak_mem_allocated_bytes=m.allocated,
             mfu=round(mfu, 5) if mfu is not None else None,
+            hfu=round(hfu, 5) if hfu is not None else None,
             train_loss=m.train_loss,
             val_loss=m.val_loss,
             losses=m.losses,
@@ -366,7 +373,8 @@ class Run:
             f"[{self.step}] done: {tps:,.0f} tok/s ({world} x {self.batch_size} x "
             f"{rec['context_length']} tokens / {m.step_time * 1000:.1f} ms median over "
             f"{len(self.step_times)} timed steps)  peak mem {gib:.2f} GiB  "
-            f"MFU {'invalid' if mfu_invalid else '-' if mfu is None else f'{mfu:.1%}'}  train loss "
+            f"MFU {'invalid' if mfu_invalid else '-' if mfu is None else f'{mfu:.1%}'}"
+            f"{f' (HFU {hfu:.1%})' if hfu else ''}  train loss "
             f"{'-' if m.train_loss is None else f'{m.train_loss:.3f}'}  val loss "
             f"{'-' if m.val_loss is None else f'{m.val_loss:.3f}'}"
         )
@@ -387,6 +395,8 @@ class Run:
 
     def write_failure(self, status: str, reason: str) -> None:
         try:
+            if self.snapshot is not None:  # what led to a failure, out of memory included
+                self.snapshot.dump(self.note)
             rec = base_record(self, status, self._world())
             rec["reason"] = reason
             self._write(rec)

@@ -1,16 +1,19 @@
 """A run's record: the fields that say what ran and where (`base_record`, of an ok run and of a
-failed one alike), and its MFU judged before it is written (`mfu_of`)."""
+failed one alike), its MFU judged before it is written (`mfu_of`), and its HFU where the rung
+recomputes (`hfu_of`)."""
 
 import math
 import time
 
 import torch
 
-from speed_ladder import machine, parity
+from speed_ladder import ladder, machine, parity
+from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT, portable_path
 from speed_ladder.measure import device as dev
 from speed_ladder.measure import precision
 from speed_ladder.measure.inactive import interpreted
+from speed_ladder.measure.memory_model import param_counts
 from speed_ladder.records import code_sha256, file_sha256, git_state, mfu_problem
 
 
@@ -66,3 +69,20 @@ def mfu_of(tps: float, run, world: int) -> tuple[float | None, dict | None]:
         again = "; delete matmul_peak.json in the cache folder to measure it again"
     run.note(f"{why}: MFU left empty{again}")
     return None, {"value": value, "reason": why}
+
+
+def hfu_of(mfu: float | None, run) -> float | None:
+    """HFU (hardware FLOPs utilization) where the rung checkpoints its blocks: the hardware also
+    runs every block's forward again in backward, 2 FLOPs per block parameter and 4*L*H*Q*T of
+    attention per token (a third of the blocks' share of MFU's formula), which MFU leaves out;
+    None where nothing is recomputed (HFU is MFU there) or MFU is unknown."""
+    try:
+        recomputes = ladder.rung(run.step).memory.checkpointing
+    except UserError:  # not a rung of the ladder (a test's script)
+        return None
+    if mfu is None or not recomputes or not run.flops_per_token:
+        return None
+    c = run.cfg
+    L, H, T = c["n_layers"], c["n_heads"], c["context_length"]
+    again = 2 * L * param_counts(c, c["vocab_size"])["block"] + 4 * L * H * (c["emb_dim"] // H) * T
+    return mfu * (run.flops_per_token + again) / run.flops_per_token

@@ -9,7 +9,7 @@ A tag's page (report/pages/tag_page.py) shows the same lines where the tag holds
 The rungs, from the registry (speed_ladder/data/ladder.json): the peer as published trains bf16
 weights with the preset's dropout, so it stands beside the first rung with bf16 working weights
 and dropout; the peer with --no-dropout beside the first rung with bf16 weights and dropout off,
-and the top rung where it trains that model too. A run of the ladder counts where it is an ok
+and the last rung that trains that model too. A run of the ladder counts where it is an ok
 run (not the A/A control) of the same preset, batch, context, warm-up and timed steps, on the
 same machine (its fingerprint, speed_ladder/machine.py) as the peer's latest ok record; a rung
 that fits its batch to the GPU (step 20) at its own batch, both batches named: on this GPU,
@@ -35,14 +35,11 @@ SAME = ("source_sha256", "changes", "machine", "preset", "batch_size", "timed_st
 
 def rungs_for(dropout_off: bool, steps=None) -> list[Step]:
     """The rungs that train the peer's model: bf16 weights, dropout as the peer has it (see the
-    module doc); the top rung too, where it trains the model of the peer without dropout."""
+    module doc); the last of them too, for the peer without dropout."""
     steps = list(rungs() if steps is None else steps)
     off = lambda s: s.memory.dropout == "off"
     same = [s for s in steps if s.memory.bf16_weights and off(s) == dropout_off]
-    out = same[:1]
-    if dropout_off and same and steps[-1] in same and steps[-1] not in out:
-        out.append(steps[-1])
-    return out
+    return same[:1] + (same[-1:] if dropout_off and len(same) > 1 else [])
 
 
 def comparable(run: dict, peer: dict, same_batch: bool = True) -> bool:

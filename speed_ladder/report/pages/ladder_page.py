@@ -19,6 +19,7 @@ from pathlib import Path
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import ROOT, atomic_write_bytes
 from speed_ladder.ladder import BASELINE, DIFFS, Step, discover, skips, tag_processes
+from speed_ladder.measure import fit
 from speed_ladder.report import to_loss
 from speed_ladder.report.charts.time_chart import TIME_CHART
 from speed_ladder.report.compare.reference import (
@@ -295,6 +296,16 @@ def _section(step: Step, prev: Step | None, summaries, ref, base: Path, skip: bo
         text = fields[key][:1].upper() + fields[key][1:]
         out.append(f"- **{key}.** {text}" + (f" {more}" if key == keys[-1] else ""))
     out += [""] if keys else [more, ""]
+    made = fit.room(step.num) if Path(root) == ROOT else None  # a memory rung's, predicted
+    if made:
+        (was, now), (gb, n) = made, fit.ROOM
+        out += [
+            f"*Room it makes* (*predicted*, `python -m speed_ladder fit`, {n} GPUs of {gb} GB, "
+            f"batch {now.batch} per GPU): the largest model {was.model} → {now.model}, the "
+            f"largest batch of gpt2-124m {was.batches['gpt2-124m']} → "
+            f"{now.batches['gpt2-124m']}.",
+            "",
+        ]
     lines = excerpt(step, change(step, prev))
     if lines:
         out += ["```diff", *lines, "```", ""]

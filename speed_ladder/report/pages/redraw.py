@@ -22,7 +22,8 @@ panel, labelled as such: they are not this project's measurements. From the same
 each tag's page, results/<tag>/README.md (its full table, notes and charts), the README's
 results between `<!-- results:begin -->` and `<!-- results:end -->` (the GPU ladders beside the
 published A100's, and a line linking each tag's page), and LADDER.md beside it (ladder_page.py:
-each step's change, why, cost and measured effect).
+each step's change, why, cost and measured effect), and the memory ladder (memory_page.py:
+docs/memory-ladder.md and docs/memory.md's fit table).
 A tag folder in results/local/ (this machine's own, from `python -m speed_ladder run`) gets
 its charts only: it never enters the README, LADDER.md, a page or the comparisons until
 `python -m speed_ladder publish` adds it to results/.
@@ -52,6 +53,7 @@ from speed_ladder.report.charts.loss_chart import plot_to_loss
 from speed_ladder.report.charts.phase_chart import plot_phases
 from speed_ladder.report.charts.time_chart import plot_time_breakdown
 from speed_ladder.report.compare.reference import gpu_ladders
+from speed_ladder.report.pages import memory_page
 from speed_ladder.report.pages.ladder_page import PAGE, write_page
 from speed_ladder.report.pages.readme import update_readme
 from speed_ladder.report.pages.tag_page import PAGE as TAG_PAGE
@@ -103,6 +105,10 @@ def write_docs(readme: Path, tags, say=print, pages=None) -> bool:
         return False
     say(f"updated the results in {shown(readme)}")
     say(f"wrote {shown(write_page(Path(readme).parent / PAGE, tags))}")
+    for page in memory_page.write(
+        tags, Path(readme).parent
+    ):  # docs/memory-ladder.md, docs/memory.md's fit table
+        say(f"wrote {shown(page)}")
     for page in write_pages(tags if pages is None else pages):
         say(f"wrote {shown(page)}")
     return True
