@@ -20,21 +20,19 @@ from importlib import import_module
 
 from speed_ladder.errors import UserError, main
 from speed_ladder.flags import parse_args
-from speed_ladder.ladder import inactive_helpers
-from speed_ladder.presets import GPT2_VOCAB, micro_batches
+from speed_ladder.presets import GPT2_VOCAB
+from speed_ladder.spec import micro_batches
 
 # The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
-# charts, plot_results.py) runs this file and must not need torch. The rungs' inactive checks
-# (`speed_ladder.tf32_unavailable`, ...) are the ones speed_ladder/data/ladder.json names, which
-# the harness asks (Run.set_model). A step asks some itself before it acts, and then performs
-# the technique with the library's own API: step 05 mixed_precision, step 12
-# liger_unavailable, step 17 cudnn_attention_unavailable, step 20 batch_fit_unavailable (and the
-# memory model's batch_fits).
+# charts, plot_results.py) runs this file and must not need torch. A step asks some itself
+# before it acts, and then performs the technique with the library's own API: step 05
+# mixed_precision, step 12 liger_unavailable, step 17 cudnn_attention_unavailable, step 20
+# batch_fit_unavailable (and the memory model's batch_fits).
 _NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device",
-                "mixed_precision": "measure.precision",
+                "mixed_precision": "measure.precision", "liger_unavailable": "measure.inactive",
                 "cudnn_attention_unavailable": "measure.inactive",
-                "batch_fit_unavailable": "measure.inactive", "batch_fits": "measure.rank_memory",
-                **inactive_helpers()}  # fmt: skip
+                "batch_fit_unavailable": "measure.inactive",
+                "batch_fits": "measure.rank_memory"}  # fmt: skip
 
 
 def __getattr__(name: str):

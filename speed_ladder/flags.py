@@ -1,11 +1,6 @@
-"""The flags every step script shares, defined once. (`speed_ladder.main`, the wrapper that turns
-bad input into one line and the step's failure record, is errors.py's.)
-
-`STEP_FLAGS` is the one table of the step flags. From it come the step scripts' parser
+"""The flags every step script shares, in one table (STEP_FLAGS): the step scripts' parser
 (`parse_args`), the flags the sweep passes through to every step (`add_step_flags(...,
-passed_only=True)`) and a step's argv in the sweep (`child_argv`). What identifies a sweep's run
-is the resolved RunSpec's (speed_ladder.spec: KEY_FIELDS, sweep_config).
-"""
+passed_only=True)`) and a step's argv in the sweep (`child_argv`)."""
 
 import argparse
 import os

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT
-from speed_ladder.presets import micro_batches
 
 REGISTRY = Path(__file__).parent / "data" / "ladder.json"
 BASELINE = "00"  # the first rung, which every speedup is over
@@ -35,8 +34,8 @@ TERMS = {
     "compiled": (False, True),  # torch.compile: the sweep times its compile
     "distributed": (False, True),  # sets up a process group: launched through torchrun
     "dropout": ("preset", "off"),  # off: dropout 0 whatever the preset says (no masks)
-    # accum_steps: each batch in the preset's accum_steps micro-batches, one optimizer step
-    "accumulation": ("none", "accum_steps"),
+    # each batch in the run's accum_steps micro-batches, one optimizer step
+    "accumulation": (False, True),
 }
 
 
@@ -52,7 +51,7 @@ class Memory:
     checkpointing: bool
     state: str
     dropout: str = "preset"  # "off": the rung trains without dropout
-    accumulation: str = "none"  # "accum_steps": micro-batches, one optimizer step per batch
+    accumulation: bool = False  # micro-batches, one optimizer step per batch
 
     @property
     def bf16_autocast(self) -> bool:
@@ -77,13 +76,12 @@ class Memory:
     def large_batch(self) -> bool:
         return self.batch != "batch_size"
 
-    def micro_batches(self, settings: dict, batch: int) -> int:
-        """The micro-batches a batch of `batch` sequences is split into under a preset's
-        settings: its accum_steps where this rung accumulates and they split the batch into
-        equal parts (presets.micro_batches), else 1."""
-        if self.accumulation == "none":
+    def micro_batches(self, accum_steps: int, batch: int) -> int:
+        """The micro-batches a batch of `batch` sequences is split into: `accum_steps` where this
+        rung accumulates and they split the batch into equal parts, else 1."""
+        if not self.accumulation or accum_steps <= 1 or batch % accum_steps:
             return 1
-        return micro_batches(batch, settings.get(self.accumulation, 1))
+        return accum_steps
 
     def drop_rate(self, cfg: dict) -> float:
         """The dropout this rung trains a model of config `cfg` with: 0 where it takes dropout
@@ -97,18 +95,6 @@ class Memory:
 
 
 @dataclass(frozen=True)
-class Inactive:
-    """What makes a rung do nothing on a device: the `speed_ladder.<check>` the harness asks
-    (measure/inactive.py, `asked`)."""
-
-    check: str
-    module: str = "measure.inactive"  # where the check lives, under speed_ladder
-    on_test_cpu: bool = False  # inactive in the tests' CPU runs (tiny, dropout 0, bf16 off)
-    why: str | None = None  # a fixed reason, in place of the check's words
-    acted: str | None = None  # where it acts, what ran: a note of its own (`step NN: acted`)
-
-
-@dataclass(frozen=True)
 class Step:
     num: str  # "05"
     path: Path
@@ -118,7 +104,6 @@ class Step:
     memory: Memory | None = None
     summary: str = ""  # the README table's "what it changes"
     parity: dict = field(default_factory=dict, compare=False)  # {"cpu": ..., "cuda": ...}
-    inactive: Inactive | None = None
     summary_file: str | None = None  # a file at the root that copies this rung
     after: str | None = None  # the rung this one is "that rung + one idea" of; None: the first
     api: tuple[str, ...] = ()  # what its diff against `after` adds a line using (the idea)
@@ -131,10 +116,10 @@ class Step:
         except ValueError:
             return str(self.path)
 
-    def batch(self, settings: dict) -> int:
-        """The batch this rung trains with under a preset's settings."""
-        m = self.memory.batch if self.memory else "batch_size"
-        return settings["large_batch_size" if m == "fits" else m]  # fits: where it starts
+    def batch(self, spec) -> int:
+        """The batch this rung trains with under a run's settings (a spec.RunSpec): where it
+        fits its batch to a GPU, the batch it starts from."""
+        return spec.large_batch_size if self.memory and self.memory.large_batch else spec.batch_size
 
 
 _TITLE = re.compile(
@@ -171,8 +156,10 @@ def _fold(state: dict, e: dict, where: str) -> dict:
     for k, v in changes.items():
         if k not in TERMS or v not in TERMS[k]:
             known = ", ".join(f"{t}: {'/'.join(map(str, vs))}" for t, vs in TERMS.items())
-            raise UserError(f"{where}: changes {k}={v!r} is not a term the harness models "
-                            f"({known}); a new one is code in measure/memory_model.py")  # fmt: skip
+            raise UserError(
+                f"{where}: changes {k}={v!r} is not a term the harness models "
+                f"({known}); a new one is code in measure/memory_model.py"
+            )
     state = dict(state, **changes)
     missing = [k for k in TERMS if k not in state]
     if missing:
@@ -184,14 +171,20 @@ def _fold(state: dict, e: dict, where: str) -> dict:
 
 def _step(f: Path, e: dict, state: dict, where: str, after: str | None) -> Step:
     memory = Memory(**{k: state[k] for k in Memory.__dataclass_fields__})
-    inactive = e.get("inactive")
-    try:
-        inactive = Inactive(**inactive) if inactive else None
-    except TypeError as err:
-        raise UserError(f"{where}: inactive {inactive}: {err}") from None
-    return Step(f.name[:2], f, step_title(f), state["distributed"], state["compiled"], memory,
-                e.get("summary", ""), e.get("parity") or {}, inactive, e.get("summary_file"),
-                after, tuple(e.get("api") or ()), e.get("after_why", ""))  # fmt: skip
+    return Step(
+        num=f.name[:2],
+        path=f,
+        title=step_title(f),
+        distributed=state["distributed"],
+        compiled=state["compiled"],
+        memory=memory,
+        summary=e.get("summary", ""),
+        parity=e.get("parity") or {},
+        summary_file=e.get("summary_file"),
+        after=after,
+        api=tuple(e.get("api") or ()),
+        after_why=e.get("after_why", ""),
+    )
 
 
 def _after(e: dict, earlier: list[str], where: str) -> str | None:
@@ -202,8 +195,7 @@ def _after(e: dict, earlier: list[str], where: str) -> str | None:
     after = e["after"]
     if not isinstance(after, str) or after not in earlier:
         known = f"steps {earlier[0]}-{earlier[-1]}" if earlier else "none: it is the first rung"
-        raise UserError(f"{where}: after {after!r} is not a rung before it in file order "
-                        f"({known})")  # fmt: skip
+        raise UserError(f"{where}: after {after!r} is not a rung before it in file order ({known})")
     return after
 
 
@@ -212,8 +204,9 @@ def _check_parity(e: dict, where: str) -> None:
     if not isinstance(cpu, dict) or cpu.get("rule") not in ("exact", "close") or "why" not in cpu:
         raise UserError(f"{where}: parity.cpu needs a rule (exact or close) and its why")
     if not isinstance(cuda, dict) or "why" not in cuda or not isinstance(cuda.get("holds"), dict):
-        raise UserError(f"{where}: parity.cuda needs its why and holds: {{preset: "
-                        "{steps, atol, source}}")  # fmt: skip
+        raise UserError(
+            f"{where}: parity.cuda needs its why and holds: {{preset: {{steps, atol, source}}}}"
+        )
 
 
 def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step]:
@@ -231,10 +224,19 @@ def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step
     files = [ladder_dir / "00_orig.py"] if (ladder_dir / "00_orig.py").is_file() else []
     files += sorted((ladder_dir / "steps").glob("[0-9][0-9]_*.py"))
     steps, seen, states = [], [], {}
-    initial = {"precision": "fp32", "attention": "materialized", "vocab": "gpt2",
-               "batch": "batch_size", "loss": "logits", "checkpointing": False, "state": "single",
-               "compiled": False, "distributed": False, "dropout": "preset",
-               "accumulation": "none"}  # fmt: skip
+    initial = {
+        "precision": "fp32",
+        "attention": "materialized",
+        "vocab": "gpt2",
+        "batch": "batch_size",
+        "loss": "logits",
+        "checkpointing": False,
+        "state": "single",
+        "compiled": False,
+        "distributed": False,
+        "dropout": "preset",
+        "accumulation": False,
+    }
     initial = initial if not strict else {}
     reg = _rel(registry)
     for f in files:
@@ -335,13 +337,6 @@ def bases(nums: list[str]) -> list[str | None]:
     else the step before it in `nums` (None for the first)."""
     after = {s.num: s.after for s in rungs()}
     return [after[n] if n in after else (nums[i - 1] if i else None) for i, n in enumerate(nums)]
-
-
-def inactive_helpers() -> dict[str, str]:
-    """{check: module} of every rung's inactive check, for `speed_ladder.<check>`: read from the
-    entries alone (`import speed_ladder` must not fail where a step file lacks its entry)."""
-    checks = [Inactive(**e["inactive"]) for e in _entries(REGISTRY).values() if e.get("inactive")]
-    return {c.check: c.module for c in checks}
 
 
 DIFFS = Path("steps") / "diffs"  # a rung's diff against the rung it builds on: DIFFS/NN.diff

@@ -1,28 +1,7 @@
-"""Presets: model, optimizer and run-length settings shared by every step.
-
-`gpt2-124m` is the reference config of the published ladder (GPT-2 small, Radford et al. 2019;
-Raschka, LLMs-from-scratch ch05/10). `cpu` keeps GPT-2's shape of work on a 2-core CPU: the
-50257-way output layer is a third of the matmul FLOPs, not most of them (see `flop_split`).
-`cpu-small` (6 layers of 256 on 128-token windows) times every rung to a target loss on a
-2-core CPU within 20 minutes (`--to-loss`: TO_LOSS). `tiny` is for tests: seconds per run, and
-dropout 0 so that the loss-parity tests compare deterministic numbers.
-
-`gpt2-medium`, `gpt2-large` and `gpt2-xl` are the rest of the GPT-2 family, for step 14 (FSDP2) and
-the memory model (`speed_ladder.measure.memory_model`): shapes from the GPT-2 paper (Radford et al.
-2019, Table 2: 24 x 1024, 36 x 1280, 48 x 1600; the heads, 16/20/25, from OpenAI's released configs,
-64 channels each), context 1024. GPT-2 trained with 512 sequences of 1024 tokens per step and does
-not publish its learning rates ("manually tuned"); the rates here are the GPT-3 paper's for the same
-sizes (Brown et al. 2020, Table 2.1: 350M 3.0e-4, 760M 2.5e-4, 1.3B 2.0e-4, for 0.5-1M-token
-batches), which Karpathy's llm.c GPT-2 reproductions follow. `batch_size` and `large_batch_size` are
-sequences per process, sized for one GPU; the paper's 512 would be large_batch_size x GPUs x
-gradient-accumulation steps (e.g. 16 x 8 x 4 for gpt2-medium). Step 18's accumulation splits each
-batch into `accum_steps` micro-batches instead of adding them, so its global batch stays
-large_batch_size x GPUs and only its memory changes (`micro_batches`). Their run length is a
-measuring run: 30 steps, 10 of them warm-up.
-
-`check_name` is the one check of a preset's name. Which preset a run uses, with its flags
-and the batch rule that fits a smaller GPU applied, is speed_ladder/spec.py's (`resolve_spec`).
-"""
+"""Presets: the model, optimizer and run-length settings every step shares (docs/memory.md,
+Presets): `gpt2-124m`, the published ladder's; the rest of the GPT-2 family, for FSDP2 and the
+memory model; `cpu` and `cpu-small` for 2 cores; `tiny` for the tests. Time to a target loss per
+preset (TO_LOSS) and the sweep's measuring length (SWEEP_LENGTH), each with its reasons."""
 
 from speed_ladder.errors import UserError
 
@@ -156,7 +135,7 @@ TO_LOSS = {
         "far from overfitting); step 16 (batch 8) crossed 6.5 at 27K tokens. The budget is "
         "about 3x that; evaluating every 2048 tokens on 1024 validation tokens costs about a "
         "second each at step 00.",
-    },  # fmt: skip
+    },
     "gpt2-124m": {
         "target": 6.0,
         "budget_tokens": 2_097_152,
@@ -166,7 +145,7 @@ TO_LOSS = {
         "once, at its end: step 00 reached 5.30 after 516K tokens (63 steps of 8 x 1024) and "
         "step 10 5.49 after 2.06M (63 steps of 32 x 1024, train loss 5.02: the text starts to "
         "be learned by heart), so 6.0 lies well above both, and the budget is step 10's run.",
-    },  # fmt: skip
+    },
     "tiny": {
         "target": 9.0,
         "budget_tokens": 8192,
@@ -174,7 +153,7 @@ TO_LOSS = {
         "val_tokens": 256,
         "why": "the tests' text (The Verdict): step 00 crosses 9.0 at about 6.6K tokens, in "
         "seconds",
-    },  # fmt: skip
+    },
 }
 
 GPT2_VOCAB = 50257
@@ -198,12 +177,6 @@ def flop_split(p: dict, vocab: int = GPT2_VOCAB) -> float:
     body = 12 * p["emb_dim"] ** 2 * p["n_layers"]
     head = p["emb_dim"] * vocab
     return head / (body + head)
-
-
-def micro_batches(batch: int, accum_steps: int) -> int:
-    """Step 18's micro-batches per batch of `batch` sequences: `accum_steps` where they split it
-    into equal parts, else 1 (the batch stays whole: batch 1, or an odd batch at 2)."""
-    return accum_steps if accum_steps > 1 and batch % accum_steps == 0 else 1
 
 
 def check_name(name: str | None) -> None:

@@ -1,34 +1,71 @@
-"""`RunSpec`: one run's settings, as measure/settings.py's `resolve_spec` resolves them once from
-the flags, the preset, the device and the batch rule (the sweep before it plans, the step's `Run`
-from the same flags on the same device, so the run the sweep predicts is the run the step does;
-the record keeps it, `spec`), and what identifies a sweep's run: its configuration
-(`sweep_config`, `config_of`, as store and selection match records by it).
+"""One run's settings, typed and frozen: the preset with the user's flags applied, resolved once
+(measure/settings.py's `resolve_spec`) by the sweep before it plans and by the step's `Run`, from
+the same flags on the same device, so that the run the sweep predicts is the run the step does.
+A step reads them as attributes (`P = run.spec`, `P.lr`); the record keeps them (`spec`); a
+sweep's runs are matched by `sweep_config`."""
 
-- **The preset** (`preset_name`): --preset, else gpt2-124m on CUDA and cpu elsewhere; --epochs,
-  --max-steps, --warmup-steps, --accum-steps and --batch-size override its settings.
-"""
-
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from speed_ladder import ladder
 from speed_ladder.presets import PRESETS
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """One run's settings (see the module doc). `settings` is the preset's dict with the flags
-    and the batch rule applied (what `Run.settings` is, `batch_rule` included)."""
+class ToLoss:
+    """A --to-loss run's target and how it gets there (measure/curve.py, presets.TO_LOSS)."""
 
-    preset: str  # the preset's name
+    target: float
+    budget_tokens: int
+    eval_tokens: int  # an evaluation every this many tokens trained on
+    val_tokens: int  # over the validation split's first this many tokens
+
+
+@dataclass(frozen=True)
+class BatchRule:
+    """How the preset's batch was lowered to fit this GPU (measure/settings.py's fit_batch)."""
+
+    gpu_bytes: int
+    preset_batch: int
+    preset_large_batch: int
+    batch: int
+    large_batch: int
+    heaviest_step: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run's settings (see the module doc)."""
+
+    preset: str
     why: str  # "--preset" or "default for <device>"
-    device: str  # the device type: cuda, cpu, mps
-    settings: dict
-    batch_rule: dict | None  # how the batch was lowered to fit this GPU, or None
-    gpu_bytes: int | None  # CUDA: one GPU's memory (the batch rule's input)
-    amp: str | None  # step 05's autocast where known without measuring (None: measured)
-    seed: int | None
-    data: str | None  # the text by name and sha256 (files.data_id); None: the default
-    batch_size_override: int | None  # --batch-size
+    device: str  # cuda, cpu, mps
+    context_length: int
+    emb_dim: int
+    n_heads: int
+    n_layers: int
+    drop_rate: float
+    qkv_bias: bool
+    batch_size: int  # sequences per step and process, steps 00-09
+    large_batch_size: int  # from step 10
+    accum_steps: int  # step 18's micro-batches per batch
+    lr: float
+    weight_decay: float
+    epochs: int
+    max_steps: int | None  # None: the epochs (a tutorial run) or the target (--to-loss)
+    warmup_steps: int
+    eval_freq: int  # steps between evaluations in a tutorial run; 0: at the end only
+    eval_iters: int  # batches an evaluation reads
+    sample_tokens: int
+    workers: int  # the training DataLoader's worker processes
+    seed: int | None = None
+    to_loss: ToLoss | None = None
+    batch_rule: BatchRule | None = None
+    batch_override: int | None = None  # --batch-size
+    accum_override: int | None = None  # --accum-steps
+    gpu_bytes: int | None = None  # one CUDA GPU's memory (the batch rule's input)
+    amp: str | None = None  # step 05's autocast where known without measuring (None: measured)
+    data: str | None = None  # the text by name and sha256 (files.data_id); None: the default
 
     @property
     def half(self) -> bool | None:
@@ -36,21 +73,33 @@ class RunSpec:
         return None if self.amp is None else self.amp != "fp32"
 
     def batch(self, step: str) -> int:
-        """Sequences per step and process of a ladder step: its rung's batch (ladder.json)."""
-        return ladder.rung(step).batch(self.settings)
+        """Sequences per step and process of a ladder step: its rung's batch."""
+        return ladder.rung(step).batch(self)
+
+    def micro_batches(self, batch: int) -> int:
+        """Step 18's micro-batches per batch of `batch` sequences (micro_batches)."""
+        return micro_batches(batch, self.accum_steps)
 
     def record(self) -> dict:
-        """The record's `spec` (its one configuration; the batch rule is its own field)."""
-        keys = ("max_steps", "epochs", "warmup_steps", "batch_size", "large_batch_size",
-                "accum_steps", "workers", "to_loss")  # fmt: skip
-        return {"preset": self.preset, "device": self.device,
-                **{k: self.settings[k] for k in keys}, "seed": self.seed,
-                "batch_size_override": self.batch_size_override, "data": self.data,
-                "amp": self.amp, "gpu_bytes": self.gpu_bytes}  # fmt: skip
+        """The record's `spec` (the batch rule is a field of its own)."""
+        keys = "preset device max_steps epochs warmup_steps batch_size large_batch_size"
+        return {
+            **{k: getattr(self, k) for k in keys.split()},
+            "accum_steps": self.accum_steps,
+            "workers": self.workers,
+            "to_loss": asdict(self.to_loss) if self.to_loss else None,
+            "seed": self.seed,
+            "batch_size_override": self.batch_override,
+            "data": self.data,
+            "amp": self.amp,
+            "gpu_bytes": self.gpu_bytes,
+        }
 
 
-# What identifies a sweep's run, with its processes: the one definition (sweep_config)
-KEY_FIELDS = ("device", "preset", "max_steps", "warmup_steps", "data", "seed")
+def micro_batches(batch: int, accum_steps: int) -> int:
+    """Step 18's micro-batches per batch of `batch` sequences: `accum_steps` where they split it
+    into equal parts, else 1 (the batch stays whole: batch 1, or an odd batch at 2)."""
+    return accum_steps if accum_steps > 1 and batch % accum_steps == 0 else 1
 
 
 def default_workers(device_type: str) -> int:
@@ -59,29 +108,27 @@ def default_workers(device_type: str) -> int:
     return 4 if device_type == "cuda" else 0
 
 
+# What identifies a sweep's run, with its processes: the one definition (sweep_config)
+KEY_FIELDS = ("device", "preset", "max_steps", "warmup_steps", "data", "seed")
+
+
 def sweep_config(spec: RunSpec, nproc: int) -> dict:
-    """What a sweep's run is matched by (`sweep.config` in its record: the up-to-date check, the
-    summary's rounds): the RunSpec's KEY_FIELDS and the processes, and a --to-loss run's
-    resolved `to_loss` (its target and token budget) and --workers where not the default.
-    --profile and --trace are not among them (speed_ladder.measure.profile), nor the batch: the
-    same GPU resolves the same."""
-    fields = dict(spec.settings, device=spec.device, preset=spec.preset, data=spec.data,
-                  seed=spec.seed)  # fmt: skip
-    config = dict({k: fields[k] for k in KEY_FIELDS}, nproc=nproc)
-    if spec.settings["to_loss"] is not None:  # a time-to-loss run: its target, budget, evals
-        config["to_loss"] = spec.settings["to_loss"]
-    if spec.settings["workers"] != default_workers(spec.device):  # --workers, where not default
-        config["workers"] = spec.settings["workers"]
+    """What a sweep's run is matched by (`sweep.config` in its record): KEY_FIELDS and the
+    processes, a --to-loss run's target and budget, and --workers where not the default; not
+    --profile or --trace, nor the batch (the same GPU resolves the same)."""
+    config = {k: getattr(spec, k) for k in KEY_FIELDS} | {"nproc": nproc}
+    if spec.to_loss is not None:
+        config["to_loss"] = asdict(spec.to_loss)
+    if spec.workers != default_workers(spec.device):
+        config["workers"] = spec.workers
     return config
 
 
 def resolved_config(config, machine) -> dict:
     """A record's `sweep.config` as `sweep_config` makes it. A record made without a RunSpec
-    holds the flags the sweep passed (`preset: null` for the default, `device: auto`, `max_steps:
-    null` for the preset's): resolved here as the step resolved them, the device from the
-    record's fingerprint (`machine`: a GPU's has `gpus`, a CPU's `cpu`); one that does not say
-    (or a configuration of another shape) is returned as it is. Resolving twice changes
-    nothing."""
+    holds the flags the sweep passed (`preset: null`, `device: auto`, `max_steps: null`):
+    resolved here as the step resolved them, the device from the record's fingerprint; one that
+    does not say is returned as it is. Resolving twice changes nothing."""
     if not isinstance(config, dict):
         return config
     device = config.get("device")

@@ -234,7 +234,7 @@ def generate_and_print_sample(model, run, device, start_context, num_tokens):
     model.eval()
     tokenizer = run.tokenizer()
     encoded = torch.tensor(tokenizer.encode(start_context), device=device).unsqueeze(0)
-    context_size = run.settings["context_length"]
+    context_size = run.spec.context_length
     out = generate_text_simple(model, encoded, num_tokens, context_size)[0].tolist()
     run.print(tokenizer.decode([t for t in out if t < tokenizer.n_vocab]).replace("\n", " "))
     model.train()
@@ -293,7 +293,7 @@ class MasterWeights:  # step 15
 def main():
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
-    P = run.settings
+    P = run.spec
 
     # GPT-2 124M (Radford et al. 2019; Raschka ch. 4), the same keys in the same order in every
     # step; --preset (speed_ladder/presets.py: cpu, tiny, gpt2-xl, ...) sets the sizes it names
@@ -308,12 +308,12 @@ def main():
     } | run.model_overrides()
     GPT_CONFIG["drop_rate"] = 0.0  # step 16: no dropout, whatever the preset says
     SETTINGS = {
-        "learning_rate": P["lr"],
-        "num_epochs": P["epochs"],
-        "batch_size": P["large_batch_size"],  # step 10: 4x the batch (8 -> 32 on gpt2-124m)
-        "weight_decay": P["weight_decay"],
-        "eval_iter": P["eval_iters"],
-        "sample_tokens": P["sample_tokens"],
+        "learning_rate": P.lr,
+        "num_epochs": P.epochs,
+        "batch_size": P.large_batch_size,  # step 10: 4x the batch (8 -> 32 on gpt2-124m)
+        "weight_decay": P.weight_decay,
+        "eval_iter": P.eval_iters,
+        "sample_tokens": P.sample_tokens,
     }
 
     torch.manual_seed(args.seed)
@@ -323,17 +323,17 @@ def main():
     pin_memory = device.type == "cuda"  # step 04: pinning only helps host-to-GPU copies
     train_loader = create_dataloader(
         train_ids, SETTINGS["batch_size"], GPT_CONFIG["context_length"],
-        shuffle=True, drop_last=True, seed=args.seed, workers=P["workers"], pin_memory=pin_memory,
+        shuffle=True, drop_last=True, seed=args.seed, workers=P.workers, pin_memory=pin_memory,
     )  # fmt: skip
     # Evaluation reads loaders of its own, in order, in batches of the preset's batch_size
     # whatever the training batch: the same windows on every step; the training loader's
     # iterator (a persistent worker pool's) is never reset mid-epoch. Untimed: no workers.
     train_eval_loader = create_dataloader(
-        train_ids, P["batch_size"], GPT_CONFIG["context_length"],
+        train_ids, P.batch_size, GPT_CONFIG["context_length"],
         shuffle=False, drop_last=False, seed=args.seed, workers=0, pin_memory=pin_memory,
     )  # fmt: skip
     val_loader = create_dataloader(
-        val_ids, P["batch_size"], GPT_CONFIG["context_length"],
+        val_ids, P.batch_size, GPT_CONFIG["context_length"],
         shuffle=False, drop_last=False, seed=args.seed, workers=0, pin_memory=pin_memory,
     )  # fmt: skip
 

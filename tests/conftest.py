@@ -216,3 +216,14 @@ def count_host_syncs(monkeypatch, counting) -> None:
     monkeypatch.setattr(torch.cuda, "synchronize", counting("sync", torch.cuda.synchronize))
     monkeypatch.setattr(torch.Tensor, "item", counting("item", torch.Tensor.item))
     monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", torch.Tensor.tolist))
+
+
+def rung_reasons(step, device, cfg, kernel=None, batch=8, preset="tiny", **values):
+    """[(rung, why it does nothing or None, what ran)] of `step` and the rungs it builds on, as
+    a run of `preset` (with the flag `values`) asks them (measure/rung_checks.py): the checks
+    that judge by the attention kernel too where `kernel` is given."""
+    from speed_ladder.measure.rung_checks import Facts, reasons
+    from speed_ladder.measure.settings import resolve_spec
+
+    spec = resolve_spec({"preset": preset, **values}, device.type)
+    return reasons(Facts(step, device, cfg, spec, batch, kernel))

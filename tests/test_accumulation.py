@@ -20,13 +20,14 @@ from speed_ladder import ladder, parity
 from speed_ladder.measure import memory_model as mm
 from speed_ladder.measure.inactive import batch_not_split
 from speed_ladder.measure.settings import resolve_spec
-from speed_ladder.presets import PRESETS, micro_batches
+from speed_ladder.presets import PRESETS
+from speed_ladder.spec import micro_batches
 
-ACCUM = ladder.first(lambda r: r.memory.accumulation != "none")
+ACCUM = ladder.first(lambda r: r.memory.accumulation)
 BASE = ladder.rung(ACCUM.after)
 TINY = PRESETS["tiny"]
 K = TINY["accum_steps"]
-BATCH = ACCUM.batch(TINY)  # tiny's large batch: 8 sequences, in K micro-batches
+BATCH = ACCUM.batch(resolve_spec({"preset": "tiny"}, "cpu"))  # 8 sequences, in K micro-batches
 EAGER = {"TORCH_COMPILE_DISABLE": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -176,8 +177,8 @@ def test_the_split_rule_and_its_check():
     assert "batch 1 does not split into 2" in batch_not_split(1, 2)
     assert "batch 7 does not split into 2" in batch_not_split(7, 2)
     assert "accum_steps 1" in batch_not_split(8, 1)
-    assert resolve_spec({"accum_steps": 4}, "cpu").settings["accum_steps"] == 4
-    assert resolve_spec({}, "cpu").settings["accum_steps"] == PRESETS["cpu"]["accum_steps"]
+    assert resolve_spec({"accum_steps": 4}, "cpu").accum_steps == 4
+    assert resolve_spec({}, "cpu").accum_steps == PRESETS["cpu"]["accum_steps"]
 
 
 def test_the_memory_model_keeps_one_micro_batchs_activations():
@@ -234,3 +235,19 @@ def test_an_accum_steps_set_by_hand_that_cannot_split_the_batch_is_one_line(k, w
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--accum-steps {k} does not split" in lines[0], proc.stderr
     assert words in lines[0]
+
+
+def test_an_accum_steps_on_a_rung_that_does_not_accumulate_is_refused_in_one_line():
+    """A setting the rung does not use is refused, never ignored: step 20's lineage (... 17, 19)
+    has no accumulation, so --accum-steps there is one line and exit 2, before the run."""
+    top = ladder.first(lambda r: r.memory.batch == "fits")  # step 20, the batch that fits
+    assert not any(r.memory.accumulation for r in ladder.lineage(top.num))
+    for step in (top, ladder.rung(ladder.first(lambda r: r.memory.large_batch).num)):
+        proc = py(step.rel, "--device", "cpu", "--preset", "tiny", "--batch-size", 3,
+                  "--accum-steps", 2, "--max-steps", 3, "--data", VERDICT, timeout=120)  # fmt: skip
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0] == (
+            f"error: --accum-steps 2: step {step.num} does not accumulate gradients "
+            f"(step {ACCUM.num} does); leave it out"
+        )

@@ -14,6 +14,8 @@ from torch.nn.attention import SDPBackend
 from speed_ladder.measure import attention_kernel as ak
 from speed_ladder.measure import inactive, sdpa_dispatch
 from speed_ladder.measure.run import Run
+from speed_ladder.measure.run_record import Recorder
+from speed_ladder.measure.settings import resolve_spec
 from speed_ladder.report import summary
 from speed_ladder.report.pages import tag_page
 
@@ -27,18 +29,21 @@ MATH = "aten::_scaled_dot_product_attention_math"
 
 
 class _Run:
-    """A Run's notes, judgments and settings (its own methods), for the watch to report to."""
+    """A Run's recorder and attention watch, wired as Run wires them (its own methods), for the
+    watch to report to."""
 
-    note, inactive = Run.note, Run.inactive
+    note, _facts, _kernel_found = Run.note, Run._facts, Run._kernel_found
 
     def __init__(self, step, drop=0.0, warmup=2):
-        self.step, self.notes, self.inactive_reason, self.inactive_rungs = step, [], None, {}
-        self.device, self.cfg = CPU, TINY | {"drop_rate": drop}
-        self.settings = {"warmup_steps": warmup, "drop_rate": drop}
-        self.attention = ak.Watch(self)
+        self.step, self.device, self.cfg, self.batch_size = step, CPU, TINY | {"drop_rate": drop}, 8
+        self.spec = resolve_spec({"preset": "tiny"}, "cpu")
+        self.recorder = Recorder(step, None, is_rank0=False)
+        self.attention = ak.Watch(step, CPU, warmup, self._kernel_found)
+        self.attention.cfg = self.cfg
 
-    def print(self, *a, **k):
-        pass
+    notes = property(lambda self: self.recorder.notes)
+    inactive_reason = property(lambda self: self.recorder.inactive_reason)
+    inactive_rungs = property(lambda self: self.recorder.inactive_rungs)
 
 
 @pytest.fixture(autouse=True)
@@ -117,9 +122,9 @@ def test_a_run_that_fails_in_the_watched_step_exits_with_its_own_code():
     """A process that exits while torch.profiler still runs dies of a segmentation fault: the
     watch stops it at exit, so a failed step's exit code stays its own."""
     code = (
-        "import torch; from types import SimpleNamespace;"
+        "import torch;"
         "from speed_ladder.measure.attention_kernel import Watch;"
-        "w = Watch(SimpleNamespace(step='07', settings={'warmup_steps': 1}));"
+        "w = Watch('07', torch.device('cpu'), 1, print);"
         "assert w.at(0) and w.prof is not None; torch.ones(2).sum(); raise SystemExit(3)"
     )
     proc = run_script([sys.executable, "-c", code], timeout=120, env={"PYTHONPATH": str(ROOT)})

@@ -69,7 +69,7 @@ def test_a_real_step_neither_synchronizes_nor_reads_a_loss_per_step(
     real_item = torch.Tensor.item
     count_host_syncs(monkeypatch, counting)
     prints = []
-    real_start, real_end, real_done = Run._start_window, Run._end_window, Run.step_done
+    real_start, real_end, real_done = Run._open_window, Run._close_window, Run.step_done
 
     def start(self):
         real_start(self)
@@ -88,8 +88,8 @@ def test_a_real_step_neither_synchronizes_nor_reads_a_loss_per_step(
         if phase["window"] and capsys.readouterr().out.count("  step "):
             prints.append(self.steps_done)
 
-    monkeypatch.setattr(Run, "_start_window", start)
-    monkeypatch.setattr(Run, "_end_window", end)
+    monkeypatch.setattr(Run, "_open_window", start)
+    monkeypatch.setattr(Run, "_close_window", end)
     monkeypatch.setattr(Run, "step_done", step_done)
     monkeypatch.setattr(run_mod, "time", SimpleNamespace(time=time.time, perf_counter=_fast()))
     out = tmp_path / "r.jsonl"

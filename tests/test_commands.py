@@ -78,7 +78,9 @@ def global_batches(command: str):
     """(step, preset, per-process batch, processes) for each distributed step it launches."""
     argv = shlex.split(command)
     preset = _flag(argv, "--preset") or ("cpu" if _flag(argv, "--device") == "cpu" else "gpt2-124m")
-    p = PRESETS[preset]
+    from speed_ladder.measure.settings import resolve_spec
+
+    p = resolve_spec({"preset": preset}, "cpu")  # the preset's batches
     if argv[0] == "torchrun":
         world = int(_flag(argv, "--nnodes", "1")) * int(_flag(argv, "--nproc_per_node", "1"))
         steps = [_step_of(next(a for a in argv if a.endswith(".py")))]

@@ -68,16 +68,14 @@ def recompute_ratio(cfg=PRESETS["tiny"], vocab=mm.VOCAB) -> float:
 
 def test_hfu_is_left_out_where_nothing_is_recomputed():
     cfg = {**PRESETS["tiny"], "vocab_size": mm.VOCAB}
-    run = type("Run", (), {"step": OFFLOAD.num, "cfg": cfg, "flops_per_token": 0})()
     pc = mm.param_counts(cfg)
-    run.flops_per_token = 6 * (pc["total"] - (mm.VOCAB + cfg["context_length"]) * cfg["emb_dim"])
-    run.flops_per_token += 12 * cfg["n_layers"] * cfg["context_length"] * cfg["emb_dim"]
-    assert hfu_of(0.3, run) == pytest.approx(0.3 * recompute_ratio())
-    assert hfu_of(None, run) is None
-    run.step = ladder.first(lambda r: r.memory.loss == "fused").num  # no checkpointing yet
-    assert hfu_of(0.3, run) is None
-    run.step = "not a rung"
-    assert hfu_of(0.3, run) is None
+    flops = 6 * (pc["total"] - (mm.VOCAB + cfg["context_length"]) * cfg["emb_dim"])
+    flops += 12 * cfg["n_layers"] * cfg["context_length"] * cfg["emb_dim"]
+    assert hfu_of(0.3, OFFLOAD.num, cfg, flops) == pytest.approx(0.3 * recompute_ratio())
+    assert hfu_of(None, OFFLOAD.num, cfg, flops) is None
+    fused = ladder.first(lambda r: r.memory.loss == "fused").num  # no checkpointing yet
+    assert hfu_of(0.3, fused, cfg, flops) is None
+    assert hfu_of(0.3, "not a rung", cfg, flops) is None
 
 
 def test_shards_in_host_memory_read_as_offloaded_on_a_gpu():

@@ -74,10 +74,10 @@ def test_loading_never_draws_from_the_random_stream_dropout_draws_from(script, w
 
 
 def test_the_workers_default_to_4_on_cuda_and_none_elsewhere():
-    assert resolve_spec({"preset": "tiny"}, "cuda").settings["workers"] == 4
-    assert resolve_spec({"preset": "tiny"}, "cpu").settings["workers"] == 0
-    assert resolve_spec({"preset": "tiny", "workers": 3}, "cpu").settings["workers"] == 3
-    assert resolve_spec({"preset": "tiny", "workers": 0}, "cuda").settings["workers"] == 0
+    assert resolve_spec({"preset": "tiny"}, "cuda").workers == 4
+    assert resolve_spec({"preset": "tiny"}, "cpu").workers == 0
+    assert resolve_spec({"preset": "tiny", "workers": 3}, "cpu").workers == 3
+    assert resolve_spec({"preset": "tiny", "workers": 0}, "cuda").workers == 0
 
 
 def test_every_step_file_loads_the_same_way():

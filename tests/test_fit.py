@@ -95,7 +95,7 @@ def test_the_largest_model_fits_and_the_next_does_not():
             nxt = fit.predict(r, fit.FAMILY[i + 1], row.batch, 2, fit.CONTEXT)
             assert not mm.fits(nxt, row.memory_bytes)
         for name, b in row.batches.items():  # the largest batch fits, the next multiple not
-            k = r.memory.micro_batches(fit.model(name), fit.MAX_BATCH)
+            k = r.memory.micro_batches(fit.model(name)["accum_steps"], fit.MAX_BATCH)
             assert b == 0 or mm.fits(fit.predict(r, name, b, 2, fit.CONTEXT), row.memory_bytes)
             assert not mm.fits(fit.predict(r, name, b + k, 2, fit.CONTEXT), row.memory_bytes)
 

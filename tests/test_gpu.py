@@ -115,7 +115,7 @@ def test_the_batch_rule_on_this_gpu_is_what_the_presets_say():
     if total >= 40e9:
         assert rule is None, rule
     else:
-        assert rule["batch"] < 8 and rule["large_batch"] == 4 * rule["batch"], rule
+        assert rule.batch < 8 and rule.large_batch == 4 * rule.batch, rule
 
 
 @pytest.mark.timeout(60)

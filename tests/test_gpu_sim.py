@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import rung_reasons
 
 from speed_ladder.errors import UserError
 from speed_ladder.measure import device as dev
@@ -201,7 +202,7 @@ def test_a_t4_runs_the_later_rungs_in_fp16_or_says_why_not(fake_gpu, monkeypatch
     monkeypatch.setattr(sdpa_dispatch, "attention_probe", probe)
     from speed_ladder.presets import PRESETS
 
-    asked = inactive.asked("07", gpu, PRESETS["tiny"], 0.0, attention_kernel="math")
+    asked = rung_reasons("07", gpu, PRESETS["tiny"], kernel="math")
     (fact,) = [a for a in asked if a[0] == "07"]
     assert fact[1].startswith("math path ran") and seen == [torch.float16], (fact, seen)
 
@@ -252,10 +253,10 @@ def test_the_batch_rule_picks_a_batch_that_fits_and_keeps_step_10s_4x(memory, am
     if batches is None:
         assert rule is None
         return
-    assert (rule["batch"], rule["large_batch"]) == batches
-    assert rule["large_batch"] == 4 * rule["batch"]
-    assert (rule["preset_batch"], rule["preset_large_batch"]) == (8, 32)
-    assert "cannot hold gpt2-124m at batch 8" in rule["reason"]
+    assert (rule.batch, rule.large_batch) == batches
+    assert rule.large_batch == 4 * rule.batch
+    assert (rule.preset_batch, rule.preset_large_batch) == (8, 32)
+    assert "cannot hold gpt2-124m at batch 8" in rule.reason
 
 
 def test_where_no_batch_fits_the_preset_is_kept_and_said():
@@ -263,8 +264,8 @@ def test_where_no_batch_fits_the_preset_is_kept_and_said():
     from speed_ladder.presets import PRESETS
 
     rule = fit_batch("gpt2-xl", PRESETS["gpt2-xl"], RTX_4090, "bf16")  # 26 GB of state alone
-    assert (rule["batch"], rule["large_batch"]) == (1, 4)
-    assert "nor at batch 1" in rule["reason"]
+    assert (rule.batch, rule.large_batch) == (1, 4)
+    assert "nor at batch 1" in rule.reason
 
 
 def _run_args(**kw):
@@ -280,14 +281,13 @@ def _run_args(**kw):
 @pytest.mark.parametrize("memory,batch", [(RTX_4090, 4), (V100_16, 2), (A100_80, 8)])
 def test_every_step_makes_the_same_choice_prints_it_and_records_it(memory, batch, fake_gpu, capsys):
     from speed_ladder.measure.run import Run
-    from speed_ladder.measure.run_record import base_record
 
     major = 7 if memory == V100_16 else 8
     fake_gpu(props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory))
     runs = [Run(_run_args(), step, __file__) for step in ("00", "05", "10", "13")]
-    assert {r.settings["batch_size"] for r in runs} == {batch}
-    assert {r.settings["large_batch_size"] for r in runs} == {4 * batch}
-    rec = base_record(runs[0], "ok", 1)
+    assert {r.spec.batch_size for r in runs} == {batch}
+    assert {r.spec.large_batch_size for r in runs} == {4 * batch}
+    rec = runs[0]._base("ok")
     if batch == 8:
         assert rec["batch_rule"] is None
         return
@@ -301,7 +301,7 @@ def test_an_explicit_batch_size_turns_the_rule_off(fake_gpu):
 
     fake_gpu(props("NVIDIA GeForce RTX 4090", 8, 9, 128, memory=RTX_4090))
     run = Run(_run_args(batch_size=8), "00", __file__)
-    assert run.settings["batch_size"] == 8 and run.settings["batch_rule"] is None
+    assert run.spec.batch_size == 8 and run.spec.batch_rule is None
 
 
 @pytest.mark.parametrize("memory,major,batch", [(RTX_4090, 8, 4), (V100_16, 7, 2)])
@@ -335,8 +335,17 @@ def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch,
         assert run.spec == planned
         padded = ladder[step].memory.padded_vocab
         run.cfg = {"vocab_size": 50304 if padded else 50257}  # what set_model is given
-        run.batch_size = ladder[step].batch(run.settings)
-        recorded = rank_memory.announce(run, torch.nn.Linear(1, 1))["memory_model"]
+        run.batch_size = ladder[step].batch(run.spec)
+        recorded = rank_memory.announce(
+            run.spec,
+            step,
+            run.cfg,
+            run.batch_size,
+            run.device,
+            torch.nn.Linear(1, 1),
+            False,
+            run.recorder,
+        )["memory_model"]
         assert asdict(preflight.predict(ladder[step], planned, 1)) == recorded
         assert recorded["batch"] == planned.batch(step)
     assert "predicted per rank" not in capsys.readouterr().out
@@ -440,16 +449,15 @@ def test_only_the_running_steps_own_number_sets_step_active(fake_gpu):
     from conftest import VERDICT
 
     from speed_ladder.measure.run import Run
-    from speed_ladder.measure.run_record import base_record
 
     args = argparse.Namespace(device="cpu", preset="tiny", epochs=None, max_steps=None,
                               warmup_steps=None, batch_size=None, data=str(VERDICT),
                               results=None, seed=123)  # fmt: skip
     run = Run(args, "05", __file__)
-    run.inactive("02", "TF32 is a CUDA tensor-core mode: no effect on cpu")
-    assert base_record(run, "ok", 1)["step_active"] is True  # another step's no-op: a note only
-    run.inactive("05", "bf16 autocast off on this cpu: slower")
-    rec = base_record(run, "ok", 1)
+    run.recorder.inactive("02", "TF32 is a CUDA tensor-core mode: no effect on cpu")
+    assert run._base("ok")["step_active"] is True  # another step's no-op: a note only
+    run.recorder.inactive("05", "bf16 autocast off on this cpu: slower")
+    rec = run._base("ok")
     assert (
         rec["step_active"] is False
         and rec["inactive_reason"] == "bf16 autocast off on this cpu: slower"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, VERDICT, py, records
+from conftest import ROOT, VERDICT, py, records, rung_reasons
 
 from speed_ladder import records as record
 from speed_ladder.errors import UserError
@@ -225,15 +225,16 @@ def test_a_measuring_run_evaluates_only_after_its_last_step():
     """gpt2-124m evaluates every 50 steps: in a tutorial run, yes; in a measuring run (the
     sweep's --max-steps/--results) no, since its step 50 is inside the timed window and its pause
     empties the allocator. The final evaluation stays."""
-    from types import SimpleNamespace as NS
-
     from speed_ladder.measure.curve import LossCurve
-    from speed_ladder.measure.run import Run
+    from speed_ladder.measure.schedule import Schedule
+    from speed_ladder.measure.settings import resolve_spec
+
+    spec = resolve_spec({"preset": "gpt2-124m"}, "cuda")
+    assert spec.eval_freq == 50
 
     def due(max_steps, results, step):
-        run = NS(settings={"eval_freq": 50}, args=NS(max_steps=max_steps, results=results),
-                 steps_done=step, curve=LossCurve(None))  # fmt: skip
-        return Run.eval_due(run)
+        measuring = max_steps is not None or results is not None  # as Run says
+        return Schedule(spec, measuring, LossCurve(None)).eval_due(step)
 
     assert due(None, None, 50) and not due(None, None, 49)
     assert not due(60, None, 50) and not due(None, "r.jsonl", 50)
@@ -244,29 +245,24 @@ def test_the_harness_asks_each_rungs_check_for_it_and_every_rung_built_on_it(mon
     it builds on (`after`, transitively), first rung first, and no step file records one
     itself: a step holds only the lines that decide what it runs."""
     from speed_ladder import ladder
-    from speed_ladder.measure import inactive
+    from speed_ladder.measure.rung_checks import CHECKS
 
     monkeypatch.setenv("SPEED_LADDER_BF16", "0")  # step 05's decision, not measured here
     cfg = {"vocab_size": GPT2_VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
            "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Liger: not on this CPU
     cpu = torch.device("cpu")
-    from speed_ladder.measure.settings import resolve_spec
-
-    settings = resolve_spec({"preset": "tiny"}, "cpu").settings
     for r in ladder.rungs():
-        accum = PRESETS["tiny"]["accum_steps"]
-        asked = inactive.asked(r.num, cpu, cfg, 0.0, 8, accum, attention_kernel="flash",
-                               settings=settings)  # fmt: skip
-        assert [a[0] for a in asked] == [s.num for s in ladder.lineage(r.num) if s.inactive]
+        asked = rung_reasons(r.num, cpu, cfg, kernel="flash")
+        assert [a[0] for a in asked] == [s.num for s in ladder.lineage(r.num) if s.num in CHECKS]
         assert "run.inactive(" not in r.path.read_text(), r.rel
-    asked = inactive.asked("17", cpu, cfg, 0.0, attention_kernel="flash")
+    asked = rung_reasons("17", cpu, cfg, kernel="flash")
     on_cpu = dict((n, why) for n, why, _ in asked)
     assert on_cpu["12"].endswith(
         "not Liger's (Liger runs Triton GPU kernels: no CUDA device (cpu))"
     )
     assert on_cpu["16"].startswith("the preset")
-    assert on_cpu["15"] == ladder.rung("15").inactive.why  # its fixed reason
+    assert on_cpu["15"] == CHECKS["15"].why  # its fixed reason
     assert "forced off by SPEED_LADDER_BF16" in on_cpu["05"] and on_cpu["07"] is None
     # before the warm-up has shown the kernel, the checks that judge on it (07, 17) wait
-    assert {"07", "17"}.isdisjoint(a[0] for a in inactive.asked("17", cpu, cfg, 0.0))
+    assert {"07", "17"}.isdisjoint(a[0] for a in rung_reasons("17", cpu, cfg))

@@ -80,22 +80,24 @@ def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
     """What Run.set_model gets: the prediction printed, its record fields, a note past capacity."""
     from types import SimpleNamespace
 
+    from speed_ladder.measure.settings import resolve_spec
+
     printed, notes = [], []
     cfg = {"vocab_size": mm.VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
            "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
-    run = SimpleNamespace(cfg=cfg, step="13", device=torch.device("cpu"), preset_name="tiny",
-                          batch_size=8, print=printed.append, note=notes.append,
-                          spec=SimpleNamespace(half=None), settings=PRESETS["tiny"],
-                          fused_loss=None)  # fmt: skip
+    recorder = SimpleNamespace(say=printed.append, note=notes.append)
+    spec = resolve_spec({"preset": "tiny"}, "cpu")
     monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
-    fields = rank_memory.announce(run, model)
+    cpu = torch.device("cpu")
+    announce = lambda: rank_memory.announce(spec, "13", cfg, 8, cpu, model, False, recorder)
+    fields = announce()
     assert fields["memory_model"]["mode"] == "single" and fields["memory_model"]["act_bytes"] == 4
     assert fields["predicted_state_bytes_per_rank"] == mm.state_bytes(cfg, 1, "single")["total"]
     assert len(printed) == 1 and "predicted per rank (tiny, single" in printed[0] and not notes
     monkeypatch.setattr(rank_memory, "capacity_bytes", lambda device: 1)
     monkeypatch.setenv(rank_memory.PREDICTED_ENV, "1")  # under the sweep, which printed it first
-    assert rank_memory.announce(run, model) == fields and len(printed) == 1
+    assert announce() == fields and len(printed) == 1
     assert len(notes) == 1 and "expect out-of-memory" in notes[0]
 
 
@@ -156,17 +158,18 @@ def test_step_12_predicts_the_loss_that_runs(monkeypatch):
 def test_announce_predicts_the_loss_the_step_computes(monkeypatch):
     from types import SimpleNamespace
 
+    from speed_ladder.measure.settings import resolve_spec
+
     cfg = {"vocab_size": mm.VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
            "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
     monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
     kinds = {}
-    for ran, loss in (("liger", torch.nn.Module()), ("fallback", None)):
-        run = SimpleNamespace(cfg=cfg, step="12", device=torch.device("cpu"), preset_name="tiny",
-                              batch_size=8, print=lambda *a: None, note=lambda *a: None,
-                              spec=SimpleNamespace(half=None), settings=PRESETS["tiny"],
-                              fused_loss=loss)  # fmt: skip
-        kinds[ran] = rank_memory.announce(run, model)["memory_model"]
+    spec = resolve_spec({"preset": "tiny"}, "cpu")
+    quiet = SimpleNamespace(say=lambda *a: None, note=lambda *a: None)
+    for ran, fused in (("liger", True), ("fallback", False)):
+        fields = rank_memory.announce(spec, "12", cfg, 8, torch.device("cpu"), model, fused, quiet)
+        kinds[ran] = fields["memory_model"]
     assert kinds["liger"]["kind"] == "fused" and kinds["liger"]["loss"] == "fused"
     assert kinds["fallback"]["kind"] == "logits" and kinds["fallback"]["loss"] == "logits"
     assert kinds["fallback"]["activation_bytes"] > kinds["liger"]["activation_bytes"]

@@ -6,27 +6,19 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, RSS_FOLLOWS_TENSORS, fake_liger, run_script
+from conftest import ROOT, RSS_FOLLOWS_TENSORS, fake_liger, run_script, rung_reasons
 
 from speed_ladder import ladder
-from speed_ladder.measure import inactive
-from speed_ladder.measure.run import Run
+from speed_ladder.measure.run_record import Recorder
 
 TINY = {"vocab_size": 512, "context_length": 16, "emb_dim": 32, "n_heads": 2, "n_layers": 2,
         "drop_rate": 0.0, "qkv_bias": False}  # fmt: skip
 
 
-class _Run:
-    """speed_ladder.Run's notes and step_active mark alone (its own methods): what set_model
-    records of the checks it asks (measure/inactive.py, `asked`)."""
-
-    note, inactive = Run.note, Run.inactive
-
-    def __init__(self, step="12"):
-        self.step, self.notes, self.inactive_reason, self.inactive_rungs = step, [], None, {}
-
-    def print(self, *a, **k):
-        pass
+def _Run(step="12") -> Recorder:
+    """A run's notes and step_active mark alone (its Recorder, rank 0 not printing): what
+    set_model records of the checks it asks (measure/rung_checks.py)."""
+    return Recorder(step, None, is_rank0=False)
 
 
 CPU = torch.device("cpu")
@@ -34,7 +26,7 @@ CPU = torch.device("cpu")
 
 def report(run, device=CPU, cfg=TINY):
     """What Run.set_model records for run.step and the rungs it builds on."""
-    for step, reason, acted in inactive.asked(run.step, device, cfg, 0.0):
+    for step, reason, acted in rung_reasons(run.step, device, cfg):
         run.inactive(step, reason, acted)
 
 
@@ -47,7 +39,7 @@ def bf16_off(monkeypatch):
 def test_every_rung_built_on_12_records_which_loss_ran(bf16_off, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     on_12 = ["12", *(r.num for r in ladder.descendants("12"))]
-    assert on_12 == ["12", "13", "14", "15", "16", "17", "18", "19", "20"]
+    assert on_12 == ["12", "13", "14", "15", "16", "17", "18", "19", "20", "21"]
     for step in on_12:
         run = _Run(step)
         report(run)
@@ -72,7 +64,7 @@ def test_where_liger_can_run_the_record_says_so_and_step_12_is_active(bf16_off, 
     run = _Run("17")
     report(run)
     assert run.inactive_reason is None  # 17's own check waits for the kernel that ran
-    for step, reason, acted in inactive.asked("17", CPU, TINY, 0.0, attention_kernel="flash"):
+    for step, reason, acted in rung_reasons("17", CPU, TINY, kernel="flash"):
         run.inactive(step, reason, acted)
     assert run.inactive_reason.startswith("flash attention ran, not cuDNN's")
     assert "step 12: Liger fused linear cross-entropy kernel ran (fp32 accumulation)" in run.notes

@@ -12,6 +12,7 @@ from conftest import VERDICT, py, records, run_script
 from speed_ladder import ladder, parity
 from speed_ladder.measure import device as dev
 from speed_ladder.measure import precision
+from speed_ladder.measure.rung_checks import CHECKS
 
 CPU = torch.device("cpu")
 TINY = ["--preset", "tiny", "--device", "cpu", "--max-steps", 3, "--warmup-steps", 1,
@@ -134,7 +135,7 @@ def test_later_rungs_keep_fp16_or_say_why_not(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (rec,) = records(res)
     assert rec["regime"] == "fp16" and not rec["step_active"]
-    assert rec["inactive_reason"] == ladder.rung("15").inactive.why
+    assert rec["inactive_reason"] == CHECKS[ladder.rung("15").num].why
     assert not any(n.startswith("step 05:") for n in rec["notes"])
 
 

@@ -348,15 +348,15 @@ def _train(run, batches: int, pause_at=None, epoch_mode=False):
 def test_after_the_timed_window_profiled_steps_are_not_timed(monkeypatch, tmp_path):
     run = _run(monkeypatch, ["--max-steps", "4", "--warmup-steps", "1", "--profile", "2"])
     seen = []
-    real_end = run._end_window
-    monkeypatch.setattr(run, "_end_window", lambda: (seen.append(run.steps_done), real_end()))
+    real_end = run._close_window
+    monkeypatch.setattr(run, "_close_window", lambda: (seen.append(run.steps_done), real_end()))
     rec = _train(run, 10, pause_at=5)
     assert seen == [4]  # the window's peak memory is read before profiling starts
     assert run.steps_done == 6 and rec["timed_steps"] == 3 and len(rec["losses"]) == 6
     assert rec["profiled_steps"] == 2 and rec["profiled_ms"] > 0
     ms = rec["time_breakdown_ms"]  # CPU: self CPU ms per step, the rest idle; adds up
     assert sum(ms.values()) == pytest.approx(rec["profiled_ms"] / 2, rel=1e-3) and ms["idle"] >= 0
-    assert rec["peak_mem_reserved_bytes"] == run._window_peak[0]
+    assert rec["peak_mem_reserved_bytes"] == run.window.peak[0]
     assert_adds_up(rec["time_breakdown"])
     assert "after the timed window" in " ".join(rec["notes"]) and "trace" not in rec
 
@@ -364,13 +364,12 @@ def test_after_the_timed_window_profiled_steps_are_not_timed(monkeypatch, tmp_pa
 def test_without_max_steps_the_steps_after_warm_up_are_profiled(monkeypatch):
     """Epoch mode (gpt2-124m's default): the end is not known, so the steps right after the
     warm-up are profiled and the timed window starts after them."""
+    monkeypatch.setitem(PRESETS["tiny"], "max_steps", None)  # epoch mode
     run = _run(monkeypatch, ["--warmup-steps", "2", "--profile", "2"])
-    run.settings["max_steps"] = None
-    run.profiler = profile.from_args(run.args, run)
     windows = []
-    real_start = run._start_window
+    real_start = run._open_window
     start = lambda: (windows.append(run.steps_done), real_start())  # noqa: E731
-    monkeypatch.setattr(run, "_start_window", start)
+    monkeypatch.setattr(run, "_open_window", start)
     rec = _train(run, 8, pause_at=3)
     assert windows == [4] and run.steps_done == 8
     assert rec["timed_steps"] == 4 and rec["profiled_steps"] == 2
@@ -399,9 +398,8 @@ def test_a_profiler_that_cannot_start_costs_the_run_nothing(monkeypatch):
         raise RuntimeError("no kineto here")
 
     monkeypatch.setattr(torch.profiler, "profile", broken)
-    run = _run(monkeypatch, ["--warmup-steps", "2", "--profile"])
-    run.settings["max_steps"] = None  # epoch mode: the window would wait for the profiled steps
-    run.profiler = profile.from_args(run.args, run)
+    monkeypatch.setitem(PRESETS["tiny"], "max_steps", None)  # epoch mode: the window would
+    run = _run(monkeypatch, ["--warmup-steps", "2", "--profile"])  # wait for the profiled steps
     rec = _train(run, 5)
     assert rec["timed_steps"] == 3 and rec["time_breakdown"] is None
     assert "could not start torch.profiler: RuntimeError: no kineto here" in " ".join(rec["notes"])

@@ -13,6 +13,7 @@ from speed_ladder.errors import UserError
 from speed_ladder.files import ROOT
 from speed_ladder.measure import fit
 from speed_ladder.measure import memory_model as mm
+from speed_ladder.measure.settings import resolve_spec
 from speed_ladder.presets import PRESETS
 
 # What each rung is, written down a second time on purpose (docs/developing.md, "Add a rung"):
@@ -121,10 +122,11 @@ def test_the_fold_gives_every_rung_its_frozen_answer():
 def test_the_memory_model_predicts_the_written_down_bytes(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a CPU runs step 12's fallback
     p = PRESETS["gpt2-124m"]
+    spec = resolve_spec({"preset": "gpt2-124m"}, "cuda")  # the preset's batches
     got = {}
     for r in ladder.rungs():
         runs = [(w, bf16, dev) for w in (1, 4) for bf16 in (True, False) for dev in ("cuda", "cpu")]
-        b = r.batch(p)
+        b = r.batch(spec)
         got[r.num] = [
             mm.predict_run(p, r.num, w, b, bf16, dev).total_bytes for w, bf16, dev in runs
         ]
@@ -150,14 +152,18 @@ def test_the_summary_files_copy_their_rung():
             assert (ROOT / r.summary_file).read_bytes() == r.path.read_bytes()
 
 
-def test_every_inactive_check_is_a_speed_ladder_name():
-    import speed_ladder
+def test_every_rungs_check_is_code_and_names_a_rung():
+    """The registry's behaviour is Python (measure/rung_checks.py: a function of the run's facts
+    per rung); its data (ladder.json) names no check, module or settings key."""
+    import json
 
-    for r in ladder.rungs():
-        if r.inactive:
-            assert r.inactive.check in speed_ladder.__all__
-            path = ROOT / "speed_ladder" / (r.inactive.module.replace(".", "/") + ".py")
-            assert f"def {r.inactive.check}(" in path.read_text()
+    from speed_ladder.measure.rung_checks import CHECKS
+
+    nums = {r.num for r in ladder.rungs()}
+    assert set(CHECKS) <= nums and all(callable(c.ask) for c in CHECKS.values())
+    entries = json.loads(ladder.REGISTRY.read_text())["rungs"]
+    assert not any("inactive" in e for e in entries)
+    assert all(isinstance(v, bool) for v in ladder.TERMS["accumulation"])
 
 
 def _copy(tmp_path):

@@ -280,10 +280,11 @@ def test_step_20_says_why_the_batch_stayed():
     from speed_ladder.measure.settings import resolve_spec
 
     cpu = torch.device("cpu")
-    tiny = resolve_spec({"preset": "tiny"}, "cpu").settings
-    why = inactive.batch_not_grown(cpu, 8, tiny, "20")
+    tiny = resolve_spec({"preset": "tiny"}, "cpu")
+    start = tiny.batch("20")  # the batch step 20 grows from: 8
+    why = inactive.batch_not_grown(cpu, tiny, 8, start)
     assert why == "the batch is fitted to a GPU's memory: on cpu it stays as it was"
-    by_hand = resolve_spec({"preset": "tiny", "batch_size": 6}, "cuda").settings
+    by_hand = resolve_spec({"preset": "tiny", "batch_size": 6}, "cuda")
     assert inactive.batch_fit_unavailable(CUDA, by_hand) == "--batch-size 6 set by hand: kept"
-    assert inactive.batch_not_grown(CUDA, 32, tiny, "20") is None  # grew from 8
-    assert inactive.batch_not_grown(CUDA, 8, tiny, "20").startswith("no batch twice 8 fits")
+    assert inactive.batch_not_grown(CUDA, tiny, 32, start) is None  # grew from 8
+    assert inactive.batch_not_grown(CUDA, tiny, 8, start).startswith("no batch twice 8 fits")

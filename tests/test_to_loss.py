@@ -11,6 +11,7 @@ from conftest import VERDICT, load_script, py, records
 from speed_ladder.measure.curve import MIN_TIMED_STEPS, LossCurve, val_batches
 from speed_ladder.measure.run import Run
 from speed_ladder.presets import TO_LOSS
+from speed_ladder.spec import ToLoss
 
 TINY = ["--device", "cpu", "--preset", "tiny", "--data", VERDICT, "--warmup-steps", 2]
 EAGER = {"TORCH_COMPILE_DISABLE": "1", "SPEED_LADDER_BF16": "0"}
@@ -99,7 +100,7 @@ def test_every_rung_evaluates_on_the_same_validation_tokens(monkeypatch):
                               data=str(VERDICT), results=None, seed=123, to_loss=9.0,
                               token_budget=None, profile=None, trace=None)  # fmt: skip
     val = TO_LOSS["tiny"]["val_tokens"]
-    batches = {step: Run(args, step, __file__).settings["eval_iters"] for step in ("09", "10")}
+    batches = {step: Run(args, step, __file__).spec.eval_iters for step in ("09", "10")}
     assert batches == {"09": val // (4 * 32), "10": val // (4 * 32)}
     assert val_batches(val, 3, 32) == 3  # a part batch: one more
 
@@ -107,7 +108,7 @@ def test_every_rung_evaluates_on_the_same_validation_tokens(monkeypatch):
 def test_the_curve_leaves_evaluation_out_of_the_training_clock(monkeypatch):
     now = iter([0.0, 2.0, 2.0, 5.0, 100.0, 101.0]).__next__
     monkeypatch.setattr("speed_ladder.measure.curve.time.perf_counter", now)
-    c = LossCurve({"target": 1.0, "budget_tokens": 10, "eval_tokens": 4, "val_tokens": 8})
+    c = LossCurve(ToLoss(target=1.0, budget_tokens=10, eval_tokens=4, val_tokens=8))
     c.start()  # 0
     c.step(4)
     c.warmed_up()  # 2: the warm-up's 2 s
@@ -223,7 +224,7 @@ def test_a_token_budget_that_leaves_no_timed_step_is_refused_before_training():
 def test_a_target_reached_in_the_warm_up_trains_on_to_timed_steps():
     """The run goes on past its target until it has MIN_TIMED_STEPS timed steps; its time to
     target counts the steps to the crossing at the median step time."""
-    c = LossCurve({"target": 5.0, "budget_tokens": 10_000, "eval_tokens": 100, "val_tokens": 8})
+    c = LossCurve(ToLoss(target=5.0, budget_tokens=10_000, eval_tokens=100, val_tokens=8))
     assert c.size(100, warmup_steps=3, budget_given=False) is None  # the budget leaves them
     c.start()
     c.step(100)

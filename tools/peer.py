@@ -96,7 +96,7 @@ def length(preset: str | None, device: str, warmup: int | None, max_steps: int |
     values = {"preset": preset_name(preset, device)[0], "warmup_steps": warmup,
               "max_steps": max_steps}  # fmt: skip
     s = resolve_spec(measuring_values(values, device), device)
-    return s.preset, s.settings["warmup_steps"], s.settings["max_steps"]
+    return s.preset, s.warmup_steps, s.max_steps
 
 
 def peer_name(fp32: bool, no_dropout: bool) -> str:

@@ -1,24 +1,7 @@
-"""Which scaled_dot_product_attention kernel a run's training call ran: the record's
-`attention_kernel`, `flash`, `efficient`, `cudnn` or `math` (`materialized` for the rungs that
-write attention by hand, before step 07; `mps` for Apple's own kernel). Taken from what ran,
-never from what was asked for: torch.profiler records the aten ops of the last warm-up step
-(never timed; stopped before the timed window starts and resets the peak memory; CPU ops only,
-no CUDA tracing), and the SDPA op among them names the kernel:
-
-- `aten::_scaled_dot_product_flash_attention` (CUDA) or `..._flash_attention_for_cpu`: flash
-- `aten::_scaled_dot_product_efficient_attention`: efficient
-- `aten::_scaled_dot_product_cudnn_attention`: cudnn
-- `aten::_scaled_dot_product_attention_math`, or no SDPA op at all in a step that calls SDPA:
-  math (torch.compile traces the math path into its graph as plain matmuls and a softmax, so
-  the compiled step runs no SDPA op; the fused kernels stay calls of their own in its graph).
-
-Evaluation and sampling inside `run.paused()` are left out (no gradient there, and no dropout:
-on a CPU the fused kernel takes them where the training call's dropout keeps it on math). With
-no warm-up step (`--warmup-steps 0`) torch's dispatcher is asked instead, for the training
-call's shape, dtype and dropout under the run's settings (`dispatcher_choice`), and a note says
-so. Once the kernel is known, the rungs whose inactive checks take it (step 07: a fused kernel
-ran; step 17: cuDNN ran where torch's own order would not have chosen it) are asked
-(measure/inactive.py, `asked`), so that the record's `step_active` says what ran."""
+"""Which scaled_dot_product_attention kernel a run's training call ran (the record's
+`attention_kernel`: flash, efficient, cudnn, math, mps; `materialized` before step 07), read off
+the aten ops torch.profiler records in the last warm-up step (CPU ops only, never timed); with no
+warm-up step, torch's dispatcher is asked. The rungs that judge by it (07, 17) are asked then."""
 
 import atexit
 from contextlib import nullcontext, suppress
@@ -29,7 +12,6 @@ from speed_ladder import ladder
 from speed_ladder.errors import UserError
 from speed_ladder.measure import precision
 from speed_ladder.measure.breakdown import PAUSED_RANGE
-from speed_ladder.measure.inactive import asked
 from speed_ladder.measure.profile import quiet_native_stderr
 from speed_ladder.measure.sdpa_dispatch import dispatcher_choice
 
@@ -70,22 +52,24 @@ def _attention_of(step: str) -> str | None:
 
 class Watch:
     """A run's attention kernel: profiles its last warm-up step (`at`, at each step boundary),
-    then asks the checks that take the kernel. `kernel` is the record's `attention_kernel`."""
+    then hands it, with how it was found, to `found(kernel, how)`. `kernel` is the record's
+    `attention_kernel`."""
 
-    def __init__(self, run):
-        self.run, self.prof, self.watched = run, None, 0
-        attention = _attention_of(run.step)
+    def __init__(self, step: str, device, warmup_steps: int, found):
+        self.step, self.device, self.warmup, self.found = step, device, warmup_steps, found
+        self.prof, self.watched, self.cfg = None, 0, None  # cfg: Run.set_model's
+        attention = _attention_of(step)
         self.kernel = "materialized" if attention == "materialized" else None
         self.pending = attention not in (None, "materialized")  # SDPA: the kernel to find
 
     def at(self, done: int) -> bool:
         """At the step boundary after step `done` (set_model's is 0): stop a watch that ran and
         judge, or start one before the last warm-up step; True if it did either (the run's
-        clock then restarts after it)."""
+        clock then restarts after it). `cfg`, the model's config, is set by then."""
         if self.prof is not None:
             self._stop()
             return True
-        warmup = self.run.settings["warmup_steps"]
+        warmup = self.warmup
         if not self.pending or done != max(warmup - 1, 0):
             return False
         if warmup == 0:  # no step to watch before the timed window: ask the dispatcher
@@ -132,20 +116,14 @@ class Watch:
             self._decide(kernel, f"{op}, in warm-up step {self.watched}")
 
     def _dispatcher(self, why: str) -> tuple[str | None, str]:
-        run = self.run
-        on = ladder.rung(run.step).memory.bf16_autocast  # step 05's autocast (bf16 or fp16)
-        dtype = precision.DTYPES[precision.choice(run.device)[0]] if on else torch.float32
-        kernel = dispatcher_choice(run.device, run.cfg, dtype)
+        on = ladder.rung(self.step).memory.bf16_autocast  # step 05's autocast (bf16 or fp16)
+        dtype = precision.DTYPES[precision.choice(self.device)[0]] if on else torch.float32
+        kernel = dispatcher_choice(self.device, self.cfg, dtype)
         return kernel, f"{why}: torch's dispatcher's choice for the training call"
 
     def _decide(self, kernel: str | None, how: str) -> None:
-        """The kernel found, noted, and the checks that take it asked (measure/inactive.py)."""
-        run, self.kernel, self.pending = self.run, kernel, False
-        run.note(f"attention kernel: {kernel or 'unknown'} ({how})")
-        facts = (run.step, run.device, run.cfg, run.settings["drop_rate"])
-        judged = asked(*facts, attention_kernel=kernel or "unknown", only="attention_kernel")
-        for step, reason, acted in judged:
-            run.inactive(step, reason, acted)
+        self.kernel, self.pending = kernel, False
+        self.found(kernel, how)
 
 
 def _training_ops(events) -> list[str]:

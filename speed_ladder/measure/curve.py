@@ -1,32 +1,12 @@
-"""A run's loss curve against its training clock, and time to a target loss (`--to-loss`).
-
-Every evaluation a step makes (`run.evaluated`, inside `run.paused()`) adds a point to the
-record's `curve`: `[tokens, train_s, val_loss]`, the tokens trained on so far (all ranks), the
-training time so far and the validation loss. The training time is the wall time between the
-pauses: `run.paused()` synchronizes the device before evaluation and the clock restarts after
-it, so evaluation and sampling are never in it, and the time adds up at those boundaries with
-no extra synchronization. `warmup_s` is the time of the warm-up steps (torch.compile, the
-allocator, cuDNN plans), read where the timed window starts (synchronized there too).
-
-With `--to-loss L` a run evaluates every `eval_tokens` tokens (the same token counts on every
-rung, whatever its batch) on the same first `val_tokens` tokens of the validation split (every
-rung evaluates in batches of the preset's batch_size: `val_batches` of them), and stops at the
-first evaluation at or below L, or when `budget_tokens` are spent (`reached: false`). It always
-has timed steps: it trains at least its warm-up and MIN_TIMED_STEPS steps at the batch the rung
-picks (`size`), past its target if need be, and the preset's budget grows to that where it is
-smaller; a --token-budget that leaves no timed step is refused. Its record's `to_loss` says where
-the validation loss crossed L, read linearly between that evaluation and the one before it (the
-evaluations lie `eval_tokens` apart; the loss bends little over that span):
-- `tokens`: tokens trained on up to the crossing;
-- `train_s`: the training time up to it, warm-up and compiling included;
-- `time_s`: the same with the warm-up steps counted at the run's median step time, so that a
-  compiled rung's one-time compile (`warmup_s`, reported on its own) does not hide its speed
-  (a crossing inside the warm-up: its steps at the median). This is the time to target that
-  rungs are compared by.
-"""
+"""A run's loss curve on its training clock, and its time to a target loss (`--to-loss`;
+docs/measurement.md, Time to a target loss). Each evaluation adds [tokens, train_s, val_loss];
+`train_s` is the wall time between the pauses, so evaluation is never in it. A --to-loss run
+evaluates every `eval_tokens` tokens on the same validation tokens on every rung and stops at its
+target (read linearly between two evaluations) or budget, with timed steps always (`size`)."""
 
 import math
 import time
+from dataclasses import asdict
 
 from speed_ladder.errors import UserError
 
@@ -50,13 +30,12 @@ def crossing(before: list | None, at: list, target: float) -> list:
 
 
 class LossCurve:
-    """The training clock, the tokens trained on and the evaluations (see the module doc).
-    `to_loss`: the run's `--to-loss` settings ({target, budget_tokens, eval_tokens,
-    val_tokens}), or None."""
+    """The training clock, the tokens trained on and the evaluations (see the module doc);
+    `to_loss`: the run's --to-loss settings, or None."""
 
     def __init__(self, to_loss: dict | None):
         self.to_loss = to_loss
-        self.budget = to_loss["budget_tokens"] if to_loss else None  # may grow: `size`
+        self.budget = to_loss.budget_tokens if to_loss else None  # may grow: `size`
         self.floor = 0  # tokens trained before the run may stop at its target: `size`
         self.step_tokens = 0  # tokens a step, all ranks
         self.points: list[list] = []  # [tokens, train_s, val_loss]
@@ -118,7 +97,7 @@ class LossCurve:
         """--to-loss: another `eval_tokens` tokens trained on since the last evaluation."""
         if self.to_loss is None:
             return False
-        return self.tokens - self._evaluated_at >= self.to_loss["eval_tokens"]
+        return self.tokens - self._evaluated_at >= self.to_loss.eval_tokens
 
     def add(self, val_loss: float) -> None:
         """An evaluation's validation loss, at the tokens and training time so far."""
@@ -128,7 +107,7 @@ class LossCurve:
         point = [self.tokens, round(self.train_s(), 3), float(val_loss)]
         before = self.points[-1] if self.points else None
         self.points.append(point)
-        target = self.to_loss and self.to_loss["target"]
+        target = self.to_loss and self.to_loss.target
         if target and self.reached is None and val_loss <= target:
             self.reached = crossing(before, point, target)
 
@@ -145,7 +124,8 @@ class LossCurve:
         out = {"curve": self.points, "warmup_s": round(warmup_s, 3), "to_loss": None}
         if self.to_loss is None:
             return out
-        result = dict(self.to_loss, budget_tokens=self.budget, reached=self.reached is not None)
+        result = asdict(self.to_loss) | {"budget_tokens": self.budget}
+        result["reached"] = self.reached is not None
         result.update(tokens=None, train_s=None, time_s=None)
         if self.reached is not None:
             tokens, train_s = self.reached

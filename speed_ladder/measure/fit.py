@@ -58,7 +58,7 @@ def rungs() -> list[Rung]:
         ("the ladder as it is", first(lambda m: True)),
         ("Liger's fused loss", first(lambda m: m.loss == "fused")),
         ("checkpointing", first(lambda m: m.checkpointing)),
-        ("gradient accumulation", first(lambda m: m.accumulation != "none")),
+        ("gradient accumulation", first(lambda m: m.accumulation)),
         ("FSDP2 over the processes", first(lambda m: m.state == "fsdp2")),
         ("CPU offload", first(lambda m: m.state == "fsdp2-offload")),
     ]
@@ -76,7 +76,7 @@ def predict(rung: Rung, name: str, batch: int, nproc: int, context: int) -> mm.P
 def largest_batch(rung: Rung, name: str, memory: int, nproc: int, context: int) -> int:
     """The largest batch per GPU of model `name` that fits (0: none); with accumulation, a
     multiple of its micro-batches (a batch they do not split stays whole)."""
-    k = rung.memory.micro_batches(model(name), MAX_BATCH)
+    k = rung.memory.micro_batches(model(name).get("accum_steps", 1), MAX_BATCH)
     ok = lambda m: mm.fits(predict(rung, name, k * m, nproc, context), memory)
     if not ok(1):
         return 0

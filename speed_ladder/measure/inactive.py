@@ -1,28 +1,17 @@
-"""Is a step's idea active here? Each check returns why a rung's optimization does nothing on
-this device, or None where it acts. The registry names each rung's check (`inactive` in
-speed_ladder/data/ladder.json), and the harness asks it (`asked`, from Run.set_model) for the
-run's own step and every rung it builds on, with the facts its parameters name: `device`,
-`cfg` (the step's GPT_CONFIG), `dtype` (step 05's autocast dtype, fp32 where it is off:
-`precision.choice`), `step` (the rung asked about), `drop_rate` (the preset's), `batch` (the
-run's sequences per step and process), `accum_steps` (the preset's), `settings` (the run's
-resolved settings) and `attention_kernel` (the SDPA kernel the training call ran, known after
-the warm-up: measure/attention_kernel.py, which asks the checks that take it then). Each reason
-is a note of the record (`step NN: reason`, and in its `inactive_rungs`); the run's own step's
-makes its record say `step_active: false` (the summary, README table and charts then show the
-step as inactive here, never as a gain or a loss)."""
+"""Is a rung's idea active here? Each check says why a rung's optimization does nothing on this
+device, or None where it acts. measure/rung_checks.py says which rung asks which check; a step
+asks some itself before it acts (liger_unavailable, cudnn_attention_unavailable,
+batch_fit_unavailable). A reason is a note of the record, and the run's own rung's makes it say
+`step_active: false`: never read as a gain or a loss."""
 
-import inspect
 import os
-from importlib import import_module
 
 import torch
 
-from speed_ladder import ladder
-from speed_ladder.errors import UserError
 from speed_ladder.measure import precision, sdpa_dispatch
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.settings import FIT_MARGIN
-from speed_ladder.presets import micro_batches
+from speed_ladder.spec import RunSpec, micro_batches
 
 
 def tf32_unavailable(device: torch.device) -> str | None:
@@ -87,9 +76,11 @@ def sdpa_math_ran(
         return None
     if attention_kernel != "math":
         return f"the attention kernel that ran is {attention_kernel}: no fused kernel seen"
-    why = _math_why(device, cfg, dtype) if sdpa_math_only(device, cfg, dtype) else (
-        "torch's dispatcher chose a fused kernel for the call, but math ran"
-    )  # fmt: skip
+    why = (
+        _math_why(device, cfg, dtype)
+        if sdpa_math_only(device, cfg, dtype)
+        else ("torch's dispatcher chose a fused kernel for the call, but math ran")
+    )
     return f"math path ran ({why}): the (B, H, T, T) scores of step 06, no flash attention"
 
 
@@ -119,14 +110,14 @@ def bf16_off(device: torch.device) -> str | None:
     return None if kind == "bf16" else f"step 05 runs {kind} on this {device.type}: {why}"
 
 
-def world_of_one(step: str) -> str | None:
-    """Steps 11 (DDP) and 14 (FSDP2): why the step does nothing in a process group of one
-    process (plain python, or torchrun with one), or None where other ranks take part. The
-    reason is the rung's own (its `inactive.why` in speed_ladder/data/ladder.json)."""
+def world_of_one() -> str | None:
+    """Steps 11 (DDP) and 14 (FSDP2): "a world of one" in a process group of one process (plain
+    python, or torchrun with one), or None where other ranks take part; each rung says what
+    that means for it (rung_checks.py)."""
     import torch.distributed as dist
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    return ladder.rung(step).inactive.why if world == 1 else None
+    return "a world of one" if world == 1 else None
 
 
 def triton_interpreted() -> bool:
@@ -149,26 +140,12 @@ LIGER_FP16 = (
 
 
 def liger_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Step 12: why Liger's fused linear cross-entropy cannot run here, or None where it can, so
-    that the step builds `LigerFusedLinearCrossEntropyLoss` and its record says Liger ran. It
-    needs:
-
-    - a CUDA GPU, or a CPU with Triton's interpreter on (TRITON_INTERPRET=1, for checking the
-      kernel's numerics and the step's call path: the record then says `interpreted: true` and
-      is no measurement);
-    - step 05 not in fp16 (`dtype`, a GPU without native bf16: V100, T4). Liger computes the
-      gradient of the loss in its forward pass, in the autocast dtype, before backward brings
-      GradScaler's scale: the gradient of a mean over B*T targets is (p - y) / (B*T) per logit,
-      about 6e-10 for a non-target logit of gpt2-124m at batch 32 (p ~ 1/V), far below fp16's
-      smallest number (6e-8), so it flushes to zero and the scale brings nothing back. Measured
-      on a CPU through Triton's interpreter (8192 rows, V = 8192, fp16 autocast, loss scale
-      2^16): the hidden state's gradient was 1.6e-2 off fp32's (relative norm), 0.9% of it
-      zero, against 3.2e-4 and none for linear + cross-entropy under the same autocast and scale;
-    - liger-kernel and Triton installed (liger-kernel >= 0.6.2 on Linux, pyproject.toml), asked
-      by importing its public module, as the step does. Asked last: on a CPU, importing Triton
-      only costs seconds.
-
-    Where it says why, the step computes step 11's loss (the same floats), and is inactive."""
+    """Step 12: why Liger's fused linear cross-entropy cannot run here, or None where it can (the
+    step then builds LigerFusedLinearCrossEntropyLoss). It needs a CUDA GPU (or a CPU through
+    Triton's interpreter, TRITON_INTERPRET=1: numerics only, the record says `interpreted`),
+    step 05 not in fp16 (Liger computes the loss's gradient in forward, in fp16, before
+    GradScaler's scale reaches it: the gradients of a mean over B*T targets flush to zero), and
+    liger-kernel importable. Elsewhere the step computes step 11's loss, and is inactive."""
     why = None
     if not (device.type == "cuda" or (device.type == "cpu" and triton_interpreted())):
         why = f"Liger runs Triton GPU kernels: no CUDA device ({device.type})"
@@ -263,7 +240,7 @@ def cudnn_attention_no_change(
 
 def batch_not_split(batch: int, accum_steps: int) -> str | None:
     """Step 18: why the batch is not split into micro-batches here (accum_steps 1, or a batch
-    that accum_steps does not split into equal parts: presets.micro_batches), or None where it
+    that accum_steps does not split into equal parts: spec.micro_batches), or None where it
     is."""
     if micro_batches(batch, accum_steps) > 1:
         return None
@@ -275,23 +252,22 @@ def batch_not_split(batch: int, accum_steps: int) -> str | None:
     )
 
 
-def batch_fit_unavailable(device: torch.device, settings: dict) -> str | None:
+def batch_fit_unavailable(device: torch.device, spec: RunSpec) -> str | None:
     """Step 20: why the batch is not fitted to this device's memory (not a CUDA GPU: a CPU's RAM
     would hold batches far past where a larger one helps; a batch set by hand, --batch-size,
     stays), or None where the step fits it."""
     if device.type != "cuda":
         return f"the batch is fitted to a GPU's memory: on {device.type} it stays as it was"
-    if settings.get("batch_override") is not None:
-        return f"--batch-size {settings['batch_override']} set by hand: kept"
+    if spec.batch_override is not None:
+        return f"--batch-size {spec.batch_override} set by hand: kept"
     return None
 
 
-def batch_not_grown(device: torch.device, batch: int, settings: dict, step: str) -> str | None:
-    """Step 20, on what ran: why the run's batch is its base rung's (the reasons above, or no
-    larger power of two fits this GPU), or None where it grew."""
-    why = batch_fit_unavailable(device, settings)
-    after = ladder.rung(step).after
-    if why is not None or batch > ladder.rung(after).batch(settings):
+def batch_not_grown(device: torch.device, spec: RunSpec, batch: int, start: int) -> str | None:
+    """Step 20, on what ran: why the run's batch is the one it started from, `start` (the
+    reasons above, or no larger power of two fits this GPU), or None where it grew."""
+    why = batch_fit_unavailable(device, spec)
+    if why is not None or batch > start:
         return why
     return (
         f"no batch twice {batch} fits this GPU by the memory model (x{FIT_MARGIN} and the CUDA "
@@ -316,43 +292,3 @@ def interpreted(notes: list[str]) -> bool:
     which Run.note adds beside LIGER_RAN), and the summary, gains and `python -m speed_ladder check`
     never take its speed or memory for a measurement."""
     return triton_interpreted() and any(n.startswith(LIGER_RAN) for n in notes)
-
-
-def asked(
-    step: str,
-    device,
-    cfg: dict,
-    drop_rate,
-    batch=None,
-    accum_steps=None,
-    attention_kernel=None,
-    only=None,
-    settings=None,
-) -> list[tuple]:
-    """[(rung, reason or None, acted)] for rung `step` and every rung it builds on
-    (ladder.lineage), the first rung first: each rung's registry check asked with the facts its
-    parameters name (the module doc; `dtype` is asked of precision.choice only where a check
-    names it), the rung's fixed `why` in place of the check's words. A check whose fact the run
-    lacks (None: the kernel not known yet) is not asked, nor any where `step` is no rung here;
-    `only`: a fact's name, the checks that take it alone."""
-    try:
-        chain = ladder.lineage(step)
-    except UserError:
-        return []
-    facts = {"device": device, "cfg": cfg, "drop_rate": drop_rate,
-             "batch": batch, "accum_steps": accum_steps, "settings": settings,
-             "attention_kernel": attention_kernel}  # fmt: skip
-    out = []
-    for r in chain:
-        if r.inactive is None:
-            continue
-        check = getattr(import_module(f"speed_ladder.{r.inactive.module}"), r.inactive.check)
-        names = list(inspect.signature(check).parameters)
-        if any(facts.get(n, 0) is None for n in names) or (only and only not in names):
-            continue
-        given = {**facts, "step": r.num}
-        if "dtype" in names:  # step 05's autocast dtype, asked only where a check names it
-            given["dtype"] = precision.DTYPES[precision.choice(device)[0]]
-        reason = check(**{n: given[n] for n in names})
-        out.append((r.num, reason and (r.inactive.why or reason), r.inactive.acted))
-    return out

@@ -246,7 +246,7 @@ def predict(
     fused = m.loss == "fused" and fused is not False
     if batch is None:
         batch = cfg[m.batch]
-    k = m.micro_batches(cfg, batch)  # step 18: activations of one micro-batch
+    k = m.micro_batches(cfg.get("accum_steps", 1), batch)  # step 18: one micro-batch's activations
     cfg = {**cfg, "drop_rate": m.drop_rate(cfg)}  # step 16 on: no masks
     # bf16 weights (where bf16 is on): no autocast copies, bf16 gradients in DDP's buckets
     bf16_weights = act_bytes == 2 and m.bf16_weights

@@ -1,32 +1,8 @@
-"""Step 05's mixed precision: which dtype autocast computes in (and so whether the step's loss
-scaler is on: fp16 alone needs it), decided once per device type before the model is built.
-
-- **bf16** where bf16 is native (`device.bf16_is_fast`: CUDA compute capability >= 8.0, AMD by
-  arch; a CPU or MPS where its measured bf16 matmul beats fp32). bf16 keeps fp32's exponent
-  range: no gradient underflows, no scaler.
-- **fp16 with loss scaling** on an NVIDIA GPU without bf16 tensor cores but with fp16 ones:
-  compute capability 7.x (V100, T4). fp16 keeps 11 significant bits but only 5 exponent bits:
-  a value below 2^-24 (6e-8) flushes to zero, where many of a mean loss's gradients lie. The
-  scaler (`torch.amp.GradScaler`) multiplies the loss by a large factor (2^16 to start) before
-  backward, so the gradients stay representable, divides them by it before the optimizer step,
-  skips a step whose gradients hold an inf or NaN (and halves the factor), and doubles the
-  factor after 2000 steps without one (Micikevicius et al. 2018, "Mixed Precision Training",
-  section 3.2; PyTorch's AMP recipe).
-- **fp32** elsewhere: a CPU or MPS where bf16 is no faster, a GPU with neither (compute
-  capability < 7.0; AMD GPUs without bf16 matrix cores: no fp16 rule measured there).
-
-$SPEED_LADDER_AMP (bf16, fp16 or fp32) forces the choice, as $SPEED_LADDER_BF16 (1 or 0:
-bf16 or fp32) does; the tests run the fp16 path on a CPU that way (CPU autocast takes fp16).
-
-The step builds the scaler itself, `torch.amp.GradScaler(device.type, enabled=amp.dtype ==
-torch.float16)`. The scaler of a bf16 or fp32 run is disabled, and its `scale(loss)` is the
-loss, `step(optimizer)` is `optimizer.step()` and `update()` does nothing: every later step
-runs the same lines in every regime. It works under DDP (gradients are all-reduced before it
-reads them) and FSDP2 without FSDP1's ShardedGradScaler (a sharded gradient's inf check is
-all-reduced across the mesh by DTensor, so every rank skips the same step:
-tests/test_precision.py). Measured in fp16 on `tiny` (4 steps, 2 gloo processes, eager): steps
-11, 13 and 14 computed the same losses; step 08 compiled stayed within 2.4e-5 of step 07.
-"""
+"""Step 05's mixed precision, decided once per device type before the model is built: bf16
+where it is native (a CUDA GPU of compute capability 8.0 on; a CPU or MPS where bf16 matmuls
+measure faster), fp16 with loss scaling on a GPU with fp16 tensor cores only (V100, T4), fp32
+elsewhere (docs/steps.md, 05). $SPEED_LADDER_AMP or $SPEED_LADDER_BF16 force it. The step builds
+its GradScaler itself, enabled in fp16 alone (in bf16 and fp32 it passes everything through)."""
 
 import os
 from dataclasses import dataclass

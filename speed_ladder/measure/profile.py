@@ -75,10 +75,10 @@ class StepProfiler:
 
     def __init__(self, run, steps: int, trace_dir: str | None):
         self.run, self.steps, self.trace_dir = run, steps, trace_dir
-        p = run.settings
-        self.measuring = p["max_steps"] is not None
+        spec = run.spec
+        self.measuring = spec.max_steps is not None
         # the step after which profiling starts: the window's end, or the warm-up's
-        self.starts_after = p["max_steps"] if self.measuring else p["warmup_steps"]
+        self.starts_after = spec.max_steps if self.measuring else spec.warmup_steps
         self.state = "waiting"  # -> running -> done; or failed
         self.model = None
         self.prof = None
@@ -243,7 +243,7 @@ class StepProfiler:
     def _export(self) -> None:
         rank = int(os.environ.get("RANK", "0"))
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        stamp = re.sub(r"[^0-9]", "", self.run.started_at[:19])
+        stamp = re.sub(r"[^0-9]", "", self.run.started[0][:19])
         name = f"{self.run.step}-{stamp[:8]}T{stamp[8:]}Z"
         if world > 1:
             name += f"-rank{rank}"

@@ -15,25 +15,30 @@ from speed_ladder.presets import PRESETS
 PREDICTED_ENV = "SPEED_LADDER_PREDICTED"  # set by the sweep, which printed the prediction itself
 
 
-def announce(run, model) -> dict:
-    """Called by Run.set_model before the first step: print the prediction for this run (from
-    the preset's shape, the run's accum_steps, its RunSpec's autocast (bf16 or fp16: 16-bit
-    activations), the loss the step computes (Liger's chunks where step 12 built its module,
-    else the full logits), and the mode from the model: FSDP2, DDP or one process; not printed
-    again under the sweep, which printed it before the run), note when it exceeds the device's
-    memory, and return the record's fields."""
-    cfg, step, device = run.cfg, run.step, run.device
-    shape = {**PRESETS[run.preset_name], **cfg}
-    shape["accum_steps"] = run.settings["accum_steps"]  # the preset's, or --accum-steps
+def announce(spec, step: str, cfg: dict, batch: int, device, model, fused: bool, recorder) -> dict:
+    """Before the first step: the prediction for this run (the preset's shape, its accum_steps,
+    step 05's autocast, the loss it computes: Liger's chunks where `fused`, else the full
+    logits; the mode read off the model), printed (not under the sweep, which printed it) and
+    noted where it exceeds the device's memory; returns the record's fields."""
+    shape = {**PRESETS[spec.preset], **cfg, "accum_steps": spec.accum_steps}
     vocab = cfg.get("vocab_size", VOCAB)  # every step passes it; a bare test config may not
-    fused = run.fused_loss is not None  # step 12's Liger loss ran; else the full logits
-    p = predict_run(shape, step, _world(), run.batch_size, run.spec.half, device.type,
-                    detect_mode(model, device), vocab, run.preset_name, fused)  # fmt: skip
+    p = predict_run(
+        shape,
+        step,
+        _world(),
+        batch,
+        spec.half,
+        device.type,
+        detect_mode(model, device),
+        vocab,
+        spec.preset,
+        fused,
+    )
     if not os.environ.get(PREDICTED_ENV):
-        run.print(f"[{step}] {p.line()}")
+        recorder.say(f"[{step}] {p.line()}")
     cap = capacity_bytes(device)
     if cap and p.total_bytes > cap:
-        run.note(
+        recorder.note(
             f"predicted {p.total_bytes / GIB:.1f} GiB per rank exceeds this {device.type}'s "
             f"{cap / GIB:.1f} GiB: expect out-of-memory "
             "(python -m speed_ladder.measure.memory_model)"
@@ -50,11 +55,12 @@ def batch_fits(run, cfg: dict, batch: int, capacity: int) -> bool:
     process of this run's rung fit the text's training windows and, as the memory model predicts
     them with the loss that will run here (Liger's where it can, else the full logits), a GPU of
     `capacity` bytes."""
-    shape = {**PRESETS[run.preset_name], **cfg, "accum_steps": run.settings["accum_steps"]}
+    spec = run.spec
+    shape = {**PRESETS[spec.preset], **cfg, "accum_steps": spec.accum_steps}
     windows = train_windows(run.args.data, cfg["context_length"])
     dtype = precision.DTYPES[precision.choice(run.device)[0]]  # step 05's autocast
     fused = liger_unavailable(run.device, dtype) is None
-    world, half, name = _world(), run.spec.half, run.preset_name
+    world, half, name = _world(), spec.half, spec.preset
     return batch_fits_gpu(shape, run.step, world, batch, half, capacity, windows, fused, name)
 
 

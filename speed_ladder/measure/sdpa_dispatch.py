@@ -8,8 +8,13 @@ import torch
 
 FUSED = ("flash", "efficient", "cudnn", "mps", "overrideable")  # no (B, H, T, T) scores
 # torch.nn.attention.SDPBackend's names, as the dispatcher answers
-BACKENDS = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
-            "CUDNN_ATTENTION": "cudnn", "MATH": "math", "OVERRIDEABLE": "overrideable"}  # fmt: skip
+BACKENDS = {
+    "FLASH_ATTENTION": "flash",
+    "EFFICIENT_ATTENTION": "efficient",
+    "CUDNN_ATTENTION": "cudnn",
+    "MATH": "math",
+    "OVERRIDEABLE": "overrideable",
+}
 
 
 def attention_probe(device: torch.device, cfg: dict, dtype: torch.dtype):

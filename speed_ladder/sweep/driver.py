@@ -331,14 +331,14 @@ def sweep(args) -> int:
         pooled = pooled_text(df.to_dict("records"))
         if pooled:
             print(pooled, flush=True)
-        if p.spec.settings["to_loss"] is not None:  # the times to the target, not tok/s alone
+        if p.spec.to_loss is not None:  # the times to the target, not tok/s alone
             path = to_loss.write(ps.tag_dir, ps.ladder)
             if path is not None:
-                print(f"\ntime to loss {p.spec.settings['to_loss']['target']:g} ({shown(path)}):")
+                print(f"\ntime to loss {p.spec.to_loss.target:g} ({shown(path)}):")
                 print(to_loss.format_rows(to_loss.read(ps.tag_dir)), flush=True)
         if not args.no_plots:
             _draw_charts(ps.tag_dir)
-        if p.spec.settings["to_loss"] is None:
+        if p.spec.to_loss is None:
             _compare(ps.tag_dir, df, ps.hardware)
         chosen = {s.num for s in ps.steps}
         failed += [

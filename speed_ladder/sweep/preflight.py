@@ -165,7 +165,7 @@ def predict(step: Step, spec: RunSpec, world: int, data: str | None = None):
         return None
     batch, half = spec.batch(step.num), spec.half
     fused = memory_model.liger_runs_on(spec.device) and spec.amp != "fp16"
-    grows = spec.device == "cuda" and spec.gpu_bytes and spec.batch_size_override is None
+    grows = spec.device == "cuda" and spec.gpu_bytes and spec.batch_override is None
     if step.memory.batch == "fits" and grows:  # step 20's loop, as it will run
         windows = train_windows(data, shape["context_length"])
         cap, name = spec.gpu_bytes, spec.preset

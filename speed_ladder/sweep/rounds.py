@@ -131,7 +131,7 @@ def _run_job(p: Plan, job: Job, rnd: int, timeout: float, keep_timeout: bool = T
     flags = p.flags
     if job.control:
         meta["control"] = True
-        if p.spec.settings["to_loss"] is not None:  # time to loss: the spread of seeds is its noise
+        if p.spec.to_loss is not None:  # time to loss: the spread of seeds is its noise
             meta["control_seed"] = p.spec.seed + 1
             flags = reseeded(p.flags, meta["control_seed"])
     return run_once(job.step, flags, meta, ps.tag_dir, timeout, keep_timeout, cut_before)
