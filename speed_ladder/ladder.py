@@ -141,26 +141,41 @@ def step_title(path: Path) -> str:
     return path.stem[3:].replace("_", " ") if path.stem[:2].isdigit() else path.stem
 
 
-def _entries(path: Path) -> dict[str, dict]:
+@dataclass(frozen=True)
+class Entry:
+    """A rung's entry in the registry, as written (ladder.json's `about` says each field)."""
+
+    num: str
+    file: str | None = None
+    summary: str = ""
+    changes: dict = field(default_factory=dict)
+    parity: dict = field(default_factory=dict)
+    api: tuple[str, ...] = ()
+    after: str | None = "<unset>"  # without `after`: the file before it
+    after_why: str = ""
+    summary_file: str | None = None
+
+
+def _entries(path: Path) -> dict[str, Entry]:
     try:
         rungs = json.loads(path.read_text(encoding="utf-8"))["rungs"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        entries = [Entry(**e | {"api": tuple(e.get("api", ()))}) for e in rungs]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(f"{path}: not a ladder registry ({e})") from None
-    return {str(e.get("num")): e for e in rungs if isinstance(e, dict)}
+    return {str(e.num): e for e in entries}
 
 
-def _fold(state: dict, e: dict, where: str) -> dict:
+def _fold(state: dict, e: Entry, where: str) -> dict:
     """The state after a rung: the one it builds on (`after`) with the entry's `changes`,
     checked."""
-    changes = e.get("changes") or {}
-    for k, v in changes.items():
+    for k, v in e.changes.items():
         if k not in TERMS or v not in TERMS[k]:
             known = ", ".join(f"{t}: {'/'.join(map(str, vs))}" for t, vs in TERMS.items())
             raise UserError(
                 f"{where}: changes {k}={v!r} is not a term the harness models "
                 f"({known}); a new one is code in measure/memory_model.py"
             )
-    state = dict(state, **changes)
+    state = dict(state, **e.changes)
     missing = [k for k in TERMS if k not in state]
     if missing:
         raise UserError(f"{where}: the first rung must state every term ({', '.join(missing)})")
@@ -169,7 +184,7 @@ def _fold(state: dict, e: dict, where: str) -> dict:
     return state
 
 
-def _step(f: Path, e: dict, state: dict, where: str, after: str | None) -> Step:
+def _step(f: Path, e: Entry, state: dict, after: str | None) -> Step:
     memory = Memory(**{k: state[k] for k in Memory.__dataclass_fields__})
     return Step(
         num=f.name[:2],
@@ -178,29 +193,29 @@ def _step(f: Path, e: dict, state: dict, where: str, after: str | None) -> Step:
         distributed=state["distributed"],
         compiled=state["compiled"],
         memory=memory,
-        summary=e.get("summary", ""),
-        parity=e.get("parity") or {},
-        summary_file=e.get("summary_file"),
+        summary=e.summary,
+        parity=e.parity,
+        summary_file=e.summary_file,
         after=after,
-        api=tuple(e.get("api") or ()),
-        after_why=e.get("after_why", ""),
+        api=e.api,
+        after_why=e.after_why,
     )
 
 
-def _after(e: dict, earlier: list[str], where: str) -> str | None:
+def _after(e: Entry, earlier: list[str], where: str) -> str | None:
     """The rung an entry builds on: its `after`, which must name a rung before it in file
     order; without one, the file before it (None for the first)."""
-    if "after" not in e:
+    if e.after == Entry.after:  # not given
         return earlier[-1] if earlier else None
-    after = e["after"]
+    after = e.after
     if not isinstance(after, str) or after not in earlier:
         known = f"steps {earlier[0]}-{earlier[-1]}" if earlier else "none: it is the first rung"
         raise UserError(f"{where}: after {after!r} is not a rung before it in file order ({known})")
     return after
 
 
-def _check_parity(e: dict, where: str) -> None:
-    cpu, cuda = (e.get("parity") or {}).get("cpu"), (e.get("parity") or {}).get("cuda")
+def _check_parity(e: Entry, where: str) -> None:
+    cpu, cuda = e.parity.get("cpu"), e.parity.get("cuda")
     if not isinstance(cpu, dict) or cpu.get("rule") not in ("exact", "close") or "why" not in cpu:
         raise UserError(f"{where}: parity.cpu needs a rule (exact or close) and its why")
     if not isinstance(cuda, dict) or "why" not in cuda or not isinstance(cuda.get("holds"), dict):
@@ -244,19 +259,18 @@ def discover(ladder_dir: Path = ROOT, registry: Path | None = None) -> list[Step
         if num in seen:
             raise UserError(f"two scripts for step {num} in {ladder_dir}: check steps/{num}_*.py")
         seen.append(num)
-        e = entries.get(num)
         rel = _rel(f, ladder_dir)
-        if e is None and strict:
+        if num not in entries and strict:
             raise UserError(f"{rel} has no entry in {reg}: add one ({ADD_A_RUNG})")
-        e = e or {}
+        e = entries.get(num, Entry(num))
         where = f"{reg}, rung {num}"
-        if e.get("file", rel) != rel:
-            raise UserError(f"{where}: file {e['file']} is not {rel}")
+        if e.file not in (None, rel):
+            raise UserError(f"{where}: file {e.file} is not {rel}")
         if strict and steps:
             _check_parity(e, where)
         after = _after(e, seen[:-1], where)
         states[num] = _fold(states[after] if after else initial, e, where)
-        steps.append(_step(f, e, states[num], where, after))
+        steps.append(_step(f, e, states[num], after))
     if not steps:
         raise UserError(f"no step scripts in {ladder_dir} (00_orig.py, steps/NN_*.py)")
     extra = sorted(set(entries) - set(seen))
