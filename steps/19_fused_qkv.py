@@ -347,7 +347,7 @@ def main():
     out_head = model.out_head  # step 12: its weight goes to the fused loss, outside compile
     model = torch.compile(model)  # step 08: fuse ops into generated kernels (TorchInductor)
     # step 11: replicas stay in sync: gradients are all-reduced (averaged) during backward; a
-    # world of one has no replica, and the wrapper would only cost its hooks (2 ms a step, H200)
+    # world of one has no replica, and the wrapper would only add its hooks' time to each step
     if dist.get_world_size() > 1:  # step 11
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     # step 11: every rank built the same weights from --seed; from here each rank draws its own
