@@ -1,7 +1,6 @@
-"""Where things live (the repository, its committed results and this machine's own, the offline
-mirror, the cache), whether git tracks a path, how a record names a path (`portable_path`,
-`data_id`: never where this machine keeps it) and the one atomic write every file the harness
-replaces goes through."""
+"""Where things live (the checkout, its committed results and this machine's own, the offline
+mirror, the cache), whether git tracks a path, how a record names a path (never where this
+machine keeps it), and the one atomic write every file the harness replaces goes through."""
 
 import hashlib
 import os
@@ -10,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from speed_ladder import outputs
 from speed_ladder.errors import UserError
+from speed_ladder.writable import why_unwritable
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: 00_orig.py, steps/, speed_ladder/
 RESULTS = ROOT / "results"  # the committed tags: reference data, never written by a run
@@ -144,11 +143,11 @@ def cache_dir() -> Path:
         return Path(env)  # the user's choice: checked, never replaced (see check_cache_dir)
     repo = ROOT / "data" / "cache"
     if str(repo) not in _CACHE_CHOICE:
-        why = outputs.problem(repo, "dir")
+        why = why_unwritable(repo, "dir")
         chosen = repo
         if why is not None:
             chosen = user_cache_dir()
-            if outputs.problem(chosen, "dir") is not None:
+            if why_unwritable(chosen, "dir") is not None:
                 chosen = _temp_cache()
             print(
                 f"note: cannot cache in {repo} ({why}); caching in {chosen} instead "
@@ -164,7 +163,7 @@ def check_cache_dir() -> Path:
     """The cache folder, checked before the work (a SPEED_LADDER_CACHE that is a file, or
     read-only, is one error line)."""
     path = cache_dir()
-    why = outputs.problem(path, "dir")
+    why = why_unwritable(path, "dir")
     if why is not None:
         env = os.environ.get("SPEED_LADDER_CACHE")
         what = f"SPEED_LADDER_CACHE={env}" if env else f"the cache folder {path}"

@@ -416,12 +416,12 @@ def _long(tmp_path):
     ids=["a folder", "under a file", "name too long", "unwritable"],
 )
 def test_results_location_is_checked_before_the_model_is_built(where, expected, tmp_path):
-    from speed_ladder import outputs
+    from speed_ladder import writable
     from speed_ladder.measure.run import Run
 
     (tmp_path / "file.txt").write_text("x")
     path = where(tmp_path)
-    if str(path).startswith("/sys") and outputs.probe(Path("/sys")) is None:
+    if str(path).startswith("/sys") and writable.probe(Path("/sys")) is None:
         pytest.skip("/sys is writable here")
     before = sorted(tmp_path.iterdir())
     args = type("A", (Args,), {"results": str(path)})
@@ -431,11 +431,11 @@ def test_results_location_is_checked_before_the_model_is_built(where, expected, 
 
 
 def test_a_full_disk_is_found_at_start_up(tmp_path, monkeypatch):
-    from speed_ladder import outputs
+    from speed_ladder import writable
 
     monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=4096))
     with pytest.raises(UserError, match=r"--results .*: the disk is full \(4 KiB free"):
-        outputs.check_file(tmp_path / "r.jsonl", "--results")
+        writable.check_file(tmp_path / "r.jsonl", "--results")
 
 
 def test_a_step_with_a_bad_results_path_stops_in_its_first_seconds(tmp_path):
@@ -524,18 +524,18 @@ def test_plot_results_checks_its_readme_before_drawing(tags_dir, capsys):
 @pytest.fixture
 def read_only_checkout(tmp_path, monkeypatch):
     """A checkout whose files cannot be written (EROFS for anything in it)."""
-    from speed_ladder import outputs
+    from speed_ladder import writable
 
     checkout = tmp_path / "checkout"
     (checkout / "data").mkdir(parents=True)
-    real_probe = outputs.probe
+    real_probe = writable.probe
 
     def probe(folder):
         if Path(folder).resolve().is_relative_to(checkout):
             return OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder))
         return real_probe(folder)
 
-    monkeypatch.setattr(outputs, "probe", probe)
+    monkeypatch.setattr(writable, "probe", probe)
     monkeypatch.setattr(files, "ROOT", checkout)
     monkeypatch.setattr(files, "_CACHE_CHOICE", {})
     monkeypatch.delenv("SPEED_LADDER_CACHE")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from speed_ladder import outputs
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import ROOT, atomic_write_bytes, cache_dir, mirror
+from speed_ladder.writable import why_unwritable
 
 DEFAULT_TEXT = ROOT / "data" / "middlemarch.txt"
 GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/145/pg145.txt"  # Middlemarch, Gutenberg #145
@@ -53,7 +53,7 @@ def _default_text() -> Path:
     if DEFAULT_TEXT.is_file():
         return DEFAULT_TEXT
     path = DEFAULT_TEXT
-    if outputs.problem(DEFAULT_TEXT, "file") is not None:  # a read-only checkout
+    if why_unwritable(DEFAULT_TEXT, "file") is not None:  # a read-only checkout
         path = cache_dir() / DEFAULT_TEXT.name
         if path.is_file():
             return path

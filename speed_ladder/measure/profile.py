@@ -1,28 +1,7 @@
-"""Where the time goes: profile a few training steps with torch.profiler and split their time into
-categories (`--profile [N]`, `--trace DIR`). This module is the run's profiler;
-speed_ladder.measure.op_categories has the categories (which op is which, the module ranges) and
-speed_ladder.measure.breakdown turns the profiled events into each category's share (the
-denominator, backward attribution).
-
-When. The profiled steps are never timed, and each ends with a device synchronize (the timed steps
-do not), so that a step's range holds its device work. With `--max-steps` (a measuring run, as in
-the sweep) they come after the timed window: the run trains N more steps (default 3) under the
-profiler and only then reports finished; the window's peak memory is read before the profiler
-starts (its buffers raise a CPU process's RSS). Without `--max-steps` (a tutorial run over epochs)
-the end is not known in advance, so the N steps right after the warm-up are profiled and the timed
-window starts after them (on a CPU its peak RSS may then include memory the profiler freed but the
-process still holds; a note says so). A run whose data runs out first keeps the whole steps it
-profiled (a note says so). Evaluation inside `run.paused()` during the profiled steps is left out,
-as it is from the timing.
-
-The record gets `time_breakdown` ({category: share}), `time_breakdown_ms` ({category: ms per
-profiled step of its work alone, and `idle`: on CUDA device milliseconds, which the profiler does
-not inflate, and the GPU's idle time, which it does: breakdown.per_step_ms}),
-`time_breakdown_basis`, `profiled_steps`, `profiled_ms` and, with `--trace DIR`, `trace`: the
-Chrome/Perfetto trace of the profiled steps (`DIR/<step>-<start time>.json`, one per rank under
-torchrun: `-rank<r>`), for chrome://tracing or https://ui.perfetto.dev. Under torchrun every rank
-is profiled (so that no rank waits for a slower profiled one) and rank 0's breakdown is recorded.
-"""
+"""`--profile [N]` and `--trace DIR`: a run's N profiled steps under torch.profiler, never timed,
+after the timed window (with `--max-steps`) or right after the warm-up (without), and their time
+by category (breakdown.py) in the record. docs/measurement.md, "Where the time goes", says when
+and what; under torchrun every rank is profiled and rank 0's breakdown is recorded."""
 
 import os
 import re
@@ -45,7 +24,7 @@ from speed_ladder.measure.breakdown import (
     shares,
 )
 from speed_ladder.measure.op_categories import ModuleRanges, is_compiled
-from speed_ladder.outputs import check_dir
+from speed_ladder.writable import check_dir
 
 
 @contextmanager
@@ -219,25 +198,24 @@ class StepProfiler:
         if use_device:  # torch 2.11: a kernel's launching op, from kineto (breakdown.py)
             link_kernels(events, self.prof.profiler.kineto_results)
         res = breakdown(events, self.profiled, use_device)
-        if use_device and res and res["basis"] != "device time":
-            self.run.note("profile: no device activity recorded (CUPTI?): self CPU time instead")
-        if not res:
+        if res is None:
             self.run.note("profile: no profiled step found in the profile: no breakdown")
             return
-        share = shares(res["seconds"])
+        if use_device and res.basis != "device time":
+            self.run.note("profile: no device activity recorded (CUPTI?): self CPU time instead")
+        share, ms = shares(res.seconds), per_step_ms(res)
         self.result = {
             "time_breakdown": share,
-            "time_breakdown_ms": per_step_ms(res),
-            "time_breakdown_basis": f"{res['basis']}, share of {res['steps']} profiled steps' "
+            "time_breakdown_ms": ms,
+            "time_breakdown_basis": f"{res.basis}, share of {res.steps} profiled steps' "
             "wall time (the uncovered rest is data and host); time_breakdown_ms: ms per step, "
             "the uncovered rest is idle",
-            "profiled_steps": res["steps"],
-            "profiled_ms": round(res["wall_s"] * 1000, 3),
+            "profiled_steps": res.steps,
+            "profiled_ms": round(res.wall_s * 1000, 3),
         }
-        ms = self.result["time_breakdown_ms"]
         self.run.print(
             f"[{self.run.step}] where the time goes: {describe(share, 8)}; per step "
-            f"{res['wall_s'] * 1000 / res['steps']:.1f} ms, of it {ms['idle']:.1f} ms idle"
+            f"{res.wall_s * 1000 / res.steps:.1f} ms, of it {ms['idle']:.1f} ms idle"
         )
 
     def _export(self) -> None:
@@ -288,14 +266,3 @@ def from_args(args, run) -> StepProfiler | None:
 def excluded(profiler: StepProfiler | None):
     """`run.paused()`'s part: what runs inside is left out of a running profile."""
     return nullcontext() if profiler is None else profiler.excluded()
-
-
-def profiled_runs(records: list[dict]) -> int:
-    """How many of a step's latest records in a row are ok and have a time breakdown: the runs
-    a profiled sweep (`python -m speed_ladder run --profile`) counts as done."""
-    n = 0
-    for r in reversed(records):
-        if r.get("status") != "ok" or not isinstance(r.get("time_breakdown"), dict):
-            break
-        n += 1
-    return n

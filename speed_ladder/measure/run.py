@@ -52,8 +52,8 @@ from speed_ladder.measure.memory_snapshot import from_args as memory_snapshot
 from speed_ladder.measure.rank_memory import announce
 from speed_ladder.measure.run_record import base_record, hfu_of, mfu_of
 from speed_ladder.measure.settings import check_accum_steps, resolve_spec
-from speed_ladder.outputs import check_file
 from speed_ladder.records import FIELDS, append_jsonl
+from speed_ladder.writable import check_file
 
 # The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
 MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")

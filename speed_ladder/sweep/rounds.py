@@ -12,7 +12,7 @@ from pathlib import Path
 from speed_ladder import machine
 from speed_ladder.files import shown
 from speed_ladder.measure import cpu_load
-from speed_ladder.measure.profile import profiled_runs
+from speed_ladder.measure.breakdown import profiled_runs
 from speed_ladder.records import append_jsonl, file_sha256, read_jsonl
 from speed_ladder.selection import done_runs, matching
 from speed_ladder.spec import config_of, resolved_config
