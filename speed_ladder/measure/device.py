@@ -1,16 +1,15 @@
-"""Device choice, clocks, memory and peak FLOP/s: everything that differs between CPU and GPUs."""
+"""A torch device: which one a run gets, its name, the wait for its queued work, and its peak
+memory over the timed window: what differs between a CPU, CUDA (and ROCm) and MPS."""
 
 import os
+import platform
 from pathlib import Path
 
 import torch
 
-from speed_ladder.autocast_env import AMP_ENV, BF16_ENV, amp_forced, bf16_forced
+from speed_ladder import machine
 from speed_ladder.errors import UserError
-from speed_ladder.measure import gpus, matmul_peak
-
-# dev.name and dev.synchronize: the harness's clock and Run call them through this module
-from speed_ladder.measure.torch_device import name, synchronize  # noqa: F401
+from speed_ladder.measure import gpu_specs
 
 
 def resolve(name: str) -> torch.device:
@@ -47,6 +46,36 @@ def _local_rank_gpu() -> int:
             "check CUDA_VISIBLE_DEVICES"
         )
     return local_rank
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so a host clock read after it is honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"Apple MPS ({platform.machine()})"
+    return machine.cpu_model()
+
+
+def is_rocm() -> bool:
+    """ROCm builds report AMD GPUs through torch.cuda (torch.version.hip is set)."""
+    return getattr(torch.version, "hip", None) is not None
+
+
+def gpu_memory(device: torch.device) -> tuple[int, str] | None:
+    """(total memory in bytes, step 05's autocast there: bf16, fp16 or fp32) of a CUDA device,
+    for the batch rule (measure/settings.fit_batch); None on other devices."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return props.total_memory, gpu_specs.autocast_for(props, is_rocm())
 
 
 def ddp_backend(device: torch.device) -> str:
@@ -219,87 +248,3 @@ class PeakWindow:
         if self.open and self.device.type != "mps":
             self._fold()  # since the last pause: the steps after it (or what is held now)
         return self.reserved, self.allocated
-
-
-# ---------------------------------------------------------------- peak FLOP/s
-def is_rocm() -> bool:
-    """ROCm builds report AMD GPUs through torch.cuda (torch.version.hip is set)."""
-    return getattr(torch.version, "hip", None) is not None
-
-
-def peak_flops(device: torch.device) -> tuple[float | None, str]:
-    """The MFU denominator for one device and where it comes from.
-
-    CUDA/ROCm: the vendor's dense bf16 peak (fp16 on V100/T4) from gpus.py's table, by the
-    device's name, SM count (a MIG slice gets its share) and AMD arch; an unknown GPU gets None
-    and a note saying how to add it. CPU/MPS: the best matmul rate measured here
-    (matmul_peak.py), or $SPEED_LADDER_PEAK_FLOPS where set.
-    """
-    if device.type == "cuda":
-        return gpus.peak_for(torch.cuda.get_device_properties(device))
-    rates = matmul_peak.measured_matmul_rates(device)
-    what = f"measured {device.type} matmul peak"
-    if matmul_peak.fixed_rates() is not None:
-        what = f"{device.type} matmul peak set by {matmul_peak.PEAK_ENV}"
-    why = matmul_peak.rates_problem(device, rates)
-    if why is not None:
-        return None, f"{what} implausible ({why}): MFU left empty"
-    best = max(rates, key=rates.get)
-    return rates[best], (
-        f"{what} {rates[best] / 1e9:.0f} GFLOP/s ({best}; "
-        f"fp32 {rates['fp32'] / 1e9:.0f}, bf16 {rates['bf16'] / 1e9:.0f})"
-    )
-
-
-def gpu_memory(device: torch.device) -> tuple[int, str] | None:
-    """(total memory in bytes, step 05's autocast there: bf16, fp16 or fp32) of a CUDA device,
-    for the batch rule (measure/settings.fit_batch); None on other devices."""
-    if device.type != "cuda":
-        return None
-    props = torch.cuda.get_device_properties(device)
-    return props.total_memory, gpus.autocast_for(props, is_rocm())
-
-
-# bf16_is_fast's memo: device type -> (what it depends on, the answer)
-_BF16: dict[str, tuple[tuple, tuple[bool, str]]] = {}
-
-
-def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
-    """Whether bf16 matmuls beat fp32 here, with the evidence (step 05's rule, through
-    speed_ladder.measure.precision), unless $SPEED_LADDER_AMP or $SPEED_LADDER_BF16 forces the
-    answer: the CPU tests run every numeric regime on any CPU (emulated bf16 is slow, but `tiny`
-    is small). Decided once per device type in a process, again only if what it depends on
-    changed (those variables, the device's name, $SPEED_LADDER_PEAK_FLOPS): the step, the
-    memory model (act_bytes_of) and the record (precision.decided) see one answer.
-
-    CUDA: compute capability >= 8.0 (Ampere on), where bf16 runs on tensor cores; not
-    torch.cuda.is_bf16_supported(), which says True on a V100 or T4 too, where bf16 is emulated
-    (slower than fp32). ROCm: by the AMD arch (speed_ladder.measure.gpus.has_native_bf16).
-    """
-    forced = bf16_forced()
-    fixed = os.environ.get(matmul_peak.PEAK_ENV)
-    depends = (forced, amp_forced()) if forced is not None else (name(device), fixed)
-    memo = _BF16.get(device.type)
-    if memo is None or memo[0] != depends:
-        memo = _BF16[device.type] = depends, _bf16_rule(device, forced)
-    return memo[1]
-
-
-def _bf16_rule(device: torch.device, forced: bool | None) -> tuple[bool, str]:
-    if forced is not None:
-        by = f"{AMP_ENV}={amp_forced()}" if amp_forced() is not None else BF16_ENV
-        ok, why = forced, f"forced {'on' if forced else 'off'} by {by}"
-    elif device.type == "cuda":
-        ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
-        why = f"{name(device)}: {why}"
-    else:
-        r = matmul_peak.measured_matmul_rates(device)
-        fixed = matmul_peak.fixed_rates() is not None
-        how = f"matmul set by {matmul_peak.PEAK_ENV}" if fixed else "measured matmul"
-        problem = matmul_peak.rates_problem(device, r)
-        if problem is not None:
-            ok, why = False, f"{how} rates implausible ({problem})"
-        else:
-            ok = r["bf16"] > r["fp32"]
-            why = f"{how}: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f} GFLOP/s"
-    return ok, why

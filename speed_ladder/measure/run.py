@@ -35,7 +35,7 @@ import torch
 
 from speed_ladder.errors import UserError, on_failure, os_error_why
 from speed_ladder.files import check_cache_dir
-from speed_ladder.measure import attention_kernel, cpu_load, profile
+from speed_ladder.measure import attention_kernel, cpu_load, matmul_peak, profile
 from speed_ladder.measure import device as dev
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
 from speed_ladder.measure.clock import StepClock
@@ -174,7 +174,7 @@ class Run:
         L, H, T = cfg["n_layers"], cfg["n_heads"], cfg["context_length"]
         Q = cfg["emb_dim"] // H
         self.flops_per_token = 6 * n + 12 * L * H * Q * T
-        self.peak, self.peak_source = dev.peak_flops(self.device)  # cached after the first run
+        self.peak, self.peak_source = matmul_peak.peak_flops(self.device)  # cached once measured
         if self.profiler is not None:
             self.profiler.attach(model)
         self.clock.phases.attach(model, self.fused_loss)  # data/forward/... hooks (phases.py)

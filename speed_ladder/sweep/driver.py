@@ -70,7 +70,7 @@ from speed_ladder.ladder import (
 from speed_ladder.measure.data import check_text_file
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.device import resolve as resolve_torch_device
-from speed_ladder.measure.gpus import autocast_for
+from speed_ladder.measure.gpu_specs import autocast_for
 from speed_ladder.measure.settings import resolve_spec
 from speed_ladder.records import code_sha256
 from speed_ladder.report import to_loss

@@ -1,33 +1,7 @@
-"""Dense peak FLOP/s of a GPU from its torch.cuda.get_device_name(): the MFU denominator.
-
-One job: turn the device name (plus the SM/CU count torch reports) into the vendor's dense peak
-and say where the figure comes from. Pure functions, no CUDA calls: the caller passes what
-torch.cuda.get_device_properties() reports, so every branch runs in CPU tests.
-
-The rule:
-- Dense. Datasheets often print "with sparsity" (2:4 structured) figures; those are halved here
-  and the row's source says so. Training never uses 2:4 sparsity.
-- bf16 for every step, fp32 steps too, so MFU is comparable along the ladder: one denominator,
-  and a step that moves work to bf16 shows up as a higher MFU, not as a new scale (nanoGPT's
-  estimate_mfu does the same). It is the bf16 tensor rate with fp32 accumulation, which is what
-  PyTorch's bf16 matmuls use; on GeForce cards that is half the fp16-accumulate rate the
-  marketing figures quote, and NVIDIA's architecture whitepapers print both.
-- fp16 where the GPU has no bf16 tensor cores (V100, T4: compute capability < 8.0): the fp16
-  tensor peak (fp32 accumulate) is the denominator, and the description says so.
-- A MIG slice (the name says "MIG") gets the whole GPU's peak times its SMs over the product's,
-  and no peak at all when its SM count is not given. A device reporting fewer SMs/CUs than its
-  product (an AMD partition; ROCm's one name "MI250X/MI250" for two products) is scaled alike.
-- AMD MI250X/MI250: ROCm shows each of the module's two dies (GCDs) as a device, so those rows
-  are per GCD, half the module figure AMD prints.
-- Peaks are at the rated boost clock. GeForce boards often run above it, so a matmul-bound step
-  can read high there (PyTorch bf16 matmuls on an RTX 5090 have been timed at ~240 TFLOP/s).
-
-Adding a GPU: append a Row to GPU_PEAKS: a regex that matches its get_device_name() and no
-other row's names, the dense figure from the vendor's datasheet (halve a "with sparsity" one),
-the precision, the product's SM (CU) count as multi_processor_count reports it, and the source
-(URL and the figure's wording); then add a sample to tests/gpu_samples.csv, where
-tests/test_gpus.py checks that every sample matches exactly one row.
-"""
+"""What a GPU can compute, by the name torch.cuda.get_device_name() gives it: its vendor's dense
+peak FLOP/s (the MFU denominator, with its source) and whether it has bf16 or fp16 tensor cores.
+Pure functions of what torch.cuda.get_device_properties() reports, so every branch runs in the CPU
+tests. The table's rules, and how to add a GPU: docs/measurement.md, "GPU peaks"."""
 
 from __future__ import annotations
 
@@ -184,7 +158,7 @@ GPU_PEAKS: tuple[Row, ...] = (
 
 UNKNOWN = (
     "no dense bf16 peak known for {name!r}: MFU left empty; add a row to GPU_PEAKS in "
-    "speed_ladder/measure/gpus.py with the vendor datasheet's dense bf16 figure (halve a "
+    "speed_ladder/measure/gpu_specs.py with the vendor datasheet's dense bf16 figure (halve a "
     "'with sparsity' one), the SM count and the source"
 )
 _MIG = re.compile(r"\bMIG\b[\s-]*([\w.+]*)", re.I)
@@ -203,11 +177,9 @@ def _row(name: str, sm_count: int | None, arch: str | None) -> tuple[Row | None,
 
 def lookup(name: str, sm_count: int | None = None, arch: str | None = None) -> Peak | None:
     """The dense peak of the GPU torch.cuda.get_device_name() calls `name`, None when unknown.
-
-    sm_count: torch.cuda.get_device_properties().multi_processor_count; a MIG slice or a
-    partition has fewer SMs/CUs than the product and gets that share of its peak, and a MIG
-    slice without it gets flops=None. arch: gcnArchName on ROCm, to recognise a generic name.
-    """
+    A MIG slice or partition with `sm_count` SMs (multi_processor_count) below its product's
+    gets that share of the peak (a MIG slice without it: flops None); `arch` (gcnArchName)
+    recognises a generic ROCm name."""
     row, how = _row(name, sm_count, arch)
     if row is None:
         return None
@@ -257,15 +229,9 @@ _ROCM_NO_EVIDENCE = "torch.cuda.is_bf16_supported() is True on every ROCm device
 def has_native_bf16(
     major: int, minor: int, is_rocm: bool = False, arch: str | None = None
 ) -> tuple[bool, str]:
-    """Whether bf16 matmuls run on matrix hardware here, and why.
-
-    NVIDIA: compute capability >= 8.0 (Ampere and newer) has bf16 tensor cores. Below that,
-    torch.cuda.is_bf16_supported() still says True because bf16 tensors work, emulated (slowly,
-    without tensor cores), so it is not used. ROCm (torch.version.hip set): torch's major/minor
-    are not NVIDIA compute capabilities, so decide from the gcnArchName (`arch`, e.g.
-    "gfx90a:sramecc+:xnack-"): gfx908 (MI100), gfx90a (MI200), gfx94x (MI300), gfx95x (MI350)
-    and RDNA3/4 (gfx11xx, gfx12xx) have bf16 matrix instructions.
-    """
+    """Whether bf16 matmuls run on matrix hardware here, and why: NVIDIA from compute capability
+    8.0 (torch.cuda.is_bf16_supported() says True below it too, where bf16 is emulated); ROCm,
+    whose major/minor are no compute capability, by the gcnArchName `arch` (_ROCM_BF16)."""
     if is_rocm:
         base = (arch or "").split(":")[0].strip().lower()
         if not base:
