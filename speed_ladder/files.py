@@ -66,10 +66,8 @@ def _relative(path: str | Path, base: str | Path) -> str | None:
 
 
 def portable_path(path: str | Path, base: str | Path | None = None) -> str:
-    """How a record names a path, the same on every machine: relative to the checkout (ROOT)
-    when inside it (`steps/11_ddp.py`), else relative to `base` when given and inside it
-    (`cpu-x1/.tmp-00-....jsonl` for the results folder), else the file's name alone. Never
-    absolute, never the home folder or the host: the machine is the fingerprint's business."""
+    """How a record names a path, the same on every machine: relative to the checkout, else to
+    `base` when inside it, else the file's name alone; never absolute."""
     for anchor in (ROOT, base):
         rel = None if anchor is None else _relative(path, anchor)
         if rel is not None:
@@ -78,10 +76,9 @@ def portable_path(path: str | Path, base: str | Path | None = None) -> str:
 
 
 def data_id(path: str | Path | None) -> str | None:
-    """What identifies a training text (--data) in a run's configuration: None for the default
-    text, its path relative to the checkout when inside it, else its name and the first 12 hex
-    digits of its sha256 (`middlemarch.txt sha256:1a2b3c4d5e6f`): the same text anywhere is the
-    same configuration, two texts are not. An unreadable file is its name alone."""
+    """What identifies a training text (--data) in a run's configuration: None for the default,
+    its path in the checkout, else its name and sha256 (`middlemarch.txt sha256:1a2b3c4d5e6f`):
+    the same text anywhere is the same configuration. An unreadable file is its name alone."""
     if path is None:
         return None
     rel = _relative(path, ROOT)
@@ -179,9 +176,7 @@ def _umask() -> int:
 
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
     """Write to a temp file beside `path`, fsync, then rename: readers never see half a file.
-
-    The file gets the mode an ordinary write would (0666 less the umask), not mkstemp's 0600.
-    """
+    The file gets the mode an ordinary write would (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

@@ -68,10 +68,7 @@ def test_an_unknown_gpu_gets_no_mfu_and_says_how_to_add_it(fake_gpu):
     d = fake_gpu(props("NVIDIA GeForce GTX 1080", 6, 1, 20))
     flops, desc = matmul_peak.peak_flops(d)
     assert flops is None
-    assert (
-        "MFU left empty" in desc
-        and "add a row to GPU_PEAKS in speed_ladder/measure/gpu_specs.py" in desc
-    )
+    assert "MFU left empty" in desc and "add a row to speed_ladder/data/gpu_peaks.csv" in desc
 
 
 def test_a_mig_slice_without_its_sm_count_gets_no_whole_gpu_peak(fake_gpu):

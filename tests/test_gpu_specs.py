@@ -119,9 +119,7 @@ def test_an_unknown_gpu_gets_no_peak_and_a_note_on_how_to_add_it(name):
     flops, note = gpu_specs.peak_flops(name, 100)
     assert flops is None
     assert repr(name) in note and "MFU left empty" in note
-    assert (
-        "add a row to GPU_PEAKS in speed_ladder/measure/gpu_specs.py" in note and "sparsity" in note
-    )
+    assert "add a row to speed_ladder/data/gpu_peaks.csv" in note and "sparsity" in note
 
 
 def test_the_h100_sxm_is_the_datasheets_sparse_figure_halved():

@@ -271,11 +271,11 @@ def per_step_ms(res: Breakdown) -> dict[str, float]:
 
 
 def shares(seconds: dict) -> dict:
-    """{category: share of the total}, rounded to 5 digits; they add up to 1 (to 1e-4)."""
+    """{category: share of the total} of a Breakdown's seconds, rounded to 5 digits."""
     total = sum(seconds.values())
     if total <= 0:
         return {}
-    return {c: round(seconds.get(c, 0.0) / total, 5) for c in CATEGORIES}
+    return {c: round(seconds[c] / total, 5) for c in CATEGORIES}
 
 
 def describe(share: dict, width: int = 3) -> str:

@@ -70,8 +70,7 @@ def is_rocm() -> bool:
 
 
 def gpu_memory(device: torch.device) -> tuple[int, str] | None:
-    """(total memory in bytes, step 05's autocast there: bf16, fp16 or fp32) of a CUDA device,
-    for the batch rule (measure/settings.fit_batch); None on other devices."""
+    """(total bytes, step 05's autocast there) of a CUDA device, for the batch rule; else None."""
     if device.type != "cuda":
         return None
     props = torch.cuda.get_device_properties(device)
@@ -79,10 +78,8 @@ def gpu_memory(device: torch.device) -> tuple[int, str] | None:
 
 
 def ddp_backend(device: torch.device) -> str:
-    """The torch.distributed backend of a step's process group (step 11 on, `ddp_setup`):
-    $DDP_BACKEND, else nccl on CUDA and gloo elsewhere; checked here, each problem one line,
-    before any process group exists: a name torch does not know, nccl without CUDA or NCCL, a
-    backend this torch was built without, and on CUDA more processes on this node than GPUs."""
+    """The backend of a step's process group (step 11 on): $DDP_BACKEND, else nccl on CUDA and
+    gloo elsewhere; each problem one line before any process group exists."""
     import torch.distributed as dist
 
     backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
@@ -141,11 +138,8 @@ def reset_peak_memory(device: torch.device) -> str | None:
 
 
 def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
-    """(reserved, allocated) peak bytes since the reset. CPU: peak RSS, allocated unknown.
-    MPS: what the driver holds now (MPS keeps no peak; PeakWindow samples it per step).
-
-    torch.cuda.max_memory_* return 0 silently on a CPU-only run, so they are only asked on CUDA.
-    """
+    """(reserved, allocated) peak bytes since the reset. CPU: peak RSS, allocated unknown
+    (torch.cuda's counters say 0 there). MPS: what the driver holds now (it keeps no peak)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)
     if device.type == "mps":
@@ -162,7 +156,7 @@ def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
 
 def _malloc_trim() -> None:
     """Hand the C heap's free pages back to the OS (glibc), so the RSS after an evaluation is
-    what training holds, not what evaluation freed. A no-op where libc has no malloc_trim."""
+    what training holds."""
     try:
         import ctypes
 
@@ -187,21 +181,10 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 class PeakWindow:
     """Peak memory of the timed window's training steps: evaluation and sampling never count.
-
-    The device counters know only "the peak since the last reset", so the window keeps its own
-    running peak. At a pause (`Run.paused()`: evaluation, sampling, the final evaluation) it
-    folds the counters' peak so far into a Python max; when the pause ends it releases what the
-    pause left cached (CUDA: torch.cuda.empty_cache() where the pause grew the pool, else
-    evaluation's cached blocks stay reserved; an evaluation that fit in training's pool leaves
-    it warm; CPU: malloc_trim(0) where glibc has it) and resets the counters to the memory in
-    use then (CUDA: reset_peak_memory_stats(); Linux: /proc/self/clear_refs "5" sets VmHWM to
-    the current RSS). MPS keeps no peak: the driver's allocation (the allocator's cache
-    included) is sampled at every step's end. Evaluation at batch 32 on gpt2-124m holds 6 GiB
-    of full logits: counted, it would hide what steps 12-13 save.
-
-    Without a resettable counter (macOS and Windows CPU: peak RSS since process start) the
-    evaluation does count; `start()` returns a note saying so.
-    """
+    The counters know only "the peak since the last reset", so the window keeps its own
+    running peak: a pause folds the peak so far in; its end releases what the pause cached and
+    resets the counters. MPS keeps no peak: sampled at every step's end. Without a resettable
+    counter (macOS, Windows) evaluation counts, and `start()` returns a note saying so."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -232,11 +215,8 @@ class PeakWindow:
                 self.held = torch.cuda.memory_reserved(self.device)
 
     def resume(self) -> None:
-        """After it: drop what it cached and start the counters again from here. On CUDA only
-        where it grew the pool: an evaluation that fit in training's cached blocks leaves them
-        warm (empty_cache would hand back ~30 GB that the next step at batch 32 on gpt2-124m
-        allocates again, on an H200), and the counters restart from
-        training's own pool."""
+        """After it: drop what it cached and restart the counters here. On CUDA only where it
+        grew the pool: training's own cached blocks stay warm for the next step."""
         if self.open:
             grew = self.device.type != "cuda" or torch.cuda.memory_reserved(self.device) > self.held
             if grew:

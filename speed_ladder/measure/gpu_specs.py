@@ -5,8 +5,10 @@ tests. The table's rules, and how to add a GPU: docs/measurement.md, "GPU peaks"
 
 from __future__ import annotations
 
+import csv
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -30,135 +32,22 @@ class Peak:
     note: str = ""
 
 
-_H100 = "https://www.nvidia.com/en-us/data-center/h100/ (H100 datasheet)"
-_H200 = "https://www.nvidia.com/en-us/data-center/h200/ (H200 datasheet)"
-_A100 = (
-    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
-    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
-)
-_GA102 = (
-    "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"
-)
-_ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
-_RTX_BW = (
-    "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/"
-    "nvidia-rtx-blackwell-gpu-architecture.pdf"
-)
-_V100 = (
-    "https://images.nvidia.com/content/technologies/volta/pdf/"
-    "volta-v100-datasheet-update-us-1165301-r5.pdf"
-)
-_GEFORCE = "GeForce: fp32-accumulate rate, half the fp16-accumulate one"
-_SP = "with sparsity -> dense half"
+PEAKS_CSV = Path(__file__).resolve().parent.parent / "data" / "gpu_peaks.csv"
 
-# More specific patterns are written to exclude the general ones ("A10" is not "A10G" or
-# "A100", "L4" is not "L40"/"L40S", laptop and China-only "D" GeForce cards match nothing).
-GPU_PEAKS: tuple[Row, ...] = (
-    Row("H100 PCIe", r"\bH100\b.*PCIe", 756.5, "bf16", 114,
-        f"{_H100}: BFLOAT16 Tensor Core 1,513 TFLOPS* ({_SP})"),
-    Row("H100 NVL", r"\bH100\b.*\bNVL\b", 835.5, "bf16", 132,
-        f"{_H100}: H100 NVL BFLOAT16 Tensor Core 1,671 TFLOPS* ({_SP})"),
-    Row("H100 SXM", r"\bH100\b(?!.*(PCIe|\bNVL\b))", 989.5, "bf16", 132,
-        f"{_H100}: H100 SXM BFLOAT16 Tensor Core 1,979 TFLOPS* ({_SP})",
-        "'NVIDIA H100 80GB HBM3' is the SXM5 board; a name without PCIe/NVL is taken as SXM"),
-    Row("H200 NVL", r"\bH200\b.*\bNVL\b", 835.5, "bf16", 132,
-        f"{_H200}: H200 NVL BFLOAT16 Tensor Core 1,671 TFLOPS* ({_SP})"),
-    Row("H200 SXM", r"\bH200\b(?!.*\bNVL\b)", 989.5, "bf16", 132,
-        f"{_H200}: H200 SXM BFLOAT16 Tensor Core 1,979 TFLOPS* ({_SP})"),
-    Row("H800 PCIe", r"\bH800\b.*PCIe", 756.5, "bf16", 114,
-        "https://www.nvidia.cn/data-center/h800/ (H800 PCIe): BF16 Tensor Core 1,513 TFLOPS* "
-        f"({_SP}), the H100 PCIe's rate",
-        "H800 = export H100 (NVLink and FP64 cut, tensor rate kept)"),
-    Row("H800 SXM", r"\bH800\b(?!.*PCIe)", 989.5, "bf16", 132,
-        "https://www.nvidia.cn/data-center/h800/ (H800 SXM5): BF16 Tensor Core 1,979 TFLOPS* "
-        f"({_SP}), the H100 SXM's rate",
-        "H800 = export H100 (NVLink and FP64 cut, tensor rate kept)"),
-    Row("A100 PCIe", r"\bA100\b.*PCIe", 312.0, "bf16", 108,
-        f"{_A100}: BFLOAT16 Tensor Core 312 TFLOPS | 624 TFLOPS* (*with sparsity): 312 dense"),
-    Row("A100 SXM", r"\bA100\b(?!.*PCIe)", 312.0, "bf16", 108,
-        f"{_A100}: BFLOAT16 Tensor Core 312 TFLOPS | 624 TFLOPS* (*with sparsity): 312 dense"),
-    Row("A800 PCIe", r"\bA800\b.*PCIe", 312.0, "bf16", 108,
-        "https://www.nvidia.cn/data-center/a800/ (A800 datasheet): BFLOAT16 Tensor Core "
-        "312 TFLOPS | 624 TFLOPS* (*with sparsity), the A100's rate",
-        "A800 = export A100 (NVLink cut to 400 GB/s, tensor rate kept)"),
-    Row("A800 SXM", r"\bA800\b(?!.*PCIe)", 312.0, "bf16", 108,
-        "https://www.nvidia.cn/data-center/a800/ (A800 datasheet): BFLOAT16 Tensor Core "
-        "312 TFLOPS | 624 TFLOPS* (*with sparsity), the A100's rate",
-        "A800 = export A100 (NVLink cut to 400 GB/s, tensor rate kept)"),
-    Row("L4", r"\bL4\b", 121.0, "bf16", 58,
-        "https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet: "
-        f"BFLOAT16 Tensor Core 242 teraFLOPS* ({_SP})"),
-    Row("L40S", r"\bL40S\b", 362.05, "bf16", 142,
-        "https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413: "
-        "BF16 Tensor Core 362.05 | 733* TFLOPS (*with sparsity): 362.05 dense"),
-    Row("L40", r"\bL40\b", 181.05, "bf16", 142,
-        "https://www.nvidia.com/en-us/data-center/l40/ (L40 datasheet): "
-        "BFLOAT16 Tensor Core 181.05 | 362.1* TFLOPS (*with sparsity): 181.05 dense"),
-    Row("A10", r"\bA10\b", 125.0, "bf16", 72,
-        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/"
-        "a10-datasheet.pdf: BF16 Tensor Core 125 TF | 250 TF* (*with sparsity): 125 dense"),
-    Row("A10G", r"\bA10G\b", 70.0, "bf16", 80,
-        "no NVIDIA datasheet (AWS-only part, EC2 G5): 80 SMs x 1710 MHz boost x 512 FLOP/clk/SM "
-        "(the GeForce-style fp32-accumulate rate) = 70 TFLOPS; https://www.baseten.co/blog/"
-        "nvidia-a10-vs-a10g-for-ml-model-inference/ says the A10G trades the A10's tensor rate "
-        "for CUDA-core rate; a PyTorch bf16 matmul reaches 69.5 TFLOPS on one (https://"
-        "github.com/zzc0721/torch-performance-test-data/issues/126), so 125+ cannot be its peak",
-        "A10G figure is derived, not from a vendor datasheet"),
-    Row("GeForce RTX 3090 Ti", r"\bRTX 3090 Ti\b(?!.*Laptop)", 80.0, "bf16", 84,
-        f"derived from {_GA102} (RTX 3090 row: 82 SMs x 1695 MHz -> 71.2) at the 3090 Ti's "
-        "84 SMs x 1860 MHz boost: 84 x 1.86 GHz x 512 FLOP/clk/SM = 80.0 TFLOPS",
-        f"{_GEFORCE}; figure derived, the whitepaper predates the 3090 Ti"),
-    Row("GeForce RTX 3090", r"\bRTX 3090\b(?! Ti)(?!.*Laptop)", 71.2, "bf16", 82,
-        f"{_GA102} (RTX 3090): Peak BF16 Tensor TFLOPS with FP32 Accumulate 71/142 "
-        f"(dense/sparse); {_RTX_BW} Table 3 prints 71.2/142.4", _GEFORCE),
-    Row("GeForce RTX 4090", r"\bRTX 4090\b(?!\s*D\b)(?!.*Laptop)", 165.2, "bf16", 128,
-        f"{_ADA} Appendix A: Peak BF16 Tensor TFLOPS with FP32 Accumulate 165.2/330.4 "
-        "(dense/sparse)", _GEFORCE),
-    Row("GeForce RTX 5090", r"\bRTX 5090\b(?!\s*D\b)(?!.*Laptop)", 209.5, "bf16", 170,
-        f"{_RTX_BW} Table 3: Peak BF16 Tensor TFLOPS with FP32 Accumulate 209.5/419 "
-        "(dense/sparse)", f"{_GEFORCE}; boards often clock above the rated boost"),
-    Row("RTX A6000", r"\bRTX A6000\b(?!.*Ada)", 154.8, "bf16", 84,
-        f"{_GA102} Table 3: RTX A6000 Peak BF16 Tensor TFLOPS with FP32 Accumulate "
-        "154.8/309.6 (dense/sparse); RTX A6000 datasheet: Tensor Performance 309.7 TFLOPS "
-        "(sparse)", "workstation part: fp32 accumulate at full rate, unlike GeForce"),
-    Row("RTX 6000 Ada", r"\bRTX 6000 Ada\b", 364.2, "bf16", 142,
-        "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/"
-        "quadro-product-literature/NVIDIA-RTX-Blackwell-PRO-GPU-Architecture-v1.0.pdf Table 4: "
-        "RTX 6000 Ada BF16 Tensor with FP32 Accumulate 364/728 TFLOPS (dense/sparse); "
-        "= 142 SMs x 2505 MHz x 1024 FLOP/clk/SM = 364.2; datasheet: Tensor Performance "
-        "1,457 TFLOPS (fp8, sparse), 4x that",
-        "workstation part: fp32 accumulate at full rate, unlike GeForce"),
-    Row("V100 SXM2", r"\bV100-SXM", 125.0, "fp16", 80,
-        f"{_V100}: V100 SXM2 Tensor Performance 125 TFLOPS (fp16 in, fp32 accumulate; dense)",
-        "Volta has no bf16 tensor cores: fp16 peak used"),
-    Row("V100 PCIe", r"\bV100-PCIe", 112.0, "fp16", 80,
-        f"{_V100}: V100 PCIe Tensor Performance 112 TFLOPS (fp16 in, fp32 accumulate; dense)",
-        "Volta has no bf16 tensor cores: fp16 peak used"),
-    Row("V100S PCIe", r"\bV100S\b", 130.0, "fp16", 80,
-        f"{_V100}: V100S PCIe Tensor Performance 130 TFLOPS (fp16 in, fp32 accumulate; dense)",
-        "Volta has no bf16 tensor cores: fp16 peak used"),
-    Row("T4", r"\bT4\b", 65.0, "fp16", 40,
-        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/"
-        "t4-tensor-core-datasheet-951643.pdf: Mixed Precision (FP16/FP32) 65 TFLOPS (dense)",
-        "Turing has no bf16 tensor cores: fp16 peak used"),
-    Row("MI250X (one GCD)", r"\bMI250X\b", 191.5, "bf16", 110,
-        "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html: Peak bfloat16 "
-        "383.0 TFLOPs per module of 2 GCDs (220 CUs; AMD prints no sparse figure) -> 191.5 per GCD",
-        "ROCm shows each GCD as a device; 'MI250X/MI250' with 104 CUs is an MI250 GCD",
-        "gfx90a"),
-    Row("MI250 (one GCD)", r"^(?!.*MI250X).*\bMI250\b", 181.05, "bf16", 104,
-        "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250.html: Peak bfloat16 "
-        "362.1 TFLOPs per module of 2 GCDs (208 CUs) -> 181.05 per GCD",
-        "ROCm shows each GCD as a device", "gfx90a"),
-    Row("MI300X", r"\bMI300X\b", 1307.4, "bf16", 304,
-        "https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/"
-        "amd-instinct-mi300x-data-sheet.pdf: Peak bfloat16 1307.4 TFLOPs (2614.9 with "
-        "structured sparsity)", "", "gfx942"),
-)  # fmt: skip
+
+def read_peaks(path: Path = PEAKS_CSV) -> tuple[Row, ...]:
+    """The table of GPU peaks: a regex per product, more specific ones written to exclude the
+    general ones ("A10" is not "A10G" or "A100"); laptop and "D" GeForce cards match nothing."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    return tuple(Row(**{**r, "tflops": float(r["tflops"]), "sms": int(r["sms"])}) for r in rows)
+
+
+GPU_PEAKS = read_peaks()
 
 UNKNOWN = (
-    "no dense bf16 peak known for {name!r}: MFU left empty; add a row to GPU_PEAKS in "
-    "speed_ladder/measure/gpu_specs.py with the vendor datasheet's dense bf16 figure (halve a "
+    "no dense bf16 peak known for {name!r}: MFU left empty; add a row to "
+    "speed_ladder/data/gpu_peaks.csv with the vendor datasheet's dense bf16 figure (halve a "
     "'with sparsity' one), the SM count and the source"
 )
 _MIG = re.compile(r"\bMIG\b[\s-]*([\w.+]*)", re.I)
@@ -264,8 +153,7 @@ def bf16_for(props, is_rocm: bool) -> tuple[bool, str]:
 
 def fp16_tensor_cores(major: int, minor: int, is_rocm: bool = False) -> tuple[bool, str]:
     """Whether a GPU without native bf16 runs fp16 on tensor cores, and why: NVIDIA compute
-    capability 7.x (Volta, Turing). Below 7.0 fp16 has no tensor cores (and most Pascal cards
-    run it at a fraction of fp32's rate); AMD GPUs without bf16 matrix cores: no rule here."""
+    capability 7.x (Volta, Turing); AMD GPUs without bf16 matrix cores: no rule here."""
     if is_rocm:
         return False, "AMD GPU without bf16 matrix cores: no fp16 rule here, fp32 kept"
     cc = f"compute capability {major}.{minor}"

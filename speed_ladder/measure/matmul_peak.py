@@ -126,14 +126,10 @@ _JOB_RATES: dict | None = None
 
 
 def measured_matmul_rates(device: torch.device) -> dict:
-    """{"fp32": FLOP/s, "bf16": FLOP/s} of a 1024^3 matmul, cached per device name, thread count
-    and torch version. A cached entry outside PLAUSIBLE_PEAK is measured again; a measurement
-    outside it, or taken while other processes kept a CPU busy, is used but not cached.
-
-    Under torchrun rank 0 measures while the others wait, and every rank takes its rates: ranks
-    measuring at once slowed one another, and could disagree on step 05's rule or the MFU
-    peak. So the first call is a collective: every rank makes it (bf16_is_fast or
-    Run.set_model, at the same point of a step)."""
+    """{"fp32": FLOP/s, "bf16": FLOP/s} of a 1024^3 matmul, cached per device name, threads and
+    torch version; an implausible or busy machine's measurement is used but not cached. Under
+    torchrun rank 0 measures and every rank takes its rates (ranks measuring at once slowed one
+    another, and could disagree): the first call is a collective every rank makes."""
     global _JOB_RATES
     if (fixed := fixed_rates()) is not None:
         return fixed
@@ -203,11 +199,9 @@ _BF16: dict[str, tuple[tuple, tuple[bool, str]]] = {}
 
 
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
-    """Whether bf16 matmuls beat fp32 here, with the evidence (step 05's rule, through
-    measure/precision.py), unless $SPEED_LADDER_AMP or $SPEED_LADDER_BF16 forces the answer (the
-    CPU tests run every numeric regime so). Decided once per device type in a process, again
-    only if what it depends on changed: the step, the memory model and the record see one
-    answer. CUDA: compute capability 8.0 on (gpu_specs.has_native_bf16); ROCm by its arch."""
+    """Whether bf16 matmuls beat fp32 here, and why (step 05's rule), unless $SPEED_LADDER_AMP or
+    $SPEED_LADDER_BF16 forces it. Decided once per device type and what it depends on, so the
+    step, the memory model and the record see one answer."""
     forced = bf16_forced()
     fixed = os.environ.get(PEAK_ENV)
     depends = (forced, amp_forced()) if forced is not None else (name(device), fixed)
