@@ -5,41 +5,51 @@ No step changes it: every step measures the same way. A step script uses it as
     args = speed_ladder.parse_args(__doc__)
     run = speed_ladder.Run(args, STEP, __file__)
     amp = speed_ladder.mixed_precision(device)  # step 05 on: autocast's dtype, the loss scaler
-    ...
     why = speed_ladder.liger_unavailable(device, amp.dtype)  # step 12 on: a rung's "whether"
-    run.set_model(model, GPT_CONFIG, batch)     # before the loop: FLOPs/token, clock start, and
-                                                # why each rung's idea does nothing here, if so
-    ...  run.step_done(loss, tokens)            # after each optimizer step
-    with run.paused(): ...                      # evaluation / sampling: not timed, not in the peak
+    run.set_model(model, GPT_CONFIG, batch)  # before the loop: FLOPs/token, clock start
+    run.step_done(loss, tokens)  # after each optimizer step
+    with run.paused(): ...  # evaluation / sampling: not timed, not in the peak
     run.finish(train_loss, val_loss)
 
 and ends with `speed_ladder.main(main)`, which turns bad input into one error line.
 """
-
-from importlib import import_module
 
 from speed_ladder.errors import UserError, main
 from speed_ladder.flags import parse_args
 from speed_ladder.presets import GPT2_VOCAB
 from speed_ladder.spec import micro_batches
 
-# The names that need torch, imported when first used: `import speed_ladder.report.redraw` (the
-# charts, plot_results.py) runs this file and must not need torch. A step asks some itself
-# before it acts, and then performs the technique with the library's own API: step 05
-# mixed_precision, step 12 liger_unavailable, step 17 cudnn_attention_unavailable, step 20
-# batch_fit_unavailable (and the memory model's batch_fits).
-_NEEDS_TORCH = {"Run": "measure.run", "ddp_backend": "measure.device",
-                "mixed_precision": "measure.precision", "liger_unavailable": "measure.inactive",
-                "cudnn_attention_unavailable": "measure.inactive",
-                "batch_fit_unavailable": "measure.inactive",
-                "batch_fits": "measure.rank_memory"}  # fmt: skip
+# The names that need torch, looked up in their module at each use (so a test's patch of it
+# shows): `import speed_ladder` (plot_results.py) must not import torch. Three checks a step
+# asks before it acts (steps 12, 17, 20), and what every step calls.
+_CHECKS = {"liger_unavailable", "cudnn_attention_unavailable", "batch_fit_unavailable"}
+_OTHERS = ("Run", "ddp_backend", "mixed_precision", "batch_fits")
 
 
 def __getattr__(name: str):
-    if name not in _NEEDS_TORCH:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f".{_NEEDS_TORCH[name]}", __name__), name)
+    # each import here keeps torch out of `import speed_ladder`
+    if name in _CHECKS:
+        from speed_ladder.measure import inactive  # torch: imported on first use
+
+        return getattr(inactive, name)
+    if name == "Run":
+        from speed_ladder.measure.run import Run  # torch: imported on first use
+
+        return Run
+    if name == "ddp_backend":
+        from speed_ladder.measure.device import ddp_backend  # torch: imported on first use
+
+        return ddp_backend
+    if name == "mixed_precision":
+        from speed_ladder.measure.precision import mixed_precision  # torch: on first use
+
+        return mixed_precision
+    if name == "batch_fits":
+        from speed_ladder.measure import rank_memory  # torch: imported on first use
+
+        return rank_memory.batch_fits
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["GPT2_VOCAB", "UserError", "main", "micro_batches", "parse_args"]
-__all__ += sorted(_NEEDS_TORCH)
+__all__ += sorted({*_CHECKS, *_OTHERS})

@@ -1,7 +1,5 @@
 """Step 05's autocast as the environment forces it, read without torch: $SPEED_LADDER_AMP (bf16,
-fp16 or fp32) and $SPEED_LADDER_BF16 (1 or 0: bf16 or fp32). The run's settings (spec.py's
-`RunSpec.amp`) and step 05's rule on the device (measure/device.py's bf16_is_fast,
-measure/precision.py's choice) read them here."""
+fp16 or fp32) and $SPEED_LADDER_BF16 (1 or 0)."""
 
 import os
 

@@ -1,12 +1,7 @@
-"""One clear error line and a non-zero exit, never a bare traceback.
-
-`UserError` is bad input; the functions below name the failures the environment causes (out of
-memory, a full or read-only disk, a closed output pipe, a torch.compile that cannot compile on
-this machine) so that the step scripts, the sweep and plot_results.py print one line for them.
-`main` (`speed_ladder.main`) is a step's guard: it turns those failures into that line and the
-step's failure record (`on_failure`, which the step's `Run` registers with). Torch-free:
-exceptions are recognized by their class names and messages.
-"""
+"""One clear error line and a non-zero exit, never a bare traceback: `UserError` is bad input; the
+functions below name what the environment causes (out of memory, a full or read-only disk, a
+closed output pipe, a torch.compile that cannot compile here), recognized by class names and
+messages, without torch. `main` (`speed_ladder.main`) is a step's guard."""
 
 import errno
 import os
@@ -78,12 +73,8 @@ _OOM_MARKERS = (
 
 
 def out_of_memory_line(e: BaseException) -> str | None:
-    """The first line of an out-of-memory error on any device, else None.
-
-    torch.OutOfMemoryError is CUDA's; on a CPU torch raises a RuntimeError from its allocator
-    (`DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes`), C++ code a
-    std::bad_alloc, Python a MemoryError.
-    """
+    """The first line of an out-of-memory error on any device (torch.OutOfMemoryError on CUDA,
+    a RuntimeError from the CPU allocator, C++'s std::bad_alloc, a MemoryError), else None."""
     if isinstance(e, MemoryError):
         return (str(e).strip().splitlines() or ["MemoryError"])[0] or "MemoryError"
     if e.__class__.__name__ == "OutOfMemoryError" or (
@@ -205,10 +196,8 @@ def pipe_safe(main, *args) -> int:
 
 # ---------------------------------------------------------------- a step's guard
 class FailureHandoff:
-    """The hand-off from a step's `Run` to `speed_ladder.main`: the Run registers the function that
-    writes its failure record when it is made (`Run.__init__`), and `speed_ladder.main` calls it
-    when the step dies of bad input, an OOM or a crash. Before a Run exists (bad flags) there is
-    nothing to record. The last Run registered is the one recorded."""
+    """The hand-off from a step's `Run` (which registers the writer of its failure record) to
+    `speed_ladder.main` (which calls it when the step dies); before a Run exists, nothing."""
 
     def __init__(self):
         self._write = None

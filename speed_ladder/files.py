@@ -1,7 +1,6 @@
-"""Where things live (the repository, its committed results and this machine's own, the offline
-mirror, the cache), whether git tracks a path, how a record names a path (`portable_path`,
-`data_id`: never where this machine keeps it) and the one atomic write every file the harness
-replaces goes through."""
+"""Where things live (the checkout, its committed results and this machine's own, the offline
+mirror, the cache), whether git tracks a path, how a record names a path (never where this
+machine keeps it), and the one atomic write every file the harness replaces goes through."""
 
 import hashlib
 import os
@@ -10,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from speed_ladder import outputs
 from speed_ladder.errors import UserError
+from speed_ladder.writable import why_unwritable
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: 00_orig.py, steps/, speed_ladder/
 RESULTS = ROOT / "results"  # the committed tags: reference data, never written by a run
@@ -67,10 +66,8 @@ def _relative(path: str | Path, base: str | Path) -> str | None:
 
 
 def portable_path(path: str | Path, base: str | Path | None = None) -> str:
-    """How a record names a path, the same on every machine: relative to the checkout (ROOT)
-    when inside it (`steps/11_ddp.py`), else relative to `base` when given and inside it
-    (`cpu-x1/.tmp-00-....jsonl` for the results folder), else the file's name alone. Never
-    absolute, never the home folder or the host: the machine is the fingerprint's business."""
+    """How a record names a path, the same on every machine: relative to the checkout, else to
+    `base` when inside it, else the file's name alone; never absolute."""
     for anchor in (ROOT, base):
         rel = None if anchor is None else _relative(path, anchor)
         if rel is not None:
@@ -79,10 +76,9 @@ def portable_path(path: str | Path, base: str | Path | None = None) -> str:
 
 
 def data_id(path: str | Path | None) -> str | None:
-    """What identifies a training text (--data) in a run's configuration: None for the default
-    text, its path relative to the checkout when inside it, else its name and the first 12 hex
-    digits of its sha256 (`middlemarch.txt sha256:1a2b3c4d5e6f`): the same text anywhere is the
-    same configuration, two texts are not. An unreadable file is its name alone."""
+    """What identifies a training text (--data) in a run's configuration: None for the default,
+    its path in the checkout, else its name and sha256 (`middlemarch.txt sha256:1a2b3c4d5e6f`):
+    the same text anywhere is the same configuration. An unreadable file is its name alone."""
     if path is None:
         return None
     rel = _relative(path, ROOT)
@@ -144,11 +140,11 @@ def cache_dir() -> Path:
         return Path(env)  # the user's choice: checked, never replaced (see check_cache_dir)
     repo = ROOT / "data" / "cache"
     if str(repo) not in _CACHE_CHOICE:
-        why = outputs.problem(repo, "dir")
+        why = why_unwritable(repo, "dir")
         chosen = repo
         if why is not None:
             chosen = user_cache_dir()
-            if outputs.problem(chosen, "dir") is not None:
+            if why_unwritable(chosen, "dir") is not None:
                 chosen = _temp_cache()
             print(
                 f"note: cannot cache in {repo} ({why}); caching in {chosen} instead "
@@ -164,7 +160,7 @@ def check_cache_dir() -> Path:
     """The cache folder, checked before the work (a SPEED_LADDER_CACHE that is a file, or
     read-only, is one error line)."""
     path = cache_dir()
-    why = outputs.problem(path, "dir")
+    why = why_unwritable(path, "dir")
     if why is not None:
         env = os.environ.get("SPEED_LADDER_CACHE")
         what = f"SPEED_LADDER_CACHE={env}" if env else f"the cache folder {path}"
@@ -180,9 +176,7 @@ def _umask() -> int:
 
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
     """Write to a temp file beside `path`, fsync, then rename: readers never see half a file.
-
-    The file gets the mode an ordinary write would (0666 less the umask), not mkstemp's 0600.
-    """
+    The file gets the mode an ordinary write would (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

@@ -1,39 +1,10 @@
 """This machine: the fingerprint every record carries, and the results tag that names it.
 
-A fingerprint holds what changes the ladder's numbers, so that two machines that differ in any
-of it never share results: `device_name` and `device_count` (the CPU model and its cores, or
-the GPUs' name and how many are visible), `host_id`, `torch_version`, and
-- on a CPU, `cpu`: vendor, family, model and stepping (Arm: implementer, part, variant and
-  revision), and the ISA features the ladder depends on (`LADDER_FLAGS`: avx2, avx512f,
-  avx512_bf16, amx_bf16, amx_tile; Arm: asimd (NEON), sve, bf16); and `memory_gib`, the total;
-- on a GPU, `gpus`: each visible GPU's compute capability, memory and SM count, and its UUID.
-The host id is a hash of /etc/machine-id (else the host name), never the id itself. It is one
-input among several: virtual machines cloned from one image share /etc/machine-id, and a 2-core
-"AMD EPYC" is a Zen 3 without native bf16 on one of them and a Zen 4 with it on another.
-
-A step writes its own (`machine` in its record); the sweep computes this machine's the same way,
-without initializing CUDA (it asks a child process), keeps it in each record's `sweep.machine`,
-and counts or summarizes only records whose fingerprint is this machine's: a committed record
-from another machine is never "up to date" here and never mixes into this machine's summary.
-A fingerprint without `cpu`/`gpus` (four keys: name, count, host, torch) matches another of
-those four keys, so the tags that hold such records summarize; it never matches a full
-fingerprint, so this machine measures itself instead of trusting them.
-
-**A pool of interchangeable machines** (a batch cluster or a cloud instance type where every job
-starts on a fresh machine of the same kind): set
-`SPEED_LADDER_HOST_ID=NAME` (letters, digits, '.', '_', '-') on each, and the fingerprint's host
-id is `pool:NAME` instead of the machine's own, and the GPUs' UUIDs are left out, so a sweep
-resumes across them in one tag (GPU name, count, capability, memory and SMs must still match).
-It is a claim you make, so it is kept in sight: each sweep record keeps the real host's id in
-`sweep.host`, the summary lists the hosts a row's runs came from (`hosts`), and the README says
-when a tag's numbers pool more than one machine.
-
-The tag names the hardware and the processes of the distributed steps: `nvidia-h200-x1`,
-`nvidia-h200-x8`, `cpu-amd-epyc-f25-m17-bf16-2c-x1` (CPU model, family and model numbers, `bf16`
-or `amx` where the CPU has them natively, cores: one rule for every vendor). Every tag ends in
-`-xN`. `SPEED_LADDER_CPUINFO=FILE` reads the CPU from FILE instead of /proc/cpuinfo: the tests
-simulate another CPU with it.
-"""
+A fingerprint holds what changes the ladder's numbers (the CPU's model, ISA features and memory,
+or each GPU's capability, memory, SMs and UUID; a hash of the host id; torch's version), so that
+two machines that differ in any of it never share results (docs/measurement.md, "A fresh clone
+measures its own machine"; a pool of machines, $SPEED_LADDER_HOST_ID: docs/gpu-machines.md).
+`SPEED_LADDER_CPUINFO=FILE` reads the CPU from FILE instead of /proc/cpuinfo (the tests)."""
 
 import hashlib
 import os
@@ -107,6 +78,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+_MACOS_FLAGS = {  # sysctl's name of a LADDER_FLAGS feature
+    "bf16": "hw.optional.arm.FEAT_BF16",
+    "avx2": "hw.optional.avx2_0",
+    "avx512f": "hw.optional.avx512f",
+}
+
+
 def cpu_id() -> dict:
     """{"vendor", "family", "model", "stepping" (Arm: "variant" too), "flags"}: what of the CPU
     changes the ladder's numbers beyond its name; keys the platform does not say are left out,
@@ -118,9 +96,7 @@ def cpu_id() -> dict:
             value = _sysctl(name)
             if value:
                 out[key] = value
-        names = {"bf16": "hw.optional.arm.FEAT_BF16", "avx2": "hw.optional.avx2_0",
-                 "avx512f": "hw.optional.avx512f"}  # fmt: skip
-        have = [f for f, n in names.items() if _sysctl(n) == "1"]
+        have = [f for f, n in _MACOS_FLAGS.items() if _sysctl(n) == "1"]
     else:
         have = (info.get("flags") or info.get("Features") or "").split()
     out["flags"] = sorted(set(have) & set(LADDER_FLAGS))
@@ -212,12 +188,9 @@ def gpu_list(props: list) -> list[dict]:
         get = p.get if isinstance(p, dict) else lambda k, p=p: getattr(p, k, None)
         major, minor = get("major"), get("minor")
         memory, sms, uuid = get("total_memory"), get("multi_processor_count"), get("uuid")
-        out.append({
-            "capability": f"{major}.{minor}" if major is not None else None,
-            "memory_gib": round(memory / 2**30, 1) if memory else None,
-            "sms": sms,
-            "uuid": str(uuid) if uuid else None,
-        })  # fmt: skip
+        gpu = {"capability": f"{major}.{minor}" if major is not None else None}
+        gpu["memory_gib"] = round(memory / 2**30, 1) if memory else None
+        out.append({**gpu, "sms": sms, "uuid": str(uuid) if uuid else None})
     return out
 
 
@@ -226,27 +199,20 @@ def cuda_props() -> list[dict]:
     GPU's arch for its native bf16: the sweep's RunSpec)."""
     import torch
 
+    keys = ("name", "major", "minor", "total_memory", "multi_processor_count", "uuid")
     out = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        keys = (
-            "name",
-            "major",
-            "minor",
-            "total_memory",
-            "multi_processor_count",
-            "uuid",
-            "gcnArchName",
-        )
-        out.append({k: (str(v) if k == "uuid" and v is not None else v)
-                    for k in keys for v in [getattr(p, k, None)]})  # fmt: skip
+        gpu = {k: getattr(p, k, None) for k in (*keys, "gcnArchName")}
+        out.append({**gpu, "uuid": None if gpu["uuid"] is None else str(gpu["uuid"])})
     return out
 
 
-def fingerprint(device_type: str, gpu_name: str | None = None, gpus: int | None = None,
-                props: list | None = None) -> dict:  # fmt: skip
+def fingerprint(
+    device_type: str, gpu_name: str | None = None, gpus: int | None = None, props=None
+) -> dict:
     """This machine's fingerprint for a device type (CUDA: the GPUs' name, visible count and
-    `props`, each GPU's properties; see the module docstring)."""
+    `props`, each GPU's properties)."""
     pooled = pool_name() is not None
     if device_type == "cuda":
         fp = {"device_name": str(gpu_name), "device_count": int(gpus or 0)}
@@ -270,8 +236,8 @@ def of_device(device) -> dict:
     if device.type == "cuda":
         import torch
 
-        return fingerprint("cuda", torch.cuda.get_device_name(device),
-                           torch.cuda.device_count(), cuda_props())  # fmt: skip
+        name, count = torch.cuda.get_device_name(device), torch.cuda.device_count()
+        return fingerprint("cuda", name, count, cuda_props())
     return fingerprint(device.type)
 
 

@@ -43,7 +43,7 @@ def test_a_real_step_neither_synchronizes_nor_reads_a_loss_per_step(
     """Step 10 on tiny, 12 steps (2 warm-up, 10 timed), its records' losses against the losses
     the step computed (`.item()` of each, taken outside the count); step 15 the same with bf16
     forced on, so that its master weights' update runs in the window; compiling off (`eager`)."""
-    monkeypatch.setenv(dev.BF16_ENV, bf16)
+    monkeypatch.setenv(matmul_peak.BF16_ENV, bf16)
     # the record's regime reads dynamo's process-wide counters (parity.compiles): fresh ones, so
     # that a graph an earlier test of this worker compiled is not taken for this run's
     import collections

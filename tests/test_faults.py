@@ -23,7 +23,7 @@ from speed_ladder import errors, files
 from speed_ladder import flags as cli
 from speed_ladder.errors import UserError
 from speed_ladder.ladder import discover, processes_suffix
-from speed_ladder.measure import data, device, matmul_peak
+from speed_ladder.measure import data, matmul_peak
 from speed_ladder.report import summary
 from speed_ladder.report.charts import bar_charts, chart_style
 from speed_ladder.report.compare import reference
@@ -204,7 +204,7 @@ def test_an_implausible_cpu_peak_is_measured_again(how, tmp_path, monkeypatch, c
 
     monkeypatch.setattr(matmul_peak, "_matmul_rate", rate)
     capsys.readouterr()
-    peak, source = device.peak_flops(cpu)
+    peak, source = matmul_peak.peak_flops(cpu)
     assert peak == 5e10 and "measured cpu matmul peak 50 GFLOP/s" in source
     assert measured == [torch.float32, torch.bfloat16]
     err = capsys.readouterr().err
@@ -218,18 +218,18 @@ def test_an_implausible_cpu_peak_is_measured_again(how, tmp_path, monkeypatch, c
         if how in BAD_PEAKS:
             assert table[next(iter(other))] == other[next(iter(other))]  # others kept
             assert "implausible" in err
-        assert device.peak_flops(cpu)[0] == 5e10 and len(measured) == 2  # cached from now on
+        assert matmul_peak.peak_flops(cpu)[0] == 5e10 and len(measured) == 2  # cached from now on
 
 
 def test_an_implausible_measurement_is_not_cached_and_gives_no_mfu(tmp_path, monkeypatch):
     monkeypatch.delenv(matmul_peak.PEAK_ENV, raising=False)  # measured here, not fixed
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
-    monkeypatch.setenv(device.BF16_ENV, "auto")  # the measured rule, whatever the suite forces
+    monkeypatch.setenv(matmul_peak.BF16_ENV, "auto")  # the measured rule, whatever the suite forces
     monkeypatch.setattr(matmul_peak, "_matmul_rate", lambda *a, **k: 1e3)  # a machine frozen solid
-    peak, source = device.peak_flops(torch.device("cpu"))
+    peak, source = matmul_peak.peak_flops(torch.device("cpu"))
     assert peak is None and "implausible" in source and "MFU left empty" in source
     assert not (tmp_path / "matmul_peak.json").exists()
-    assert device.bf16_is_fast(torch.device("cpu"))[0] is False
+    assert matmul_peak.bf16_is_fast(torch.device("cpu"))[0] is False
 
 
 def test_a_peak_measured_on_a_busy_machine_is_used_once_and_not_cached(
@@ -243,13 +243,13 @@ def test_a_peak_measured_on_a_busy_machine_is_used_once_and_not_cached(
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     monkeypatch.setattr(matmul_peak, "_matmul_rate", lambda d, dtype, n=1024: 3e10)
     monkeypatch.setattr(cpu_load.Meter, "stop", lambda self: {"other_load": 1.4})
-    peak, _ = device.peak_flops(torch.device("cpu"))
+    peak, _ = matmul_peak.peak_flops(torch.device("cpu"))
     assert peak == 3e10  # this run uses it
     assert not (tmp_path / "matmul_peak.json").exists()
     err = capsys.readouterr().err
     assert "other processes used 1.40 CPU cores: not cached" in err and "Traceback" not in err
     monkeypatch.setattr(cpu_load.Meter, "stop", lambda self: {"other_load": 0.01})  # quiet now
-    device.peak_flops(torch.device("cpu"))
+    matmul_peak.peak_flops(torch.device("cpu"))
     assert json.loads((tmp_path / "matmul_peak.json").read_text())
 
 
@@ -259,17 +259,17 @@ def test_a_fixed_peak_is_taken_as_set_and_nothing_is_measured(tmp_path, monkeypa
     cpu = torch.device("cpu")
     monkeypatch.setenv("SPEED_LADDER_CACHE", str(tmp_path))
     monkeypatch.setenv(matmul_peak.PEAK_ENV, "2e11")
-    monkeypatch.setenv(device.BF16_ENV, "auto")
+    monkeypatch.setenv(matmul_peak.BF16_ENV, "auto")
     monkeypatch.setattr(matmul_peak, "_matmul_rate", lambda *a, **k: pytest.fail("measured"))
-    peak, source = device.peak_flops(cpu)
+    peak, source = matmul_peak.peak_flops(cpu)
     assert peak == 2e11 and source.startswith("cpu matmul peak set by SPEED_LADDER_PEAK_FLOPS 200")
-    ok, why = device.bf16_is_fast(cpu)
+    ok, why = matmul_peak.bf16_is_fast(cpu)
     assert not ok and why.startswith("matmul set by SPEED_LADDER_PEAK_FLOPS: bf16 200 vs fp32 200")
     assert not (tmp_path / "matmul_peak.json").exists()
     for bad in ("fast", "0", "-1e11", "nan", "inf"):
         monkeypatch.setenv(matmul_peak.PEAK_ENV, bad)
         with pytest.raises(UserError, match=f"SPEED_LADDER_PEAK_FLOPS='{bad}': a number of FLOP/s"):
-            device.peak_flops(cpu)
+            matmul_peak.peak_flops(cpu)
 
 
 def test_a_slow_dtype_is_measured_on_smaller_matrices(monkeypatch):
@@ -313,7 +313,7 @@ class Args:
 def test_an_mfu_above_100_percent_is_flagged_in_the_record(tmp_path, monkeypatch, capsys):
     from speed_ladder.measure.run import Run
 
-    monkeypatch.setattr(device, "peak_flops", lambda d: (1e3, "a 1e3 FLOP/s peak"))
+    monkeypatch.setattr(matmul_peak, "peak_flops", lambda d: (1e3, "a 1e3 FLOP/s peak"))
     args = type("A", (Args,), {"results": str(tmp_path / "r.jsonl")})
     run = Run(args, "00", str(ROOT / "00_orig.py"))
     model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 100))
@@ -416,12 +416,12 @@ def _long(tmp_path):
     ids=["a folder", "under a file", "name too long", "unwritable"],
 )
 def test_results_location_is_checked_before_the_model_is_built(where, expected, tmp_path):
-    from speed_ladder import outputs
+    from speed_ladder import writable
     from speed_ladder.measure.run import Run
 
     (tmp_path / "file.txt").write_text("x")
     path = where(tmp_path)
-    if str(path).startswith("/sys") and outputs.probe(Path("/sys")) is None:
+    if str(path).startswith("/sys") and writable.probe(Path("/sys")) is None:
         pytest.skip("/sys is writable here")
     before = sorted(tmp_path.iterdir())
     args = type("A", (Args,), {"results": str(path)})
@@ -431,11 +431,11 @@ def test_results_location_is_checked_before_the_model_is_built(where, expected, 
 
 
 def test_a_full_disk_is_found_at_start_up(tmp_path, monkeypatch):
-    from speed_ladder import outputs
+    from speed_ladder import writable
 
     monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=4096))
     with pytest.raises(UserError, match=r"--results .*: the disk is full \(4 KiB free"):
-        outputs.check_file(tmp_path / "r.jsonl", "--results")
+        writable.check_file(tmp_path / "r.jsonl", "--results")
 
 
 def test_a_step_with_a_bad_results_path_stops_in_its_first_seconds(tmp_path):
@@ -524,18 +524,18 @@ def test_plot_results_checks_its_readme_before_drawing(tags_dir, capsys):
 @pytest.fixture
 def read_only_checkout(tmp_path, monkeypatch):
     """A checkout whose files cannot be written (EROFS for anything in it)."""
-    from speed_ladder import outputs
+    from speed_ladder import writable
 
     checkout = tmp_path / "checkout"
     (checkout / "data").mkdir(parents=True)
-    real_probe = outputs.probe
+    real_probe = writable.probe
 
     def probe(folder):
         if Path(folder).resolve().is_relative_to(checkout):
             return OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder))
         return real_probe(folder)
 
-    monkeypatch.setattr(outputs, "probe", probe)
+    monkeypatch.setattr(writable, "probe", probe)
     monkeypatch.setattr(files, "ROOT", checkout)
     monkeypatch.setattr(files, "_CACHE_CHOICE", {})
     monkeypatch.delenv("SPEED_LADDER_CACHE")
@@ -634,7 +634,7 @@ def test_os_errors_of_the_environment_are_one_line(capsys):
 def test_a_record_that_cannot_be_written_is_printed_not_lost(capsys, monkeypatch):
     from speed_ladder.measure.run import Run
 
-    monkeypatch.setattr(device, "peak_flops", lambda d: (1e11, "a fixed peak"))
+    monkeypatch.setattr(matmul_peak, "peak_flops", lambda d: (1e11, "a fixed peak"))
     args = type("A", (Args,), {"results": "/dev/full"})  # every write: ENOSPC
     run = Run(args, "00", str(ROOT / "00_orig.py"))
     run.set_model(torch.nn.Linear(4, 4), {"n_layers": 1, "n_heads": 1, "context_length": 4,

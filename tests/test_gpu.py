@@ -43,7 +43,7 @@ import ladder  # noqa: E402
 from speed_ladder import parity  # noqa: E402
 from speed_ladder.ladder import rung  # noqa: E402
 from speed_ladder.measure import device as dev  # noqa: E402
-from speed_ladder.measure import inactive, precision  # noqa: E402
+from speed_ladder.measure import inactive, matmul_peak, precision  # noqa: E402
 from speed_ladder.presets import PRESETS  # noqa: E402
 
 STEPS = [p.relative_to(ROOT).as_posix() for p in ladder.ladder()]
@@ -99,10 +99,10 @@ def liger_installed() -> bool:
 @pytest.mark.timeout(30)
 def test_the_peak_table_resolves_this_gpu():
     props = torch.cuda.get_device_properties(GPU)
-    flops, desc = dev.peak_flops(GPU)
+    flops, desc = matmul_peak.peak_flops(GPU)
     assert flops is not None, f"{props.name}: {desc}"
     assert 10e12 < flops < 5000e12, desc
-    fast, why = dev.bf16_is_fast(GPU)
+    fast, why = matmul_peak.bf16_is_fast(GPU)
     assert fast == (props.major >= 8) or torch.version.hip, why
 
 
@@ -183,7 +183,7 @@ def test_step17s_cudnn_attention_takes_the_training_call_on_hopper_and_matches_f
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     cfg = PRESETS["gpt2-124m"] | {"drop_rate": 0.0}  # step 16's model
-    bf16 = dev.bf16_is_fast(GPU)[0]
+    bf16 = matmul_peak.bf16_is_fast(GPU)[0]
     why = inactive.cudnn_attention_unavailable(GPU, cfg, torch.bfloat16 if bf16 else torch.float32)
     if torch.cuda.get_device_capability(GPU) >= (9, 0) and bf16:
         assert why is None, why
@@ -223,7 +223,7 @@ def test_records_say_which_attention_kernel_steps_07_and_17_ran(tmp_path):
     already."""
     from speed_ladder.measure.sdpa_dispatch import dispatcher_choice
 
-    bf16 = dev.bf16_is_fast(GPU)[0]
+    bf16 = matmul_peak.bf16_is_fast(GPU)[0]
     tiny = ["--preset", "tiny", "--max-steps", 3, "--warmup-steps", 1]
     rec07 = _ok(*run_on_cuda("steps/07_flash_attention_sdpa.py", tmp_path, *tiny, env=EAGER))
     rec17 = _ok(*run_on_cuda("steps/17_cudnn_attention.py", tmp_path, *tiny, env=EAGER))

@@ -11,9 +11,10 @@ import pytest
 import torch
 from conftest import rung_reasons
 
+from speed_ladder import autocast_env
 from speed_ladder.errors import UserError
 from speed_ladder.measure import device as dev
-from speed_ladder.measure import gpus, inactive, precision, sdpa_dispatch
+from speed_ladder.measure import gpu_specs, inactive, matmul_peak, precision, sdpa_dispatch
 
 GB = 10**9
 
@@ -58,7 +59,7 @@ def fake_gpu(monkeypatch):
 )  # fmt: skip
 def test_mfu_peak_comes_from_the_gpu_table(p, tflops, words, fake_gpu):
     d = fake_gpu(p, rocm=p.name.startswith("AMD"))
-    flops, desc = dev.peak_flops(d)
+    flops, desc = matmul_peak.peak_flops(d)
     assert flops == pytest.approx(tflops * 1e12)
     for w in words:
         assert w in desc, desc
@@ -66,17 +67,14 @@ def test_mfu_peak_comes_from_the_gpu_table(p, tflops, words, fake_gpu):
 
 def test_an_unknown_gpu_gets_no_mfu_and_says_how_to_add_it(fake_gpu):
     d = fake_gpu(props("NVIDIA GeForce GTX 1080", 6, 1, 20))
-    flops, desc = dev.peak_flops(d)
+    flops, desc = matmul_peak.peak_flops(d)
     assert flops is None
-    assert (
-        "MFU left empty" in desc
-        and "add a row to GPU_PEAKS in speed_ladder/measure/gpus.py" in desc
-    )
+    assert "MFU left empty" in desc and "add a row to speed_ladder/data/gpu_peaks.csv" in desc
 
 
 def test_a_mig_slice_without_its_sm_count_gets_no_whole_gpu_peak(fake_gpu):
     d = fake_gpu(props("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9, 0))
-    flops, desc = dev.peak_flops(d)
+    flops, desc = matmul_peak.peak_flops(d)
     assert flops is None and "MIG slice" in desc
 
 
@@ -96,16 +94,21 @@ def test_a_mig_slice_without_its_sm_count_gets_no_whole_gpu_peak(fake_gpu):
 def test_bf16_only_where_the_gpu_has_it_natively(p, rocm, fast, words, fake_gpu, monkeypatch):
     # torch says True on every one of them (V100/T4: emulated): it must not be what decides
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    monkeypatch.setenv(dev.BF16_ENV, "auto")  # the rule itself, whatever the suite forces
-    ok, why = dev.bf16_is_fast(fake_gpu(p, rocm=rocm))
+    monkeypatch.setenv(autocast_env.BF16_ENV, "auto")  # the rule itself, whatever the suite forces
+    ok, why = matmul_peak.bf16_is_fast(fake_gpu(p, rocm=rocm))
     assert ok is fast
-    monkeypatch.setenv(dev.BF16_ENV, "0")  # SPEED_LADDER_BF16 forces it either way, and says so
-    assert dev.bf16_is_fast(fake_gpu(p, rocm=rocm)) == (False, "forced off by SPEED_LADDER_BF16")
-    monkeypatch.setenv(dev.BF16_ENV, "on")
-    assert dev.bf16_is_fast(fake_gpu(p, rocm=rocm))[0] is True
-    monkeypatch.setenv(dev.BF16_ENV, "maybe")
+    monkeypatch.setenv(
+        autocast_env.BF16_ENV, "0"
+    )  # SPEED_LADDER_BF16 forces it either way, and says so
+    assert matmul_peak.bf16_is_fast(fake_gpu(p, rocm=rocm)) == (
+        False,
+        "forced off by SPEED_LADDER_BF16",
+    )
+    monkeypatch.setenv(autocast_env.BF16_ENV, "on")
+    assert matmul_peak.bf16_is_fast(fake_gpu(p, rocm=rocm))[0] is True
+    monkeypatch.setenv(autocast_env.BF16_ENV, "maybe")
     with pytest.raises(UserError, match="SPEED_LADDER_BF16='maybe'"):
-        dev.bf16_is_fast(fake_gpu(p, rocm=rocm))
+        matmul_peak.bf16_is_fast(fake_gpu(p, rocm=rocm))
     assert p.name in why
     for w in words:
         assert w in why, why
@@ -113,19 +116,19 @@ def test_bf16_only_where_the_gpu_has_it_natively(p, rocm, fast, words, fake_gpu,
 
 def test_bf16_is_decided_once_and_the_record_reads_that_decision(fake_gpu, monkeypatch):
 
-    monkeypatch.setattr(dev, "_BF16", {})
+    monkeypatch.setattr(matmul_peak, "_BF16", {})
     monkeypatch.setattr(precision, "_DECIDED", {})
-    monkeypatch.setenv(dev.BF16_ENV, "auto")
+    monkeypatch.setenv(autocast_env.BF16_ENV, "auto")
     assert precision.decided("cuda") is None  # nothing asked yet
     gpu = fake_gpu(props("NVIDIA A100-SXM4-80GB", 8, 0))
-    asked, rule = [], dev._bf16_rule
+    asked, rule = [], matmul_peak._bf16_rule
     monkeypatch.setattr(
-        dev, "_bf16_rule", lambda d, forced: asked.append(forced) or rule(d, forced)
+        matmul_peak, "_bf16_rule", lambda d, forced: asked.append(forced) or rule(d, forced)
     )
     assert precision.mixed_precision(gpu).dtype == torch.bfloat16
-    assert dev.bf16_is_fast(gpu)[0] is True and asked == [None]  # measured once
+    assert matmul_peak.bf16_is_fast(gpu)[0] is True and asked == [None]  # measured once
     assert precision.decided("cuda") == "bf16" and precision.regime(gpu).startswith("bf16")
-    monkeypatch.setenv(dev.BF16_ENV, "0")  # what it depends on changed: decided again
+    monkeypatch.setenv(autocast_env.BF16_ENV, "0")  # what it depends on changed: decided again
     assert precision.decided("cuda") is None  # the decision was under other variables
     assert precision.mixed_precision(gpu).kind == "fp32" and asked == [None, False]
     assert precision.decided("cuda") == "fp32" and precision.decided("cpu") is None
@@ -153,26 +156,28 @@ def test_step_05_computes_in_bf16_where_native_else_in_fp16_with_a_loss_scaler(
     A100 and H100: bf16 (its scaler off); older GPUs: fp32. torch says bf16 is
     supported on all of them (emulated below 8.0): it must not decide."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    monkeypatch.setenv(dev.BF16_ENV, "auto")
-    monkeypatch.delenv(dev.AMP_ENV, raising=False)
+    monkeypatch.setenv(autocast_env.BF16_ENV, "auto")
+    monkeypatch.delenv(autocast_env.AMP_ENV, raising=False)
     gpu = fake_gpu(p, rocm=rocm)
     amp = precision.mixed_precision(gpu)
     assert (amp.kind, amp.dtype, amp.enabled) == (kind, precision.DTYPES[kind], kind != "fp32")
     for w in words:
         assert w in amp.why, amp.why
     assert precision.decided("cuda") == kind  # the record's regime
-    assert gpus.autocast_for(p, rocm) == kind  # what the sweep's RunSpec resolves (gpu_memory)
-    monkeypatch.setenv(dev.AMP_ENV, "fp16")  # SPEED_LADDER_AMP forces any of them, and says so
+    assert gpu_specs.autocast_for(p, rocm) == kind  # what the sweep's RunSpec resolves (gpu_memory)
+    monkeypatch.setenv(
+        autocast_env.AMP_ENV, "fp16"
+    )  # SPEED_LADDER_AMP forces any of them, and says so
     assert precision.mixed_precision(gpu).kind == "fp16"
-    monkeypatch.setenv(dev.AMP_ENV, "fp32")
+    monkeypatch.setenv(autocast_env.AMP_ENV, "fp32")
     assert precision.choice(gpu) == ("fp32", "forced by SPEED_LADDER_AMP=fp32")
-    monkeypatch.setenv(dev.AMP_ENV, "bf16")
-    assert precision.choice(gpu)[0] == "bf16" and dev.bf16_is_fast(gpu)[0] is True
-    monkeypatch.setenv(dev.AMP_ENV, "half")
+    monkeypatch.setenv(autocast_env.AMP_ENV, "bf16")
+    assert precision.choice(gpu)[0] == "bf16" and matmul_peak.bf16_is_fast(gpu)[0] is True
+    monkeypatch.setenv(autocast_env.AMP_ENV, "half")
     with pytest.raises(UserError, match="SPEED_LADDER_AMP='half': use bf16, fp16, fp32 or auto"):
         precision.choice(gpu)
-    monkeypatch.delenv(dev.AMP_ENV)
-    monkeypatch.setenv(dev.BF16_ENV, "0")  # the tests' fp32 regime: no fp16 either
+    monkeypatch.delenv(autocast_env.AMP_ENV)
+    monkeypatch.setenv(autocast_env.BF16_ENV, "0")  # the tests' fp32 regime: no fp16 either
     assert precision.choice(gpu) == ("fp32", "forced off by SPEED_LADDER_BF16")
 
 
@@ -183,8 +188,8 @@ def test_a_t4_runs_the_later_rungs_in_fp16_or_says_why_not(fake_gpu, monkeypatch
     2 bytes in the memory model; the attention checks probe fp16."""
     from speed_ladder.measure import memory_model
 
-    monkeypatch.setenv(dev.BF16_ENV, "auto")
-    monkeypatch.delenv(dev.AMP_ENV, raising=False)
+    monkeypatch.setenv(autocast_env.BF16_ENV, "auto")
+    monkeypatch.delenv(autocast_env.AMP_ENV, raising=False)
     gpu = fake_gpu(props("Tesla T4", 7, 5, 40))
     precision.mixed_precision(gpu)
     assert precision.regime(gpu) == "fp16"  # no TF32 either: compute capability 7.5
@@ -319,7 +324,9 @@ def test_the_sweeps_prediction_is_of_the_run_the_step_does(memory, major, batch,
     from speed_ladder.sweep import driver as sweep
     from speed_ladder.sweep import preflight
 
-    monkeypatch.setenv(dev.BF16_ENV, "auto")  # the GPU's own bf16, whatever the suite forces
+    monkeypatch.setenv(
+        autocast_env.BF16_ENV, "auto"
+    )  # the GPU's own bf16, whatever the suite forces
     p = props("NVIDIA GeForce RTX 4090", major, 9, 128, memory=memory)
     fake_gpu(p)
     monkeypatch.setattr(sweep, "_CUDA_INFO", (1, p.name, memory, [vars(p)]))

@@ -206,7 +206,7 @@ def test_bf16_step_runs_bf16_where_the_device_is_fast(tmp_path):
         res = tmp_path / f"{script[6:8]}.jsonl"
         proc = py(script, "--preset", "tiny", "--device", "cpu", "--max-steps", 2,
                   "--warmup-steps", 1, "--batch-size", 1, "--data", VERDICT, "--results", res,
-                  env={"SPEED_LADDER_CACHE": str(cache), device.BF16_ENV: "auto",
+                  env={"SPEED_LADDER_CACHE": str(cache), matmul_peak.BF16_ENV: "auto",
                        matmul_peak.PEAK_ENV: None})  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]
         out[script[6:8]] = records(res)[0]

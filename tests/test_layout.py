@@ -5,17 +5,26 @@
   measure/, report/ (and its checks/, charts/, compare/ and pages/) and sweep/ each say in their
   __init__ what belongs there.
 - The layers are core < measure < report < sweep: a module imports its own layer and those
-  before it, never one after it (the entry point, __main__.py, may import anything).
+  before it, never one after it (the entry point, __main__.py, and the steps' API, the package's
+  __init__.py, may import anything).
 - No import closes a cycle, counting the imports inside functions.
 - A module imports another of the project inside a function only where that keeps torch out of
   an import that must not need it, and a comment there says so.
-- No two modules are named one letter apart, and none is much over 400 lines.
+- Every import is a statement this test sees: no `import_module`, `__import__` or
+  `inspect.signature` in the package.
+- Reading results needs no torch: `python plot_results.py` and `python -m speed_ladder check`
+  run where torch is not installed.
+- No two modules are named one letter apart. A function's size is ruff's business (C901 and
+  PLR0915 in pyproject.toml), not a line cap's.
 
 ALLOWED lists the imports those rules would refuse today, each with its reason; an entry that
 is no longer needed fails test_every_allowed_import_is_still_needed, so that it gets deleted.
 """
 
 import ast
+import shutil
+import subprocess
+import sys
 from itertools import combinations
 from pathlib import Path
 
@@ -96,8 +105,8 @@ EDGES = {(a, m) for a, m, _, _ in IMPORTS}
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: dotted(p))
 def test_imports_follow_the_layers(path):
     me = dotted(path)
-    if path.name == "__main__.py":
-        return  # the entry point may import anything
+    if path.name == "__main__.py" or me == "speed_ladder":
+        return  # the entry point and the steps' API (speed_ladder.Run, ...) may import anything
     up = sorted(
         m
         for (a, m) in EDGES
@@ -120,38 +129,26 @@ def test_imports_inside_functions_only_keep_torch_out(path):
     )
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for w in graph.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
 def cycles(edges) -> list[list[str]]:
-    """The import graph's strongly connected components of more than one module (Tarjan)."""
+    """The import graph's strongly connected components of more than one module: the modules
+    that reach one another."""
     graph: dict[str, set[str]] = {}
     for a, b in edges:
         graph.setdefault(a, set()).add(b)
-    index, low, stack, on, found = {}, {}, [], set(), []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            part = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                part.append(w)
-                if w == v:
-                    break
-            if len(part) > 1:
-                found.append(sorted(part))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+    reach = {v: reachable(graph, v) for v in graph}
+    parts = {tuple(sorted(w for w in reach[v] if v in reach.get(w, ()))) for v in graph}
+    return sorted(list(p) for p in parts if len(p) > 1)
 
 
 def test_no_import_closes_a_cycle():
@@ -171,10 +168,9 @@ def test_every_allowed_import_is_still_needed():
 
 def test_every_folder_says_what_belongs_there():
     folders = sorted(p.parent for p in MODULES if p.name == "__init__.py" and p.parent != PKG)
-    assert {f.relative_to(PKG).as_posix() for f in folders} >= {
-        "measure", "sweep", "report", "report/checks", "report/charts", "report/compare",
-        "report/pages",
-    }  # fmt: skip
+    names = {f.relative_to(PKG).as_posix() for f in folders}
+    assert names >= {"measure", "sweep", "report", "report/checks", "report/charts"}
+    assert names >= {"report/compare", "report/pages"}
     for folder in folders:
         doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
         assert doc and len(doc) > 40, folder
@@ -196,6 +192,70 @@ def test_no_two_modules_are_named_one_letter_apart():
     assert not close, close
 
 
-def test_no_module_is_much_over_400_lines():
-    long = {dotted(p): n for p in MODULES if (n := len(p.read_text().splitlines())) > 420}
-    assert not long, long
+REFLECTION = {"import_module", "__import__", "signature"}  # importlib's, builtins', inspect's
+
+
+def reflection(path: Path) -> list[str]:
+    """`import_module(...)`, `__import__(...)` and `inspect.signature(...)` calls in a file:
+    imports and calls the layering rules above cannot see."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if name in REFLECTION:
+                found.append(f"line {node.lineno}: {ast.unparse(f)}(...)")
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: dotted(p))
+def test_every_import_is_an_import_statement(path):
+    assert not reflection(path), f"{dotted(path)}: {reflection(path)}"
+
+
+# Torch blocked before anything imports it, as where torch is not installed; then the command
+NO_TORCH = """
+import runpy, sys
+sys.modules["torch"] = None
+sys.argv = sys.argv[1:]
+if sys.argv[0] == "-m":
+    sys.argv = sys.argv[1:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+# two committed tags, a CPU's and a GPU's, with the pages their drawing rewrites
+TAGS = ("cpu-amd-epyc-2c-x2", "nvidia-h200-x1")
+PAGES = ("README.md", "docs/memory.md", "docs/memory-ladder.md")
+
+
+def run_without_torch(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`python ARGV` on a copy of TAGS and PAGES in tmp_path (its current folder), torch absent."""
+    for tag in TAGS:
+        shutil.copytree(PKG.parent / "results" / tag, tmp_path / "results" / tag)
+    for page in PAGES:
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(PKG.parent / page, tmp_path / page)
+    cmd = [sys.executable, "-c", NO_TORCH, *argv]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def test_plot_results_runs_without_torch(tmp_path):
+    """Summaries rebuilt from runs.jsonl, charts, pages, README and the memory pages."""
+    tags = [f"results/{t}" for t in TAGS]
+    script = str(PKG.parent / "plot_results.py")
+    proc = run_without_torch(tmp_path, script, *tags, "--rebuild", "--readme", "README.md")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "wrote docs/memory-ladder.md" in proc.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="until the other workers' branches land: __main__ imports sweep.command -> "
+    "sweep.driver -> measure.device (torch); sweep.driver -> sweep.launch -> measure.rank_memory",
+)
+def test_check_runs_without_torch(tmp_path):
+    tags = [f"results/{t}" for t in TAGS]
+    proc = run_without_torch(tmp_path, "-m", "speed_ladder", "check", *tags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr

@@ -87,7 +87,7 @@ def test_a_run_under_burners_records_its_other_load_and_says_unreliable(
     children, which a real step would not have.)"""
     import torch
 
-    from speed_ladder.measure import device
+    from speed_ladder.measure import matmul_peak
     from speed_ladder.measure.run import Run
 
     class Args:
@@ -95,7 +95,7 @@ def test_a_run_under_burners_records_its_other_load_and_says_unreliable(
         data, results, seed = None, str(tmp_path / "r.jsonl"), 123
 
     monkeypatch.setattr(cpu_load, "own_root", lambda: sleeper)
-    monkeypatch.setattr(device, "peak_flops", lambda d: (1e12, "a 1 TFLOP/s peak"))
+    monkeypatch.setattr(matmul_peak, "peak_flops", lambda d: (1e12, "a 1 TFLOP/s peak"))
     run = Run(Args, "00", str(ROOT / "00_orig.py"))
     model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 100))
     run.set_model(model, {"n_layers": 1, "n_heads": 1, "context_length": 8, "emb_dim": 16}, 2)

@@ -10,8 +10,8 @@ import torch
 from conftest import run_script
 
 from speed_ladder import ladder
+from speed_ladder.measure import matmul_peak, rank_memory
 from speed_ladder.measure import memory_model as mm
-from speed_ladder.measure import rank_memory
 from speed_ladder.presets import PRESETS
 
 
@@ -87,7 +87,7 @@ def test_announce_prints_records_and_warns_when_it_cannot_fit(monkeypatch):
            "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
     recorder = SimpleNamespace(say=printed.append, note=notes.append)
     spec = resolve_spec({"preset": "tiny"}, "cpu")
-    monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
+    monkeypatch.setattr(matmul_peak, "bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
     cpu = torch.device("cpu")
     announce = lambda: rank_memory.announce(spec, "13", cfg, 8, cpu, model, False, recorder)
@@ -162,7 +162,7 @@ def test_announce_predicts_the_loss_the_step_computes(monkeypatch):
 
     cfg = {"vocab_size": mm.VOCAB, **{k: PRESETS["tiny"][k] for k in ["context_length",
            "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]}}  # fmt: skip
-    monkeypatch.setattr("speed_ladder.measure.device.bf16_is_fast", lambda device: (False, "test"))
+    monkeypatch.setattr(matmul_peak, "bf16_is_fast", lambda device: (False, "test"))
     model = ladder_step().GPTModel(cfg)
     kinds = {}
     spec = resolve_spec({"preset": "tiny"}, "cpu")

@@ -12,6 +12,7 @@ import torch
 from conftest import VERDICT
 
 from speed_ladder.measure import device as dev
+from speed_ladder.measure import matmul_peak
 from speed_ladder.measure.run import Run
 from speed_ladder.presets import PRESETS
 
@@ -32,7 +33,7 @@ def _touch(nbytes):
 def _train(monkeypatch, where):
     """A tiny run of 4 steps; `where` says when 1.5 GiB is allocated: during an evaluation in
     the window, in the final evaluation, or (the control) inside a training step."""
-    monkeypatch.setattr(dev, "peak_flops", lambda d: (1e12, "fake peak"))
+    monkeypatch.setattr(matmul_peak, "peak_flops", lambda d: (1e12, "fake peak"))
     run = Run(_args(), "00", __file__)
     cfg = {**PRESETS["tiny"], "vocab_size": 50257}
     model = torch.nn.Linear(8, 8)

@@ -10,7 +10,7 @@ import torch
 from conftest import VERDICT, py, records, run_script
 
 from speed_ladder import ladder, parity
-from speed_ladder.measure import device as dev
+from speed_ladder.autocast_env import AMP_ENV
 from speed_ladder.measure import precision
 from speed_ladder.measure.rung_checks import CHECKS
 
@@ -25,7 +25,7 @@ def amp(monkeypatch):
     scaler as the step builds it."""
 
     def make(kind):
-        monkeypatch.setenv(dev.AMP_ENV, kind)
+        monkeypatch.setenv(AMP_ENV, kind)
         a = precision.mixed_precision(CPU)
         return a, torch.amp.GradScaler(CPU.type, enabled=a.dtype == torch.float16)
 
@@ -112,7 +112,7 @@ def test_step_05_runs_fp16_with_a_scaler_on_a_cpu_end_to_end(tmp_path):
     for script in ("steps/04_pinned_memory.py", "steps/05_bf16.py"):
         num = ladder.step_of(script)
         res = tmp_path / f"{num}.jsonl"
-        proc = py(script, *TINY, "--results", res, env={dev.AMP_ENV: "fp16"})
+        proc = py(script, *TINY, "--results", res, env={AMP_ENV: "fp16"})
         assert proc.returncode == 0, proc.stderr[-2000:]
         (recs[num],) = records(res)
     r04, r05 = recs["04"], recs["05"]
@@ -131,7 +131,7 @@ def test_later_rungs_keep_fp16_or_say_why_not(tmp_path):
     wrapper (a world of one) and the scaler's step on the masters' path."""
     res = tmp_path / "15.jsonl"
     proc = py("steps/15_bf16_weights.py", *TINY, "--results", res,
-              env={dev.AMP_ENV: "fp16", "TORCH_COMPILE_DISABLE": "1"})  # fmt: skip
+              env={AMP_ENV: "fp16", "TORCH_COMPILE_DISABLE": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     (rec,) = records(res)
     assert rec["regime"] == "fp16" and not rec["step_active"]

@@ -10,6 +10,7 @@ milliseconds to random ops and would blur the shares compared here.
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -104,7 +105,7 @@ def test_a_known_model_adds_up_and_backward_ops_follow_their_forward_op():
     share, res, by_name, events = _profile_steps(m, model, opt, x, y, steps=2, pause=True)
     assert not any(mod._forward_hooks for mod in model.modules())  # removed again
     assert_adds_up(share)
-    assert res["steps"] == 2 and res["basis"].startswith("self CPU time")
+    assert res.steps == 2 and res.basis.startswith("self CPU time")
     for c in ("matmul", "attention", "norm_act", "loss", "optimizer", "data_host"):
         assert share[c] > 0, (c, share)
     assert share["communication"] == 0
@@ -124,7 +125,7 @@ def test_a_known_model_adds_up_and_backward_ops_follow_their_forward_op():
     wall = sum(r.time_range.elapsed_us() for r in ranges) - sum(
         p.time_range.elapsed_us() for p in paused
     )
-    assert res["wall_s"] == pytest.approx(wall / 1e6, rel=1e-6)
+    assert res.wall_s == pytest.approx(wall / 1e6, rel=1e-6)
 
 
 def test_sdpa_takes_attention_into_one_fused_kernel():
@@ -176,7 +177,7 @@ def _profile_steps(m, model, opt, x, y, steps: int, pause: bool = False):
     hooks.remove()
     by_name: dict = {}
     res = breakdown.breakdown(prof.events(), steps, use_device=False, by_name=by_name)
-    return breakdown.shares(res["seconds"]), res, by_name, prof.events()
+    return breakdown.shares(res.seconds), res, by_name, prof.events()
 
 
 def _ev(eid, name, start, end, thread=1, device=DeviceType.CPU, linked=0, seq=-1, fwd=None):
@@ -238,8 +239,8 @@ def test_device_time_breakdown():
     overlapping kernels scaled to the busy time, idle GPU time and host copies data and host,
     a paused evaluation's kernels left out; no GPU needed (the profiler's events, made up)."""
     res = breakdown.breakdown(_tree(_device_events()), 1, use_device=True)
-    assert res["basis"] == "device time" and res["wall_s"] == pytest.approx(900e-6)
-    us = {c: v * 1e6 for c, v in res["seconds"].items()}
+    assert res.basis == "device time" and res.wall_s == pytest.approx(900e-6)
+    us = {c: v * 1e6 for c, v in res.seconds.items()}
     # kernels: 40 + 40 + 300 + 200 + 60 + 100 = 740 us, busy (their union) 590 us
     scale = 590 / 740
     assert us["matmul"] == pytest.approx(300 * scale)
@@ -248,7 +249,7 @@ def test_device_time_breakdown():
     assert us["loss"] == pytest.approx(100 * scale)
     assert us["data_host"] == pytest.approx(40 * scale + (900 - 590))  # the copy, the idle GPU
     assert sum(us.values()) == pytest.approx(900)
-    assert_adds_up(breakdown.shares(res["seconds"]))
+    assert_adds_up(breakdown.shares(res.seconds))
 
 
 def test_device_ms_per_step_and_the_idle_gpu():
@@ -261,9 +262,9 @@ def test_device_ms_per_step_and_the_idle_gpu():
     assert ms["matmul"] == pytest.approx(0.3 * scale, abs=1e-4)
     assert ms["attention"] == pytest.approx(0.1 * scale, abs=1e-4)
     assert ms["data_host"] == pytest.approx(0.04 * scale, abs=1e-4)  # the copy, no idle
-    assert ms["idle"] == pytest.approx(0.31) and res["idle_s"] == pytest.approx(310e-6)
+    assert ms["idle"] == pytest.approx(0.31) and res.idle_s == pytest.approx(310e-6)
     assert sum(ms.values()) == pytest.approx(0.9, abs=1e-3)
-    halved = breakdown.per_step_ms({**res, "steps": 2})
+    halved = breakdown.per_step_ms(replace(res, steps=2))
     assert halved["idle"] == pytest.approx(0.155) and halved["matmul"] == pytest.approx(
         ms["matmul"] / 2, abs=1e-4
     )
@@ -422,7 +423,7 @@ def test_profile_flags_are_passed_but_do_not_identify_a_run(tmp_path):
     file = tmp_path / "a-file"
     file.write_text("")
     with pytest.raises(UserError, match=r"--trace .*a-file: is a file, not a folder"):
-        profile.from_args(cli.parse_args(None, ["--trace", str(file)]), run=None)
+        profile.from_args(cli.parse_args(None, ["--trace", str(file)]), None, None, None, "")
 
 
 def test_a_profiled_sweep_reruns_steps_without_a_breakdown_and_charts_it(tmp_path, capsys):

@@ -51,8 +51,8 @@ def one(a) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from speed_ladder.measure import device as dev
+    from speed_ladder.measure import matmul_peak, rank_memory
     from speed_ladder.measure import memory_model as mm
-    from speed_ladder.measure import rank_memory
     from speed_ladder.measure.data import load_split
     from speed_ladder.measure.inactive import liger_unavailable
     from speed_ladder.presets import PRESETS
@@ -124,7 +124,7 @@ def one(a) -> dict:
         fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=P["lr"], weight_decay=P["weight_decay"],
                             fused=True)  # fmt: skip
-    use_bf16 = a.bf16 or dev.bf16_is_fast(device)[0]
+    use_bf16 = a.bf16 or matmul_peak.bf16_is_fast(device)[0]
     # step 12's loss (Liger's, or step 11's where Liger cannot run), under autocast as the step
     # calls it (the mixed-precision variant's bf16 logits too: its loss in fp32); eager
     loss_autocast = use_bf16 or a.variant == "fsdp2-mp"

@@ -1,6 +1,5 @@
 """A run's numbers from its timed window (`Measured`), and the job's from every rank's
-(`across_ranks`): global tokens, the slowest rank's step time, each rank's peak memory, the mean
-losses. Run.finish reduces them here before it writes the record."""
+(`across_ranks`), which Run.finish reduces before it writes the record."""
 
 from dataclasses import dataclass, field, replace
 

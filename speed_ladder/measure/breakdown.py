@@ -1,38 +1,8 @@
-"""Where the time goes, counted: the profiled steps' events (torch.profiler's FunctionEvents) turned
-into seconds and shares per category (`--profile`, speed_ladder.measure.profile); which category an
-op is, speed_ladder.measure.op_categories says.
+"""Where the time goes, counted: the profiled steps' events (torch.profiler's FunctionEvents) as
+seconds and shares per category of op_categories.py (`--profile`, profile.py). The denominator
+and how backward is attributed: docs/measurement.md, "The time breakdown"."""
 
-The denominator. Shares are of the profiled steps' wall time: each step runs inside a range
-`speed-ladder/step: N`, from the previous step's end to its own (device synchronized), as the
-timed steps are measured, minus any `run.paused()` inside it.
-- CPU (and MPS, where this is the host's view): the self CPU time of every op on the training
-  thread, by category; the rest of the steps' wall time, covered by no op (Python, the loop),
-  is "data and host". Other threads (gloo's workers, the profiler's) run beside it and are not
-  added; the training thread's wait for them, the uncovered time right before a step's
-  communication op (e.g. before DDP's reducer copies the all-reduced buckets back), is
-  communication.
-- CUDA: the device time of the kernels and copies launched in the steps (any thread, so the
-  autograd engine's device thread too), each counted in the category of the op that launched
-  it (a kernel no op launched, by its name); the time the GPU is idle (waiting for the host or
-  the data) is "data and host". Kernels that overlap (NCCL beside compute) are scaled down
-  together to the time the GPU was busy.
-Every category is a share of the same total, and "data and host" takes the remainder, so the
-shares add up to 1.
-
-Milliseconds per step (`per_step_ms`, the record's `time_breakdown_ms`): each category's work
-alone divided by the profiled steps (CUDA: the device time of its kernels and copies, which the
-profiler does not slow; CPU: the training thread's self CPU time), and `idle`, the remainder:
-the steps' time no kernel (CPU: no op) covers. On CUDA `idle` is the GPU's idle time per
-profiled step, under the profiler: its host overhead and the synchronize that ends each
-profiled step make it larger than a timed step's (gpu_idle.py measures that one).
-
-Backward. The autograd engine runs a backward node as `autograd::engine::evaluate_function:
-XBackward0`, whose sequence number is that of the forward op that made it. The forward op's
-category (by speed_ladder.measure.op_categories, its module range included) is the node's: e.g. the
-TanhBackward0 and MulBackward0 of the hand-written GELU are norm_act, the BmmBackward0 of the
-attention scores attention. Ops with a name of their own inside a node keep it (aten::mm in
-MmBackward0 is matmul either way). Nodes without a forward op (AccumulateGrad) are other.
-"""
+from dataclasses import dataclass
 
 from speed_ladder.measure.op_categories import (
     CATEGORIES,
@@ -47,6 +17,17 @@ from speed_ladder.measure.op_categories import (
 STEP_RANGE = PREFIX + "step: "
 PAUSED_RANGE = PREFIX + "paused: not counted"
 BACKWARD = "autograd::engine::evaluate_function: "
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """The profiled steps' time: seconds per category, adding up to their wall time."""
+
+    seconds: dict[str, float]
+    wall_s: float
+    idle_s: float  # the part of data_host that no op (CUDA: no kernel) covers
+    basis: str  # "device time", or the training thread's self CPU time
+    steps: int
 
 
 def _us(e) -> float:
@@ -93,93 +74,125 @@ def _resolve(events) -> dict[int, str | None]:
     return walk(record_forward=False)
 
 
-def breakdown(events, steps: int, use_device: bool, by_name: dict | None = None) -> dict:
-    """{category: seconds}, the profiled steps' wall seconds and the basis, from the profiler's
-    FunctionEvents (`prof.events()`); only the first `steps` step ranges count. `by_name`, if
-    given, collects the microseconds per (category, op name): what each category holds."""
+@dataclass(frozen=True)
+class _Window:
+    """The profiled steps' spans, the pauses inside them and the events those pauses hold."""
+
+    spans: list[tuple[float, float]]
+    paused: list[tuple[float, float]]
+    in_paused: set[int]
+
+    @property
+    def wall(self) -> float:
+        return sum(b - a for a, b in self.spans) - sum(b - a for a, b in self.paused)
+
+    def holds(self, t: float) -> bool:
+        return _within(t, self.spans) and not _within(t, self.paused)
+
+    def counted(self, e) -> bool:
+        """An op of the profiled steps' own: not a pause's, nor a range of ours."""
+        return (
+            self.holds(e.time_range.start)
+            and id(e) not in self.in_paused
+            and e.name != PAUSED_RANGE
+            and not e.name.startswith(STEP_RANGE)
+        )
+
+
+def _window(cpu, ranges) -> _Window:
+    spans = [(r.time_range.start, r.time_range.end) for r in ranges]
+    pauses = [p for p in cpu if p.name == PAUSED_RANGE and _within(p.time_range.start, spans)]
+    in_paused = set()
+    for p in (p for p in cpu if p.name == PAUSED_RANGE):  # everything under a paused range
+        todo = list(p.cpu_children)
+        while todo:
+            c = todo.pop()
+            in_paused.add(id(c))
+            todo.extend(c.cpu_children)
+    paused = [(p.time_range.start, p.time_range.end) for p in pauses]
+    return _Window(spans, paused, in_paused)
+
+
+def _tally(by_name: dict | None, cat: str, name: str, us: float) -> None:
+    if by_name is not None:
+        by_name[cat, name] = by_name.get((cat, name), 0.0) + us
+
+
+def _kernel_category(k, op, cats: dict, window: _Window) -> str | None:
+    """The category a kernel counts in (its launching op's, else its own name's), or None
+    where it does not count: a pause's, or outside the profiled steps."""
+    if op is not None and (op.name == PAUSED_RANGE or id(op) in window.in_paused):
+        return None  # an evaluation's, in run.paused()
+    if op is None or op.name.startswith(STEP_RANGE):  # no op launched it: its name says
+        if not window.holds(k.time_range.start):
+            return None
+        return kernel_category(k.name) or by_keywords(k.name) or "other"
+    if not window.counted(op):
+        return None
+    return kernel_category(k.name) or cats.get(id(op)) or "other"
+
+
+def _device_seconds(kernels, cpu, cats, window: _Window, by_name) -> dict[str, float]:
+    """Microseconds per category of the kernels and copies launched in the profiled steps;
+    kernels that overlap (NCCL beside compute) are scaled down to the time the GPU was busy."""
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    by_id = {e.id: e for e in cpu if getattr(e, "linked_correlation_id", 0) == 0}
+    busy = []
+    for k in kernels:
+        cat = _kernel_category(k, by_id.get(getattr(k, "linked_correlation_id", 0)), cats, window)
+        if cat is not None:
+            seconds[cat] += _us(k)
+            _tally(by_name, cat, k.name, _us(k))
+            busy.append((k.time_range.start, k.time_range.end))
+    busy_us, summed = _union(busy), sum(seconds.values())
+    if summed > busy_us > 0:
+        seconds = {c: v * busy_us / summed for c, v in seconds.items()}
+    return seconds
+
+
+def _cpu_seconds(cpu, ranges, cats, window: _Window, by_name) -> dict[str, float]:
+    """Microseconds per category of the training thread's self CPU time in the profiled steps,
+    and its wait for communication other threads do."""
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    training = ranges[0].thread
+    for e in cpu:
+        if e.thread == training and window.counted(e):
+            # a module range's own time is the Python between its ops: data and host
+            cat = "data_host" if e.name.startswith(PREFIX) else cats.get(id(e)) or "other"
+            seconds[cat] += e.self_cpu_time_total
+            _tally(by_name, cat, e.name, e.self_cpu_time_total)
+    seconds["communication"] += _comm_waits(ranges, cats, window.counted)
+    return seconds
+
+
+def breakdown(events, steps: int, use_device: bool, by_name: dict | None = None):
+    """The Breakdown of the profiler's FunctionEvents (`prof.events()`), None without a step
+    range; only the first `steps` step ranges count. `by_name`, if given, collects the
+    microseconds per (category, op name): what each category holds."""
     from torch.autograd import DeviceType
 
     cpu = [e for e in events if e.device_type == DeviceType.CPU and not e.is_async]
     ranges = [e for e in cpu if e.name.startswith(STEP_RANGE)]
     ranges = sorted(ranges, key=lambda e: e.time_range.start)[:steps]
     if not ranges:
-        return {}
-    spans = [(r.time_range.start, r.time_range.end) for r in ranges]
-    paused = [
-        (p.time_range.start, p.time_range.end)
-        for p in cpu
-        if p.name == PAUSED_RANGE and _within(p.time_range.start, spans)
-    ]
-    wall = sum(b - a for a, b in spans) - sum(b - a for a, b in paused)
-    cats = _resolve(cpu)
-    in_paused = set()
-    for p in cpu:  # everything under a paused range
-        if p.name == PAUSED_RANGE:
-            todo = list(p.cpu_children)
-            while todo:
-                c = todo.pop()
-                in_paused.add(id(c))
-                todo.extend(c.cpu_children)
-
-    def counted(e) -> bool:
-        return (
-            _within(e.time_range.start, spans)
-            and not _within(e.time_range.start, paused)
-            and id(e) not in in_paused
-            and e.name != PAUSED_RANGE
-            and not e.name.startswith(STEP_RANGE)
-        )
-
-    seconds = dict.fromkeys(CATEGORIES, 0.0)
-    devices = [e for e in events if e.device_type != DeviceType.CPU and _device_work(e)]
-    if use_device and devices:
-        by_id = {e.id: e for e in cpu if getattr(e, "linked_correlation_id", 0) == 0}
-        busy = []
-        for k in devices:
-            op = by_id.get(getattr(k, "linked_correlation_id", 0))
-            if op is not None and (op.name == PAUSED_RANGE or id(op) in in_paused):
-                continue  # an evaluation's, in run.paused()
-            if op is None or op.name.startswith(STEP_RANGE):  # no op launched it: its name says
-                t = k.time_range.start
-                if not _within(t, spans) or _within(t, paused):
-                    continue
-                cat = kernel_category(k.name) or by_keywords(k.name) or "other"
-            elif counted(op):
-                cat = kernel_category(k.name) or cats.get(id(op)) or "other"
-            else:
-                continue
-            seconds[cat] += _us(k)
-            if by_name is not None:
-                by_name[cat, k.name] = by_name.get((cat, k.name), 0.0) + _us(k)
-            busy.append((k.time_range.start, k.time_range.end))
-        busy_us = _union(busy)
-        summed = sum(seconds.values())
-        if summed > busy_us > 0:  # overlapping kernels (NCCL beside compute): the busy time
-            seconds = {c: v * busy_us / summed for c, v in seconds.items()}
-        basis = "device time"
+        return None
+    window, cats = _window(cpu, ranges), _resolve(cpu)
+    kernels = [e for e in events if e.device_type != DeviceType.CPU and _device_work(e)]
+    if use_device and kernels:
+        seconds, basis = _device_seconds(kernels, cpu, cats, window, by_name), "device time"
     else:
-        training = ranges[0].thread
-        for e in cpu:
-            if e.thread != training or not counted(e):
-                continue
-            cat = cats.get(id(e)) or "other"
-            if e.name.startswith(PREFIX):  # a module range's own time: Python between its ops
-                cat = "data_host"
-            seconds[cat] += e.self_cpu_time_total
-            if by_name is not None:
-                by_name[cat, e.name] = by_name.get((cat, e.name), 0.0) + e.self_cpu_time_total
-        seconds["communication"] += _comm_waits(ranges, cats, counted)
+        seconds = _cpu_seconds(cpu, ranges, cats, window, by_name)
         basis = "self CPU time of the training thread"
     covered = sum(seconds.values())
-    total = max(wall, covered)
+    total = max(window.wall, covered)
     seconds["data_host"] += total - covered  # the steps' time no op (no kernel) covers
-    return {
-        "seconds": {c: v / 1e6 for c, v in seconds.items()},
-        "wall_s": total / 1e6,
-        "idle_s": (total - covered) / 1e6,  # that part of data_host
-        "basis": basis,
-        "steps": len(ranges),
-    }
+    return Breakdown(
+        seconds={c: v / 1e6 for c, v in seconds.items()},
+        wall_s=total / 1e6,
+        idle_s=(total - covered) / 1e6,
+        basis=basis,
+        steps=len(ranges),
+    )
 
 
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # kineto's activity types of device work
@@ -199,13 +212,9 @@ def _device_work(e) -> bool:
 
 def link_kernels(events, kineto_results) -> int:
     """Give each FunctionEvent the `linked_correlation_id` that ties a kernel (and a runtime
-    call) to the op that launched it, where this torch leaves it out: torch 2.11 (the GPU
-    image's) reads it from kineto only to append the kernels' names and durations to their
-    op, without their start, so a kernel could not be placed in its op's category, nor left
-    out with a paused evaluation. Copied here from the profiler's own kineto events, matched
-    as torch built them: by correlation id, device and start (the same integer nanoseconds
-    from the trace's start, / 1000). Returns how many events were linked; with a torch whose
-    events have it (2.13), 0 and nothing changes."""
+    call) to the op that launched it, where this torch leaves it out (2.11; with 2.13 nothing
+    is linked: 0), copied from the profiler's own kineto events, matched as torch built them:
+    by correlation id, device and start. Returns how many events were linked."""
     if not events or all(hasattr(e, "linked_correlation_id") for e in events):
         return 0
     linked = kineto_links(kineto_results)
@@ -232,9 +241,8 @@ def kineto_links(kineto_results) -> dict[tuple, int]:
 
 
 def _comm_waits(ranges, cats, counted) -> float:
-    """The training thread's wait for communication that other threads do (gloo's all-reduce
-    on a CPU): the time no op covers right before a step's communication op, e.g. before DDP's
-    reducer copies the reduced buckets back (copy_bucket_to_grad), in microseconds."""
+    """The training thread's wait for communication other threads do (gloo's all-reduce on a
+    CPU): the time no op covers right before a step's communication op, in microseconds."""
     wait = 0.0
     for r in ranges:
         t = r.time_range.start
@@ -255,23 +263,33 @@ def _union(spans) -> float:
     return total
 
 
-def per_step_ms(res: dict) -> dict:
+def per_step_ms(res: Breakdown) -> dict[str, float]:
     """{category: ms per profiled step} of the work alone, and `idle`: the rest of the steps'
-    time (see the module docstring); they add up to the steps' wall time per step."""
-    n = res["steps"]
-    ms = {c: v - (res["idle_s"] if c == "data_host" else 0) for c, v in res["seconds"].items()}
-    return {c: round(v * 1000 / n, 4) for c, v in {**ms, "idle": res["idle_s"]}.items()}
+    time; they add up to the steps' wall time per step."""
+    ms = {c: v - (res.idle_s if c == "data_host" else 0) for c, v in res.seconds.items()}
+    return {c: round(v * 1000 / res.steps, 4) for c, v in {**ms, "idle": res.idle_s}.items()}
 
 
 def shares(seconds: dict) -> dict:
-    """{category: share of the total}, rounded to 5 digits; they add up to 1 (to 1e-4)."""
+    """{category: share of the total} of a Breakdown's seconds, rounded to 5 digits."""
     total = sum(seconds.values())
     if total <= 0:
         return {}
-    return {c: round(seconds.get(c, 0.0) / total, 5) for c in CATEGORIES}
+    return {c: round(seconds[c] / total, 5) for c in CATEGORIES}
 
 
 def describe(share: dict, width: int = 3) -> str:
     """'matmul 41%, loss 22%, ...': the largest first."""
     top = sorted(share.items(), key=lambda kv: -kv[1])
     return ", ".join(f"{LABELS[c]} {v:.0%}" for c, v in top[:width] if v > 0)
+
+
+def profiled_runs(records: list[dict]) -> int:
+    """How many of a step's latest records in a row are ok and have a time breakdown: the runs
+    a profiled sweep (`python -m speed_ladder run --profile`) counts as done."""
+    n = 0
+    for r in reversed(records):
+        if r.get("status") != "ok" or not isinstance(r.get("time_breakdown"), dict):
+            break
+        n += 1
+    return n

@@ -1,30 +1,12 @@
-"""Machine load: how many CPU cores *other* processes used while a run was being measured.
-
-A benchmark on a shared machine measures the machine's other work as much as its own. A run
-records `other_load`: the mean number of CPU cores that processes outside its own process tree
-used during its timed window, on Linux from `/proc/stat` (every CPU's busy time: user, nice,
-system, irq, softirq and steal, the time a hypervisor gave our virtual CPUs to someone else)
-minus the CPU time of the run's own process tree (`/proc/<pid>/stat`: utime + stime, and the
-cutime + cstime of children it reaped, for the process and all its descendants; under torchrun
-the tree of the torchrun agent, so the other ranks are not "other"). It also records
-`loadavg_start`, the 1-minute load average when the window opened (which counts the run itself).
-Elsewhere (macOS, Windows) `other_load` is null.
-
-`threshold()`: above it a run's notes say its numbers are unreliable, and the summary and the
-README mark it: 2% of the machine's cores, at least 0.1 core. From data, on the 2-core VM this
-was built on: 1-s windows of an idle machine read 0.00-0.05 cores, and a 3-s window of the
-measuring process's own matmuls 0.007 (its own work is not counted); one `yes > /dev/null`
-reads 1.0, two 2.0 (1.0-1.5 when our run competes with them for the 2 cores). A run that uses
-every core loses about other_load / cores of its speed, so 2% keeps that under the ±3% the
-ladder's intervals aim for, and 0.1 core stays twice above the idle readings on small machines
-(on 2 cores it is 5%: `other_load` is in every record for a stricter reader). The sweep
-checks the machine before each run (`quiet_check`), and with `--wait-quiet` waits, bounded, for
-it to become quiet (`wait_quiet`).
-"""
+"""Machine load: how many CPU cores *other* processes used while a run was measured (`other_load`:
+Linux /proc/stat's busy time less the run's own process tree's; null elsewhere), the load
+average at the window's start, and the sweep's check of the machine before each run. Above
+`threshold()` a run is marked unreliable (docs/measurement.md, "A busy machine")."""
 
 import os
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 
 MIN_WINDOW_S = 0.5  # a shorter window has no other_load (ticks of 10 ms: too coarse)
@@ -96,16 +78,16 @@ def processes() -> dict[int, Proc]:
 
 def tree(procs: dict[int, Proc], root: int) -> set[int]:
     """`root` and all its descendants."""
-    children: dict[int, list[int]] = {}
+    children: dict[int, list[int]] = defaultdict(list)
     for pid, p in procs.items():
-        children.setdefault(p.ppid, []).append(pid)
+        children[p.ppid].append(pid)
     out, todo = set(), [root]
     while todo:
         pid = todo.pop()
         if pid in out:
             continue
         out.add(pid)
-        todo += children.get(pid, [])
+        todo += children[pid]
     return out
 
 

@@ -1,11 +1,6 @@
-"""The training text and its GPT-2 token ids: download once, tokenize once, split 90/10.
-
-The token ids are cached per text (`tokens-gpt2-<sha>.npy`) beside a small JSON sidecar holding
-what checks them: the count, dtype, smallest and largest id and a sha256 of the ids. A cache
-that fails to load or to match its sidecar (truncated, overwritten, all zeros) is rebuilt from
-the text, and a line says so; a cache that cannot be written (a full or read-only disk) only
-costs the next run a tokenization.
-"""
+"""The training text and its GPT-2 token ids: downloaded once, tokenized once, split 90/10. The
+ids are cached per text beside a JSON sidecar that checks them (count, dtype, id range, sha256):
+a cache that fails it is rebuilt, and one that cannot be written costs only a tokenization."""
 
 import hashlib
 import io
@@ -16,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from speed_ladder import outputs
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import ROOT, atomic_write_bytes, cache_dir, mirror
+from speed_ladder.writable import why_unwritable
 
 DEFAULT_TEXT = ROOT / "data" / "middlemarch.txt"
 GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/145/pg145.txt"  # Middlemarch, Gutenberg #145
@@ -53,7 +48,7 @@ def _default_text() -> Path:
     if DEFAULT_TEXT.is_file():
         return DEFAULT_TEXT
     path = DEFAULT_TEXT
-    if outputs.problem(DEFAULT_TEXT, "file") is not None:  # a read-only checkout
+    if why_unwritable(DEFAULT_TEXT, "file") is not None:  # a read-only checkout
         path = cache_dir() / DEFAULT_TEXT.name
         if path.is_file():
             return path
@@ -155,8 +150,8 @@ def _load_checked(path: Path, text_sha: str) -> tuple[np.ndarray | None, str | N
     if not isinstance(meta, dict):
         return None, f"{_sidecar(path).name} is not a JSON object"
     for k, v in have.items():
-        if meta.get(k) != v:
-            return None, f"{k} is {v!r}, its sidecar says {meta.get(k)!r}"
+        if (said := meta.get(k)) != v:
+            return None, f"{k} is {v!r}, its sidecar says {said!r}"
     return arr, None
 
 
@@ -200,6 +195,18 @@ def train_windows(data: str | None, context_length: int) -> int:
     return num_windows(len(_split(data)[0]), context_length)
 
 
+def _too_short_fix(have: int, need: int, world_size: int) -> str:
+    """What to change when a text of `have` training windows is too short for the run."""
+    fit = have // world_size
+    if have >= need:
+        return "Use a longer --data text or a smaller --preset"
+    if fit >= 1:
+        procs = f"{world_size} process{'es' * (world_size > 1)}"
+        largest = f"--batch-size {fit} is the largest per-process batch that fits {procs}"
+        return f"{largest}; or a longer --data text"
+    return f"use at most {have} processes, a longer --data text or a smaller --preset"
+
+
 def load_split(data: str | None, context_length: int, batch_size: int, world_size: int):
     """(train_ids, val_ids) as int64 tensors; one clear error when the text is too short."""
     import torch
@@ -209,15 +216,7 @@ def load_split(data: str | None, context_length: int, batch_size: int, world_siz
     need = batch_size * world_size
     have = num_windows(len(train), context_length)
     if have < need or num_windows(len(val), context_length) < 1:
-        fit = have // world_size
-        if have >= need:
-            fix = "Use a longer --data text or a smaller --preset"
-        elif fit >= 1:
-            procs = f"{world_size} process{'es' * (world_size > 1)}"
-            fix = (f"--batch-size {fit} is the largest per-process batch that fits {procs}; "
-                   "or a longer --data text")  # fmt: skip
-        else:
-            fix = f"use at most {have} processes, a longer --data text or a smaller --preset"
+        fix = _too_short_fix(have, need, world_size)
         raise UserError(
             f"{path.name}: text too short: {total:,} tokens give {have} training windows of "
             f"{context_length + 1} tokens and {num_windows(len(val), context_length)} validation "

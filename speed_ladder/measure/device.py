@@ -1,16 +1,15 @@
-"""Device choice, clocks, memory and peak FLOP/s: everything that differs between CPU and GPUs."""
+"""A torch device: which one a run gets, its name, the wait for its queued work, and its peak
+memory over the timed window: what differs between a CPU, CUDA (and ROCm) and MPS."""
 
 import os
+import platform
 from pathlib import Path
 
 import torch
 
-from speed_ladder.autocast_env import AMP_ENV, BF16_ENV, amp_forced, bf16_forced
+from speed_ladder import machine
 from speed_ladder.errors import UserError
-from speed_ladder.measure import gpus, matmul_peak
-
-# dev.name and dev.synchronize: the harness's clock and Run call them through this module
-from speed_ladder.measure.torch_device import name, synchronize  # noqa: F401
+from speed_ladder.measure import gpu_specs
 
 
 def resolve(name: str) -> torch.device:
@@ -49,11 +48,38 @@ def _local_rank_gpu() -> int:
     return local_rank
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so a host clock read after it is honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"Apple MPS ({platform.machine()})"
+    return machine.cpu_model()
+
+
+def is_rocm() -> bool:
+    """ROCm builds report AMD GPUs through torch.cuda (torch.version.hip is set)."""
+    return getattr(torch.version, "hip", None) is not None
+
+
+def gpu_memory(device: torch.device) -> tuple[int, str] | None:
+    """(total bytes, step 05's autocast there) of a CUDA device, for the batch rule; else None."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return props.total_memory, gpu_specs.autocast_for(props, is_rocm())
+
+
 def ddp_backend(device: torch.device) -> str:
-    """The torch.distributed backend of a step's process group (step 11 on, `ddp_setup`):
-    $DDP_BACKEND, else nccl on CUDA and gloo elsewhere; checked here, each problem one line,
-    before any process group exists: a name torch does not know, nccl without CUDA or NCCL, a
-    backend this torch was built without, and on CUDA more processes on this node than GPUs."""
+    """The backend of a step's process group (step 11 on): $DDP_BACKEND, else nccl on CUDA and
+    gloo elsewhere; each problem one line before any process group exists."""
     import torch.distributed as dist
 
     backend = os.environ.get("DDP_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
@@ -112,11 +138,8 @@ def reset_peak_memory(device: torch.device) -> str | None:
 
 
 def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
-    """(reserved, allocated) peak bytes since the reset. CPU: peak RSS, allocated unknown.
-    MPS: what the driver holds now (MPS keeps no peak; PeakWindow samples it per step).
-
-    torch.cuda.max_memory_* return 0 silently on a CPU-only run, so they are only asked on CUDA.
-    """
+    """(reserved, allocated) peak bytes since the reset. CPU: peak RSS, allocated unknown
+    (torch.cuda's counters say 0 there). MPS: what the driver holds now (it keeps no peak)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)
     if device.type == "mps":
@@ -133,7 +156,7 @@ def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
 
 def _malloc_trim() -> None:
     """Hand the C heap's free pages back to the OS (glibc), so the RSS after an evaluation is
-    what training holds, not what evaluation freed. A no-op where libc has no malloc_trim."""
+    what training holds."""
     try:
         import ctypes
 
@@ -158,21 +181,10 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 class PeakWindow:
     """Peak memory of the timed window's training steps: evaluation and sampling never count.
-
-    The device counters know only "the peak since the last reset", so the window keeps its own
-    running peak. At a pause (`Run.paused()`: evaluation, sampling, the final evaluation) it
-    folds the counters' peak so far into a Python max; when the pause ends it releases what the
-    pause left cached (CUDA: torch.cuda.empty_cache() where the pause grew the pool, else
-    evaluation's cached blocks stay reserved; an evaluation that fit in training's pool leaves
-    it warm; CPU: malloc_trim(0) where glibc has it) and resets the counters to the memory in
-    use then (CUDA: reset_peak_memory_stats(); Linux: /proc/self/clear_refs "5" sets VmHWM to
-    the current RSS). MPS keeps no peak: the driver's allocation (the allocator's cache
-    included) is sampled at every step's end. Evaluation at batch 32 on gpt2-124m holds 6 GiB
-    of full logits: counted, it would hide what steps 12-13 save.
-
-    Without a resettable counter (macOS and Windows CPU: peak RSS since process start) the
-    evaluation does count; `start()` returns a note saying so.
-    """
+    The counters know only "the peak since the last reset", so the window keeps its own
+    running peak: a pause folds the peak so far in; its end releases what the pause cached and
+    resets the counters. MPS keeps no peak: sampled at every step's end. Without a resettable
+    counter (macOS, Windows) evaluation counts, and `start()` returns a note saying so."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -203,11 +215,8 @@ class PeakWindow:
                 self.held = torch.cuda.memory_reserved(self.device)
 
     def resume(self) -> None:
-        """After it: drop what it cached and start the counters again from here. On CUDA only
-        where it grew the pool: an evaluation that fit in training's cached blocks leaves them
-        warm (empty_cache would hand back ~30 GB that the next step at batch 32 on gpt2-124m
-        allocates again, on an H200), and the counters restart from
-        training's own pool."""
+        """After it: drop what it cached and restart the counters here. On CUDA only where it
+        grew the pool: training's own cached blocks stay warm for the next step."""
         if self.open:
             grew = self.device.type != "cuda" or torch.cuda.memory_reserved(self.device) > self.held
             if grew:
@@ -219,87 +228,3 @@ class PeakWindow:
         if self.open and self.device.type != "mps":
             self._fold()  # since the last pause: the steps after it (or what is held now)
         return self.reserved, self.allocated
-
-
-# ---------------------------------------------------------------- peak FLOP/s
-def is_rocm() -> bool:
-    """ROCm builds report AMD GPUs through torch.cuda (torch.version.hip is set)."""
-    return getattr(torch.version, "hip", None) is not None
-
-
-def peak_flops(device: torch.device) -> tuple[float | None, str]:
-    """The MFU denominator for one device and where it comes from.
-
-    CUDA/ROCm: the vendor's dense bf16 peak (fp16 on V100/T4) from gpus.py's table, by the
-    device's name, SM count (a MIG slice gets its share) and AMD arch; an unknown GPU gets None
-    and a note saying how to add it. CPU/MPS: the best matmul rate measured here
-    (matmul_peak.py), or $SPEED_LADDER_PEAK_FLOPS where set.
-    """
-    if device.type == "cuda":
-        return gpus.peak_for(torch.cuda.get_device_properties(device))
-    rates = matmul_peak.measured_matmul_rates(device)
-    what = f"measured {device.type} matmul peak"
-    if matmul_peak.fixed_rates() is not None:
-        what = f"{device.type} matmul peak set by {matmul_peak.PEAK_ENV}"
-    why = matmul_peak.rates_problem(device, rates)
-    if why is not None:
-        return None, f"{what} implausible ({why}): MFU left empty"
-    best = max(rates, key=rates.get)
-    return rates[best], (
-        f"{what} {rates[best] / 1e9:.0f} GFLOP/s ({best}; "
-        f"fp32 {rates['fp32'] / 1e9:.0f}, bf16 {rates['bf16'] / 1e9:.0f})"
-    )
-
-
-def gpu_memory(device: torch.device) -> tuple[int, str] | None:
-    """(total memory in bytes, step 05's autocast there: bf16, fp16 or fp32) of a CUDA device,
-    for the batch rule (measure/settings.fit_batch); None on other devices."""
-    if device.type != "cuda":
-        return None
-    props = torch.cuda.get_device_properties(device)
-    return props.total_memory, gpus.autocast_for(props, is_rocm())
-
-
-# bf16_is_fast's memo: device type -> (what it depends on, the answer)
-_BF16: dict[str, tuple[tuple, tuple[bool, str]]] = {}
-
-
-def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
-    """Whether bf16 matmuls beat fp32 here, with the evidence (step 05's rule, through
-    speed_ladder.measure.precision), unless $SPEED_LADDER_AMP or $SPEED_LADDER_BF16 forces the
-    answer: the CPU tests run every numeric regime on any CPU (emulated bf16 is slow, but `tiny`
-    is small). Decided once per device type in a process, again only if what it depends on
-    changed (those variables, the device's name, $SPEED_LADDER_PEAK_FLOPS): the step, the
-    memory model (act_bytes_of) and the record (precision.decided) see one answer.
-
-    CUDA: compute capability >= 8.0 (Ampere on), where bf16 runs on tensor cores; not
-    torch.cuda.is_bf16_supported(), which says True on a V100 or T4 too, where bf16 is emulated
-    (slower than fp32). ROCm: by the AMD arch (speed_ladder.measure.gpus.has_native_bf16).
-    """
-    forced = bf16_forced()
-    fixed = os.environ.get(matmul_peak.PEAK_ENV)
-    depends = (forced, amp_forced()) if forced is not None else (name(device), fixed)
-    memo = _BF16.get(device.type)
-    if memo is None or memo[0] != depends:
-        memo = _BF16[device.type] = depends, _bf16_rule(device, forced)
-    return memo[1]
-
-
-def _bf16_rule(device: torch.device, forced: bool | None) -> tuple[bool, str]:
-    if forced is not None:
-        by = f"{AMP_ENV}={amp_forced()}" if amp_forced() is not None else BF16_ENV
-        ok, why = forced, f"forced {'on' if forced else 'off'} by {by}"
-    elif device.type == "cuda":
-        ok, why = gpus.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
-        why = f"{name(device)}: {why}"
-    else:
-        r = matmul_peak.measured_matmul_rates(device)
-        fixed = matmul_peak.fixed_rates() is not None
-        how = f"matmul set by {matmul_peak.PEAK_ENV}" if fixed else "measured matmul"
-        problem = matmul_peak.rates_problem(device, r)
-        if problem is not None:
-            ok, why = False, f"{how} rates implausible ({problem})"
-        else:
-            ok = r["bf16"] > r["fp32"]
-            why = f"{how}: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f} GFLOP/s"
-    return ok, why

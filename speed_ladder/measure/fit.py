@@ -1,11 +1,7 @@
 """How large a model fits a GPU, rung by rung (`python -m speed_ladder fit`), as the memory model
-predicts it (memory_model.py's `predict` and `fits`: the prediction x 1.1 and the CUDA context):
-for each memory rung of the ladder, the largest model of a family that fits at a stated batch
-and the largest batch of each GPT-2 preset. The rungs are the ladder's own (the first rung that
-changes each term: Liger's loss, checkpointing, accumulation, FSDP2, CPU offload) and all of
-them combined; bf16 autocast (step 05), flash attention, Liger on a GPU. Predicted, not
-measured. docs/memory.md's table and docs/memory-ladder.md come from here
-(report/pages/memory_page.py)."""
+predicts it: for the ladder's first rung that changes each memory term, and all of them
+combined, the largest model of a family and the largest batch of each GPT-2 preset. Predicted,
+not measured; docs/memory.md's table and docs/memory-ladder.md come from here."""
 
 import re
 from dataclasses import dataclass, replace
@@ -91,9 +87,8 @@ def largest_batch(rung: Rung, name: str, memory: int, nproc: int, context: int) 
 
 @dataclass
 class FitRow:
-    """One rung on one memory size: the largest model of FAMILY at `batch`, its prediction per
-    GPU (of the smallest model where none fits) and host memory (offload), and the largest
-    batch of each GPT-2 preset (0: none fits)."""
+    """One rung on one memory size: the largest model of FAMILY at `batch` (the smallest's
+    prediction where none fits) and the largest batch of each GPT-2 preset (0: none fits)."""
 
     rung: str
     step: str | None

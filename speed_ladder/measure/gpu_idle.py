@@ -1,32 +1,11 @@
-"""The GPU's idle share over the timed window, measured without the profiler: every CUDA record's
-`gpu_idle_share`, `gpu_idle_ms_per_step` and `gpu_idle_source`.
-
-The method: NVML's GPU utilization, "the percent of time over the past sample period during
-which one or more kernels was executing on the GPU" (the number `nvidia-smi` and
-`torch.cuda.utilization()` show), read from the driver's own buffer of samples
-(`nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES)`, through pynvml from nvidia-ml-py). The
-driver samples on its own (a period of 1/6 s to 1 s, by product), so nothing runs beside the
-training loop and nothing in it waits: at the window's start (and after each pause) the newest
-sample's timestamp is noted; at its end (and at each pause) the samples after it are read. The
-first of them began before the window (or the pause's end) and is dropped; the idle share is
-1 - the mean of the rest / 100, and the idle milliseconds per step that share of the mean step
-time. "No kernel executing" is exactly the idle this measures (the GPU waiting for the host),
-which is why this counter and not SM occupancy: a small kernel counts as busy.
-
-Why not CUDA events: an event gap is the step's time on the GPU's timeline, idle gaps
-included; the busy time inside it needs an event around every kernel, or a step whose host is
-held ahead of the GPU, an extra step that trains the model and changes the run. Why not the
-profiler: it slows the host, and the idle it sees is its own (profile.py keeps it, labelled).
-
-Limits, said in `gpu_idle_source`: whole percents per sample; the last part of the window
-after the newest sample is not covered; NVML counts every process's kernels on that GPU (a
-shared GPU reads busier); copies without a kernel read as idle. Under torchrun each rank
-measures its own GPU and the record has rank 0's. Where the counter cannot be read (no pynvml,
-ROCm, a MIG slice, a window shorter than a sample period) the fields are None and
-`gpu_idle_source` (and a note) says why: never a made-up number. Not a GPU: None, "no GPU".
-"""
+"""The GPU's idle share over the timed window, without the profiler: 1 - the mean of NVML's
+utilization samples the driver took inside it (pauses left out), as every CUDA record's
+`gpu_idle_share`, `gpu_idle_ms_per_step` and `gpu_idle_source`. Where it cannot be read the
+fields are None and the source says why: never a made-up number (docs/measurement.md)."""
 
 import torch
+
+from speed_ladder.measure.device import is_rocm
 
 NO_GPU = "no GPU"
 METHOD = (
@@ -56,7 +35,7 @@ def nvml_source(device: torch.device):
     """(NvmlSamples of `device`'s GPU, "") or (None, why it cannot be read)."""
     if device.type != "cuda":
         return None, NO_GPU
-    if getattr(torch.version, "hip", None) is not None:
+    if is_rocm():
         return None, "ROCm GPU: NVML does not read it (amdsmi is not used here)"
     try:
         import pynvml
@@ -71,9 +50,8 @@ def nvml_source(device: torch.device):
 
 
 class IdleMeter:
-    """Samples kept over the timed window's segments (see the module docstring). `source`
-    (tests: a fake) has `since(last_seen) -> [(timestamp, percent)]`; None with `why` where
-    there is none; by default nvml_source(device), asked at the first start."""
+    """Samples kept over the timed window's segments. `source` (tests: a fake) has
+    `since(last_seen) -> [(timestamp, percent)]`; by default nvml_source(device)."""
 
     def __init__(self, device: torch.device, source=None, why: str = ""):
         self.device = device

@@ -172,22 +172,13 @@ def cudnn_attention_unavailable(device: torch.device, cfg: dict, dtype: torch.dt
     can. Asked of torch itself (torch._fused_sdp_choice with only cuDNN's backend on) for the
     training call's shape, dtype and dropout, as step 07's check, then one real call of that
     shape, forward and backward: it needs a CUDA GPU whose cuDNN has the kernel, a 16-bit dtype
-    (step 05 on) and no dropout (step 16), and a torch whose `sdpa_kernel` sets an order
-    (`set_priority`, torch 2.6 on)."""
+    (step 05 on) and no dropout (step 16); `sdpa_kernel`'s order (`set_priority`) is torch's
+    from 2.6, and pyproject.toml asks for 2.7 on."""
     if device.type != "cuda":
         return f"cuDNN attention is CUDA's: on {device.type} step 07's attention kernel stays"
-    import inspect
     import warnings
 
-    from torch.nn.attention import sdpa_kernel
-
-    if "set_priority" not in inspect.signature(sdpa_kernel).parameters:
-        return (
-            f"torch {torch.__version__}'s sdpa_kernel cannot put cuDNN first (no set_priority, "
-            "torch 2.6 on): step 07's kernel stays"
-        )
-
-    from torch.nn.attention import SDPBackend
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     try:
         q, dtype, head, drop = sdpa_dispatch.attention_probe(device, cfg, dtype)

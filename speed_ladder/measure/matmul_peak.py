@@ -1,10 +1,7 @@
-"""The measured matmul peak of a CPU or an Apple GPU (no datasheet table for them): the best
-FLOP/s of a 1024^3 matmul in fp32 and bf16, measured once per device name, thread count and
-torch version and cached (`matmul_peak.json` in the cache folder); never cached when it is
-implausible or was measured while other processes kept the CPU busy. device.py's peak_flops (the
-MFU denominator) and bf16_is_fast (step 05's rule) read it. Under torchrun, rank 0 measures for
-the job's ranks (measured_matmul_rates). $SPEED_LADDER_PEAK_FLOPS sets both rates instead, and
-nothing is measured (fixed_rates: the tests)."""
+"""The matmul peak: the MFU denominator (a GPU's datasheet figure from gpu_specs.py; a CPU's or an
+Apple GPU's best measured rate of a 1024^3 matmul in fp32 and bf16, measured once and cached), and
+step 05's rule on it: whether bf16 matmuls beat fp32 here. $SPEED_LADDER_PEAK_FLOPS sets a CPU's
+or MPS's rates instead, and nothing is measured (the tests)."""
 
 import json
 import math
@@ -14,22 +11,19 @@ from pathlib import Path
 
 import torch
 
+from speed_ladder.autocast_env import AMP_ENV, BF16_ENV, amp_forced, bf16_forced
 from speed_ladder.errors import UserError, warn
 from speed_ladder.files import atomic_write_bytes, cache_dir
-from speed_ladder.measure import cpu_load
+from speed_ladder.measure import cpu_load, gpu_specs
 from speed_ladder.measure.across_ranks import process_group
-from speed_ladder.measure.torch_device import name, synchronize
+from speed_ladder.measure.device import is_rocm, name, synchronize
 
 
 def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024) -> float:
     """Best of 5 timed bursts of n^3 matmuls: a busy moment lowers one burst, not the best.
-    Where one n^3 matmul takes over 0.25 s (an emulated dtype: bf16 on a CPU without native
-    bf16 runs at about 1 GFLOP/s, 2 s a call at n = 1024), n halves, down to 256, so that
-    measuring a slow dtype takes a few seconds instead of half a minute; such a dtype's rate
-    barely depends on n. (Not predicted from a small probe: under load a 256^3 matmul can run
-    30x below a 1024^3 one, its threads waiting for each other.) The operands come from a
-    generator of their own, so measuring leaves the process's random state as it was.
-    """
+    Where one matmul takes over 0.25 s (an emulated dtype, e.g. bf16 on a CPU without native
+    bf16), n halves, down to 256: such a dtype's rate barely depends on n. Not predicted from a
+    small probe: under load a small matmul runs far below a large one."""
     # its own generator: drawn from the global one, these would move the run's random stream
     # (the first run of a sweep measures, then trains: other dropout masks than every later run)
     gen = torch.Generator().manual_seed(0)
@@ -132,22 +126,10 @@ _JOB_RATES: dict | None = None
 
 
 def measured_matmul_rates(device: torch.device) -> dict:
-    """{"fp32": FLOP/s, "bf16": FLOP/s} of a 1024^3 matmul, measured once and cached per
-    device name, thread count and torch version (CPU/MPS have no datasheet table here).
-
-    A cached entry outside the device's plausible range (see PLAUSIBLE_PEAK), or of the wrong
-    type, is measured again; a measurement outside it, or one taken while other processes kept
-    a CPU busy (cpu_load.py's threshold), is returned but not cached.
-
-    In a process group of several ranks (torchrun: step 11 on), rank 0 measures (or reads its
-    cache) while the others wait, and every rank takes its rates. Each rank measuring for
-    itself, all at once, slowed one another, so on a busy machine the peak was never cached and
-    every run measured it again, several seconds a rank; and ranks could disagree on step 05's
-    bf16 rule or the MFU peak. The first call is a collective: every rank makes it (bf16_is_fast
-    or Run.set_model, which every rank calls at the same point of a step).
-
-    $SPEED_LADDER_PEAK_FLOPS set: those rates, in every rank, nothing measured or cached.
-    """
+    """{"fp32": FLOP/s, "bf16": FLOP/s} of a 1024^3 matmul, cached per device name, threads and
+    torch version; an implausible or busy machine's measurement is used but not cached. Under
+    torchrun rank 0 measures and every rank takes its rates (ranks measuring at once slowed one
+    another, and could disagree): the first call is a collective every rank makes."""
     global _JOB_RATES
     if (fixed := fixed_rates()) is not None:
         return fixed
@@ -162,7 +144,7 @@ def measured_matmul_rates(device: torch.device) -> dict:
 
 
 def _measured_here(device: torch.device) -> dict:
-    """This process's measurement, or its cache's (measured_matmul_rates)."""
+    """This process's measurement, or its cache's."""
     key = rates_key(device)
     path = cache_dir() / "matmul_peak.json"
     table = _read_table(path)
@@ -190,3 +172,57 @@ def _measured_here(device: torch.device) -> dict:
         except OSError as e:
             warn(f"matmul peak not cached in {path} ({e.strerror}); measuring again next run")
     return rates
+
+
+def peak_flops(device: torch.device) -> tuple[float | None, str]:
+    """The MFU denominator for one device and where it comes from: a GPU's dense bf16 peak (fp16
+    on V100/T4) from gpu_specs.py, None for an unknown GPU, with a note saying how to add it; a
+    CPU's or MPS's best measured matmul rate, or $SPEED_LADDER_PEAK_FLOPS where set."""
+    if device.type == "cuda":
+        return gpu_specs.peak_for(torch.cuda.get_device_properties(device))
+    rates = measured_matmul_rates(device)
+    what = f"measured {device.type} matmul peak"
+    if fixed_rates() is not None:
+        what = f"{device.type} matmul peak set by {PEAK_ENV}"
+    why = rates_problem(device, rates)
+    if why is not None:
+        return None, f"{what} implausible ({why}): MFU left empty"
+    best = max(rates, key=rates.get)
+    return rates[best], (
+        f"{what} {rates[best] / 1e9:.0f} GFLOP/s ({best}; "
+        f"fp32 {rates['fp32'] / 1e9:.0f}, bf16 {rates['bf16'] / 1e9:.0f})"
+    )
+
+
+# bf16_is_fast's memo: device type -> (what it depends on, the answer)
+_BF16: dict[str, tuple[tuple, tuple[bool, str]]] = {}
+
+
+def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
+    """Whether bf16 matmuls beat fp32 here, and why (step 05's rule), unless $SPEED_LADDER_AMP or
+    $SPEED_LADDER_BF16 forces it. Decided once per device type and what it depends on, so the
+    step, the memory model and the record see one answer."""
+    forced = bf16_forced()
+    fixed = os.environ.get(PEAK_ENV)
+    depends = (forced, amp_forced()) if forced is not None else (name(device), fixed)
+    memo = _BF16.get(device.type)
+    if memo is None or memo[0] != depends:
+        memo = _BF16[device.type] = depends, _bf16_rule(device, forced)
+    return memo[1]
+
+
+def _bf16_rule(device: torch.device, forced: bool | None) -> tuple[bool, str]:
+    if forced is not None:
+        by = f"{AMP_ENV}={amp_forced()}" if amp_forced() is not None else BF16_ENV
+        return forced, f"forced {'on' if forced else 'off'} by {by}"
+    if device.type == "cuda":
+        ok, why = gpu_specs.bf16_for(torch.cuda.get_device_properties(device), is_rocm())
+        return ok, f"{name(device)}: {why}"
+    r = measured_matmul_rates(device)
+    how = f"matmul set by {PEAK_ENV}" if fixed_rates() is not None else "measured matmul"
+    problem = rates_problem(device, r)
+    if problem is not None:
+        return False, f"{how} rates implausible ({problem})"
+    return r["bf16"] > r["fp32"], (
+        f"{how}: bf16 {r['bf16'] / 1e9:.0f} vs fp32 {r['fp32'] / 1e9:.0f} GFLOP/s"
+    )

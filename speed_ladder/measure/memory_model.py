@@ -1,54 +1,10 @@
 """Predict a rank's memory before a run: model state, communication buffers, activations.
 
-State is what training keeps between steps, and in this ladder all of it is fp32 (step 05's
-autocast keeps fp32 master weights): 4 bytes each for a parameter, its gradient and AdamW's two
-moments, 16 bytes per parameter (ZeRO, Rajbhandari et al. 2020, section 3.1). Step 15's bf16
-weights (where bf16 is on) keep 20: a bf16 weight and gradient (2 + 2), an fp32 master (4), its
-fp32 gradient buffer (4, made once and kept: the update copies the bf16 gradients into it) and
-the moments (8); autocast then makes no bf16 copies of the weights, and DDP's buckets hold bf16
-gradients (2 B/param).
-
-- one process, DDP (every step but 14): every rank holds all 16 B/param. DDP adds 4 B/param of
-  gradient buckets (its flat all-reduce buffers; `gradient_as_bucket_view=False`, the default).
-- FSDP2 (step 14): each parameter is split on dim 0 into world_size shards (rank 0 holds the
-  largest, ceil(rows / W) rows), so a rank holds 16 B/param / W. What it gathers comes on top:
-  the root (embeddings, final norm, out_head) stays gathered from its forward to the end of
-  backward, with its full gradient (8 B per root parameter); a block is gathered for its forward
-  and again for its backward, the next one prefetched meanwhile (2 blocks of params, 1 of grads).
-- FSDP2 with CPU offload (step 21, on a GPU): the same shards, in host memory (`host_bytes`), and
-  AdamW's update on the CPU; the GPU keeps what FSDP2 gathers (above) and the activations. On a
-  CPU nothing moves: the prediction is FSDP2's.
-
-Activations (saved for backward) follow Korthikanti et al. 2022, "Reducing Activation
-Recomputation in Large Transformer Models", eq. 1: per layer s*b*h*(34 + 5*a*s/h) bytes with
-16-bit activations and 1-byte dropout masks (s context, b batch, h width, a heads). Its 34 is 16
-activation tensors of s*b*h elements plus 2 dropout masks; 5*a*s/h is the attention scores,
-softmax, its dropout mask and output, which a fused attention kernel (step 07's SDPA on CUDA)
-never stores. Activations are e bytes per element: 2 under bf16 autocast, 4 in fp32. The output
-layer (steps <= 11) adds three (B*T, V) tensors in the loss's dtype at its backward's peak: the
-saved log-softmax, nll's gradient and log-softmax's gradient. The loss is fp32 in this ladder
-(autocast runs log-softmax in fp32), so 12 B per logit; measured on a CPU, a 1024 x 50257
-output layer peaks at 3.0 fp32 tensors (fp32) and 3.2 (autocast, its bf16 weight copy beside).
-With bf16 logits and loss (the reference ladder's bf16 model) the same count is within 10% of
-its published A100 peaks at steps 09-10 (5.9 and 22.5 GB). Autocast also keeps a bf16 copy of
-every weight it casts (all but the embeddings) for backward: 2 B per such parameter. Liger's
-fused loss (12+) keeps one chunk of logits instead, in the activations' dtype, the gradient
-written over them (Liger's rule with its default LIGER_CHUNK_MEM_CONST: 512 rows at gpt2-124m's
-batch 32, 52 MB in bf16), beside the fp32 weight gradient and the hidden states' gradient, which
-it holds from forward to backward. Where Liger cannot run (a CPU, no liger-kernel), step 12's
-loss is step 11's (the step's few lines of fallback): the full logits, as steps <= 11
-(`predict_run`'s `fused`: the run says which ran, a prediction before it what the device can
-run). Checkpointing (13+) keeps each block's input only (the fp32 residual stream) plus one
-block's full activations while it is recomputed. Gradient accumulation (18) splits the batch
-into the preset's accum_steps micro-batches (where they split it evenly) and runs backward after
-each: the activations, and Liger's chunk and hidden-state gradient, are one micro-batch's;
-weights, gradients (summed in place) and AdamW state do not change.
-
-The sum state + buffers + activations is an upper bound of the peak (gradients are created as
-activations are freed); on CPU the process itself adds about 0.5 GiB. `python -m
-speed_ladder.measure.memory_model` prints the prediction per preset; the largest model
-that fits per GPU is `python -m speed_ladder fit`'s (measure/fit.py): predicted, not measured.
-"""
+State is 16 B per parameter (fp32 weight, gradient and AdamW's two moments; 20 with step 15's
+bf16 weights), split over the ranks by FSDP2; activations follow Korthikanti et al. 2022, eq. 1,
+plus the output layer's logits (or Liger's chunk of them). The sum is an upper bound of the
+peak. How each term is counted and how close it comes: docs/memory.md. `python -m
+speed_ladder.measure.memory_model` prints the prediction per preset."""
 
 import argparse
 import importlib.util
@@ -61,6 +17,7 @@ from speed_ladder import ladder
 from speed_ladder.ladder import Memory
 from speed_ladder.presets import GPT2_VOCAB, PRESETS
 
+PREDICTED_ENV = "SPEED_LADDER_PREDICTED"  # set by the sweep, which printed the prediction itself
 VOCAB = 50304  # step 09 on: GPT-2's 50257 padded to a multiple of 64
 FP32 = 4
 # Liger's default, which its public module (step 12's) uses: _CHUNK_MEM_CONST of its
@@ -114,8 +71,8 @@ def state_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB) -> dict:
 
 
 def buffer_bytes(cfg: dict, world: int, mode: str, vocab: int = VOCAB, grad_bytes=FP32) -> int:
-    """Communication buffers and gathered copies on top of the state (see the module doc);
-    grad_bytes: a gradient's (2 with step 15's bf16 weights: DDP's buckets are bf16)."""
+    """Communication buffers and gathered copies on top of the state; grad_bytes: a gradient's
+    (2 with step 15's bf16 weights)."""
     pc = param_counts(cfg, vocab)
     if mode == "ddp":  # gradient buckets; a world of one is not wrapped in DDP (step 11)
         return grad_bytes * pc["total"] if world > 1 else 0
@@ -138,9 +95,8 @@ ACTIVATION_KINDS = ("logits", "fused", "checkpointed")
 
 
 def liger_runs_on(device_type: str) -> bool:
-    """Whether step 12's Liger can run on this device type (measure.inactive.liger_unavailable's
-    rule, torch-free for the sweep: a test checks that they agree): CUDA, or a CPU through
-    Triton's interpreter, with liger-kernel and Triton installed (found, not imported)."""
+    """Whether step 12's Liger can run on this device type, torch-free (inactive.py's rule: a
+    test checks that they agree): CUDA, or a CPU under Triton's interpreter, both installed."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     where = device_type == "cuda" or (device_type == "cpu" and interpreted)
     found = lambda m: m in sys.modules or importlib.util.find_spec(m) is not None
@@ -157,9 +113,8 @@ def activation_bytes(
     loss_bytes: int = FP32,
     fused: bool | None = None,
 ) -> int:
-    """Korthikanti et al. 2022 eq. 1 per layer, generalized to e = act_bytes per element; plus
-    the output layer's: its full logits (`kind` logits), its loss in loss_bytes, or Liger's
-    chunk (fused, checkpointed; `fused` False: the full logits there too). See the module doc."""
+    """Korthikanti et al. 2022 eq. 1 per layer at act_bytes per element, plus the output
+    layer's: its full logits in loss_bytes (`kind` logits, or `fused` False) or Liger's chunk."""
     if kind not in ACTIVATION_KINDS:
         raise ValueError(f"kind {kind!r}: one of {ACTIVATION_KINDS}")
     s, b, h, a, L = cfg["context_length"], batch, cfg["emb_dim"], cfg["n_heads"], cfg["n_layers"]
@@ -287,14 +242,16 @@ def fits(pred: Prediction, gpu_bytes: float) -> bool:
 
 def breakdown_table(steps=None, gpus=(1, 4)) -> str:
     """Markdown: predicted GiB per rank, state + buffers + activations, per GPT-2 preset; by
-    default for the last rung that shards its state (FSDP2) and the rung it builds on (13 and
-    14: what sharding saves), else the last rung and the one it builds on."""
+    default for the last rung that shards its state (FSDP2) and the rung it builds on."""
     if steps is None:
         sharding = [r for r in ladder.rungs() if r.memory.state == "fsdp2"]
         last = (sharding or list(ladder.rungs()))[-1]
         steps = [last.after, last.num] if last.after else [last.num]
-    rows = ["| preset | params | batch | " + " | ".join(f"step {s} x{n}" for s in steps
-            for n in gpus) + " |", "|---|--:|--:|" + "--:|" * (len(steps) * len(gpus))]  # fmt: skip
+    head = " | ".join(f"step {s} x{n}" for s in steps for n in gpus)
+    rows = [
+        f"| preset | params | batch | {head} |",
+        "|---|--:|--:|" + "--:|" * (len(steps) * len(gpus)),
+    ]
     for name in GPT2_FAMILY:
         cells = []
         for s in steps:
@@ -311,9 +268,8 @@ def breakdown_table(steps=None, gpus=(1, 4)) -> str:
 
 # ---------------------------------------------------------------- for the harness
 def act_bytes_of(step: str, half: bool | None, device_type: str) -> int:
-    """Bytes per activation element in ladder step `step`: 2 under step 05's autocast (bf16, or
-    fp16 with loss scaling), else 4. half: whether it computes in 16 bits (RunSpec.half; None on
-    a CPU or MPS: precision.choice measures it, cached)."""
+    """Bytes per activation element in ladder step `step`: 2 under step 05's autocast, else 4;
+    `half` None (a CPU or MPS): step 05's rule decides it here."""
     if not ladder.rung(step).memory.bf16_autocast:
         return 4
     if half is None:
@@ -326,15 +282,21 @@ def act_bytes_of(step: str, half: bool | None, device_type: str) -> int:
     return 2 if half else 4
 
 
-def predict_run(shape: dict, step: str, world: int, batch: int, half: bool | None,
-                device_type: str, mode: str | None = None, vocab: int | None = None,
-                name: str = "custom", fused: bool | None = None) -> Prediction:  # fmt: skip
-    """The prediction for one run of ladder step `step` (the sweep's before it, the step's own):
-    activations in 16 bits as step 05 decides (`act_bytes_of`), flash attention from step 07 (on a
-    CPU only without dropout: SDPA's math path otherwise), GPT-2's vocabulary padded from step
-    09, Liger's fused loss from step 12 where it ran (`fused`: the run's) or, before the run,
-    where it can (`liger_runs_on`); the mode from the step unless the model says
-    (`detect_mode`)."""
+def predict_run(
+    shape: dict,
+    step: str,
+    world: int,
+    batch: int,
+    half: bool | None,
+    device_type: str,
+    mode: str | None = None,
+    vocab: int | None = None,
+    name: str = "custom",
+    fused: bool | None = None,
+) -> Prediction:
+    """The prediction for one run of ladder step `step` (the sweep's before it, the step's own),
+    with what the device runs: 16-bit activations as step 05 decides, flash attention (a CPU's
+    only without dropout), Liger's loss where it ran (`fused`) or, before the run, can."""
     act = act_bytes_of(step, half, device_type)
     m = ladder.rung(step).memory
     flash = m.flash and (device_type == "cuda" or not m.drop_rate(shape))  # CPU + dropout: math

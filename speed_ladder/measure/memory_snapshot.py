@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from speed_ladder.errors import UserError
-from speed_ladder.outputs import check_file
+from speed_ladder.writable import check_file
 
 MAX_ENTRIES = 100_000  # the allocator events kept, the newest
 

@@ -1,67 +1,16 @@
-"""The time breakdown's categories (`--profile`, speed_ladder.measure.profile): which category an op
-is, by its own name, a device kernel's name or the module range it runs in; and the module ranges.
-speed_ladder.measure.breakdown counts the profiled steps' time by them.
-
-The categories, by the op's name (`aten::...`, as in `prof.key_averages()`); an op with a name
-below gives its category to everything it calls, except a callee with a name of its own:
-
-- matmul: aten::mm, addmm, linear, mv: the linear layers' GEMMs, the output head's included
-  (`nn.Linear` on (B, T, C) is aten::linear -> matmul -> mm).
-- attention: aten::bmm and baddbmm (here only attention multiplies batches of matrices: the
-  4-D `q @ k.T` is aten::matmul -> bmm), softmax, masked_fill, triu/tril (the causal mask),
-  scaled_dot_product_attention and its flash/efficient/cudnn/math kernels
-  (aten::_scaled_dot_product_flash_attention_for_cpu); and every op inside a module whose
-  class name has "Attention" (its views, transposes, `.contiguous()`, the scaling divide).
-- norm_act (normalization and activations): aten::layer_norm, native_layer_norm(_backward),
-  rms_norm, gelu(_backward), silu, relu; and every op inside a module whose class name ends in
-  "Norm" or is an activation's (GELU): the hand-written LayerNorm's mean, var, sub, div, sqrt,
-  mul, add and GELU's pow, tanh, mul, add in steps 00-05.
-- loss: aten::cross_entropy_loss, log_softmax, nll_loss and their backward (the zeroing of
-  nll_loss's (N, V) gradient included); Liger's kernels and what runs inside step 12's Liger
-  Function (LigerFusedLinearCrossEntropyFunction), except its matmuls: the logits' and the
-  hidden states' gradient's aten::mm and the weight gradient's aten::addmm(_) are matmul (an
-  in-place addmm_ counted as loss was a third of the output layer's matmuls).
-- optimizer: the Optimizer.step#AdamW.step and Optimizer.zero_grad#... ranges (every
-  _foreach_, lerp_, addcdiv_ or _fused_adamw_ op inside them), aten::_fused_adamw_.
-- communication: nccl:*, gloo:*, c10d::* (c10d::allreduce_), record_param_comms, DDP's reducer
-  ranges (its bucket copies and gradient scaling), the FSDP::* ranges (all-gather,
-  reduce-scatter and their copies), NCCL kernels.
-- data_host (data and host): the enumerate(DataLoader)#... range (fetch and collate), the loop's
-  own copies and `.item()` (aten::to, copy_, _local_scalar_dense outside every category),
-  host-device memcpy; and the steps' time that no op covers (Python, the loop).
-- other: the rest: embeddings, residual adds, dropout, views outside the modules above,
-  AccumulateGrad, torch.compile's fused kernels where their names do not say (below).
-
-Module hooks. At the profile's start (never during the timed steps) forward pre/post hooks open
-a `record_function` range `speed-ladder/<category>: <class>` around each norm, activation and
-attention module, removed again when profiling ends. They only name the ops inside: a range's
-own time (the Python between its ops, and the hook's) is data and host, like all Python. A
-model that torch.compile compiled gets none (adding hooks would make it recompile); there the
-native ops' names are enough (steps 06 on), except that on a CPU Inductor's fused C++ kernels
-record no event of their own: their time is the compiled graph's own (`## Call
-CompiledFxGraph ...`), in other. On CUDA Inductor names each Triton kernel
-(`triton_per_fused_native_layer_norm_0`): the names it fuses decide its category (loss before
-communication, attention, norm_act, optimizer, matmul), unnamed fusions are other.
-"""
+"""The time breakdown's categories (`--profile`): which category an op is, by its own name, a
+device kernel's name or the module range it runs in; and those module ranges, hooks installed for
+the profiled steps only. The whole table: docs/measurement.md, "The time breakdown"."""
 
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only the hooks below need torch: the report imports CATEGORIES without it
     import torch
 
-CATEGORIES = (
-    "matmul",
-    "attention",
-    "norm_act",
-    "loss",
-    "optimizer",
-    "communication",
-    "data_host",
-    "other",
-)
 LABELS = {
     "matmul": "matmul",
     "attention": "attention",
@@ -72,8 +21,8 @@ LABELS = {
     "data_host": "data and host",
     "other": "other",
 }
-PREFIX = "speed-ladder/"  # our ranges: the module ranges below, the steps
-# (speed_ladder.measure.breakdown)
+CATEGORIES = tuple(LABELS)
+PREFIX = "speed-ladder/"  # our ranges: the module ranges below, the steps (breakdown.py)
 
 # ---------------------------------------------------------------- which category an op is
 _EXACT = {
@@ -98,23 +47,15 @@ _EXACT = {
     "optimizer": "_fused_adamw_ _fused_adam_ _fused_sgd_",
 }
 EXACT = {f"aten::{op}": cat for cat, ops in _EXACT.items() for op in ops.split()}
-PREFIXES = (  # (start of the name, category), first match wins
-    ("aten::_scaled_dot_product", "attention"),
-    ("aten::_flash_attention", "attention"),
-    ("aten::_efficient_attention", "attention"),
-    ("aten::_cudnn_attention", "attention"),
-    ("Optimizer.step#", "optimizer"),
-    ("Optimizer.zero_grad#", "optimizer"),
-    ("enumerate(DataLoader)", "data_host"),
-    ("nccl:", "communication"),
-    ("gloo:", "communication"),
-    ("c10d::", "communication"),
-    ("c10d:", "communication"),
-    ("record_param_comms", "communication"),
-    ("FSDP::", "communication"),
-    ("torch::distributed::reducer", "communication"),  # DDP's reducer: gradient scaling,
-    ("torch.distributed.ddp.reducer", "communication"),  # bucket copies
-)
+_PREFIXES = {  # the start of an op's name (DDP's reducer: gradient scaling, bucket copies)
+    "attention": "aten::_scaled_dot_product aten::_flash_attention aten::_efficient_attention "
+    "aten::_cudnn_attention",
+    "optimizer": "Optimizer.step# Optimizer.zero_grad#",
+    "data_host": "enumerate(DataLoader)",
+    "communication": "nccl: gloo: c10d:: c10d: record_param_comms FSDP:: "
+    "torch::distributed::reducer torch.distributed.ddp.reducer",
+}
+PREFIXES = tuple((p, cat) for cat, ps in _PREFIXES.items() for p in ps.split())  # first match
 # what a name that is a list of fused ops (a Triton or C++ kernel of torch.compile, a backward
 # node, a kernel no op launched) says, by the words in it: first match wins
 KEYWORDS = (
@@ -209,7 +150,7 @@ class ModuleRanges:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.handles = []
-        self.open: dict[int, list] = {}
+        self.open: dict[int, list] = defaultdict(list)  # id(module) -> its open ranges
 
     def install(self) -> int:
         from torch.autograd.profiler import record_function
@@ -218,12 +159,12 @@ class ModuleRanges:
             def hook(module, args):
                 rf = record_function(name)
                 rf.__enter__()
-                self.open.setdefault(id(module), []).append(rf)
+                self.open[id(module)].append(rf)
 
             return hook
 
         def post(module, args, output):
-            stack = self.open.get(id(module))
+            stack = self.open[id(module)]
             if stack:
                 stack.pop().__exit__(None, None, None)
 

@@ -1,35 +1,7 @@
 """Where a step's time goes, by phase: every record's `phase_ms` (data, forward, backward,
-optimizer, in ms: those of the median timed step, `median_step`) and `data_share` (data's share
-of the four: how much of a step waits on data).
-
-The boundaries come from hooks that `run.set_model` installs, never from a line of a step file:
-- data: from the previous step's end (`run.step_done`, the clock's mark, or the clock's restart
-  after a pause) to the forward's start, a forward pre-hook on the model the step hands
-  `set_model` (torch.compile's wrapper, DDP and FSDP2 run a module's hooks outside any compiled
-  graph: nothing recompiles). The loader, the copy to the device and `zero_grad`.
-- forward: to backward's start, the first gradient hook that backward reaches: on the loss
-  module where the step hands one to `set_model` (step 12's Liger loss, where it runs), else on
-  the model's output, so that the cross-entropy, computed after the model, counts in forward
-  with its own backward (one elementwise pass over the logits).
-- backward: to backward's end, a callback on the autograd engine (`queue_callback`, queued when
-  backward starts) that queues the mark once more, so that it is taken after the callbacks that
-  DDP and FSDP2 queue during backward (their wait for the last gradient reduction).
-- optimizer: to the step's end (`run.step_done`): the update, and from step 15 on the copies to
-  and from the fp32 master weights.
-Each step's four phases add up to its time (the clock's own marks begin and end it), so the
-record's four add up to its `step_time_ms`.
-
-On CUDA each boundary is a CUDA event recorded on the current stream, as the clock marks a
-step's end (clock.py), read with the step times at the window's end: no synchronize inside the
-window. A phase is then the GPU's time between two points of its stream: with the host queueing
-ahead, data is the copy of the batch; when the loader is late, the GPU waits for the forward's
-first launch, and the wait is in data. On a CPU each boundary is `time.perf_counter()` (the work
-is done when the op returns). On MPS, where the clock synchronizes at every mark, more marks
-would slow the step: no phases (null, and a note says so). Warm-up, paused and profiled steps
-are never counted (the clock times none of them). Under torchrun a record has rank 0's phases.
-
-Importing this module needs no torch (the summary reads PHASES); `attach` imports it.
-"""
+optimizer: the median timed step's, ms) and `data_share`, marked by hooks `run.set_model`
+installs on the clock's marks (docs/measurement.md, "Phases"). Importing it needs no torch: the
+summary reads PHASES."""
 
 import statistics
 from itertools import pairwise
@@ -116,9 +88,8 @@ class Phases:
             self.ms[p].append(v)
 
     def fields(self, note) -> dict:
-        """The record's `phase_ms` and `data_share` (see `median_step`); null, with a `note`
-        saying why, where not every timed step marked its phases. The hooks come off: the run
-        is over."""
+        """The record's `phase_ms` and `data_share`; null, with a `note` saying why, where not
+        every timed step marked its phases. The hooks come off: the run is over."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -141,11 +112,8 @@ class Phases:
 
 
 def median_step(ms: dict[str, list[float]]) -> dict[str, float]:
-    """The phases (ms) of the median step: the middle timed step by step time, or the middle
-    two averaged, as the median step time averages theirs; so the four add up to the median
-    step time. Each phase's own median would not: on a busy machine a disturbance lands in one
-    phase of one step, each phase's median skips it, and their sum fell short of the median
-    step by 14% (a tiny run on 2 busy cores); a mean over the middle half of the steps, by 5%."""
+    """The phases (ms) of the median step, so that the four add up to the median step time
+    (each phase's own median would not: it skips a disturbance in one phase of one step)."""
     totals = [sum(step) for step in zip(*ms.values(), strict=True)]
     order = sorted(range(len(totals)), key=totals.__getitem__)
     n = len(order)
@@ -154,9 +122,8 @@ def median_step(ms: dict[str, list[float]]) -> dict[str, float]:
 
 
 def phase_columns(runs: list[dict]) -> dict:
-    """A summary row's `phase_<name>_ms` (each the median over the runs that have phases) and
-    `data_share` (the median of theirs); empty where no run has phases (records without the
-    field, MPS)."""
+    """A summary row's `phase_<name>_ms` and `data_share`: the medians over the runs that have
+    phases (None where none has)."""
     have = [r for r in runs if isinstance(r.get("phase_ms"), dict)]
 
     def median(values):

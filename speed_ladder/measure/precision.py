@@ -11,7 +11,7 @@ import torch
 
 from speed_ladder.autocast_env import AMP_ENV, BF16_ENV, amp_forced, bf16_forced
 from speed_ladder.measure import device as dev
-from speed_ladder.measure import gpus
+from speed_ladder.measure import gpu_specs, matmul_peak
 from speed_ladder.parity import compiles
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -50,11 +50,11 @@ def choice(device: torch.device) -> tuple[str, str]:
     if forced is not None:
         kind, why = forced, f"forced by {AMP_ENV}={forced}"
     else:
-        bf16, why = dev.bf16_is_fast(device)
+        bf16, why = matmul_peak.bf16_is_fast(device)
         kind = "bf16" if bf16 else "fp32"
         if not bf16 and device.type == "cuda" and bf16_forced() is None:
             p = torch.cuda.get_device_properties(device)
-            fp16, more = gpus.fp16_tensor_cores(p.major, p.minor, dev.is_rocm())
+            fp16, more = gpu_specs.fp16_tensor_cores(p.major, p.minor, dev.is_rocm())
             kind, why = ("fp16" if fp16 else "fp32"), f"{why}; {more}"
     _DECIDED[device.type] = _env(), kind
     return kind, why

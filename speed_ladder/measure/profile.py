@@ -1,28 +1,7 @@
-"""Where the time goes: profile a few training steps with torch.profiler and split their time into
-categories (`--profile [N]`, `--trace DIR`). This module is the run's profiler;
-speed_ladder.measure.op_categories has the categories (which op is which, the module ranges) and
-speed_ladder.measure.breakdown turns the profiled events into each category's share (the
-denominator, backward attribution).
-
-When. The profiled steps are never timed, and each ends with a device synchronize (the timed steps
-do not), so that a step's range holds its device work. With `--max-steps` (a measuring run, as in
-the sweep) they come after the timed window: the run trains N more steps (default 3) under the
-profiler and only then reports finished; the window's peak memory is read before the profiler
-starts (its buffers raise a CPU process's RSS). Without `--max-steps` (a tutorial run over epochs)
-the end is not known in advance, so the N steps right after the warm-up are profiled and the timed
-window starts after them (on a CPU its peak RSS may then include memory the profiler freed but the
-process still holds; a note says so). A run whose data runs out first keeps the whole steps it
-profiled (a note says so). Evaluation inside `run.paused()` during the profiled steps is left out,
-as it is from the timing.
-
-The record gets `time_breakdown` ({category: share}), `time_breakdown_ms` ({category: ms per
-profiled step of its work alone, and `idle`: on CUDA device milliseconds, which the profiler does
-not inflate, and the GPU's idle time, which it does: breakdown.per_step_ms}),
-`time_breakdown_basis`, `profiled_steps`, `profiled_ms` and, with `--trace DIR`, `trace`: the
-Chrome/Perfetto trace of the profiled steps (`DIR/<step>-<start time>.json`, one per rank under
-torchrun: `-rank<r>`), for chrome://tracing or https://ui.perfetto.dev. Under torchrun every rank
-is profiled (so that no rank waits for a slower profiled one) and rank 0's breakdown is recorded.
-"""
+"""`--profile [N]` and `--trace DIR`: a run's N profiled steps under torch.profiler, never timed,
+after the timed window (with `--max-steps`) or right after the warm-up (without), and their time
+by category (breakdown.py) in the record. docs/measurement.md, "Where the time goes", says when
+and what; under torchrun every rank is profiled and rank 0's breakdown is recorded."""
 
 import os
 import re
@@ -45,7 +24,7 @@ from speed_ladder.measure.breakdown import (
     shares,
 )
 from speed_ladder.measure.op_categories import ModuleRanges, is_compiled
-from speed_ladder.outputs import check_dir
+from speed_ladder.writable import check_dir
 
 
 @contextmanager
@@ -71,11 +50,12 @@ def quiet_native_stderr():
 
 
 class StepProfiler:
-    """Profiles `steps` training steps for a `Run` (see the module docstring for when)."""
+    """Profiles `steps` training steps of a run (see the module docstring for when), noting
+    what it found in the run's record (`recorder`, measure/run_record.py)."""
 
-    def __init__(self, run, steps: int, trace_dir: str | None):
-        self.run, self.steps, self.trace_dir = run, steps, trace_dir
-        spec = run.spec
+    def __init__(self, spec, device, recorder, started_at: str, steps: int, trace_dir):
+        self.device, self.recorder, self.started_at = device, recorder, started_at
+        self.steps, self.trace_dir = steps, trace_dir
         self.measuring = spec.max_steps is not None
         # the step after which profiling starts: the window's end, or the warm-up's
         self.starts_after = spec.max_steps if self.measuring else spec.warmup_steps
@@ -107,20 +87,20 @@ class StepProfiler:
         """Begin profiling with step `first_step` (at a step boundary, after the device sync)."""
         from torch.profiler import ProfilerActivity, profile
 
-        cuda = self.run.device.type == "cuda"
+        cuda = self.device.type == "cuda"
         activities = [ProfilerActivity.CPU]
         if cuda:
             activities.append(ProfilerActivity.CUDA)
         self.first = first_step
         last = first_step + self.steps - 1
         when = "after the timed window" if self.measuring else "after the warm-up, before it"
-        self.run.note(f"profiled steps {first_step}-{last} {when}: not timed (--profile)")
+        self.recorder.note(f"profiled steps {first_step}-{last} {when}: not timed (--profile)")
         try:
             if self.model is not None and not is_compiled(self.model):
                 self.hooks = ModuleRanges(self.model)
                 self.hooks.install()
             elif self.model is not None:
-                self.run.note(
+                self.recorder.note(
                     "profile: compiled model, no module ranges: its fused kernels' time is in "
                     "'other' where their names do not say what they fuse"
                 )
@@ -164,19 +144,19 @@ class StepProfiler:
         with record_function(PAUSED_RANGE):
             yield
 
-    def close(self) -> None:
+    def close(self, steps_done: int) -> None:
         """At the run's end: a profile still running (the data ran out) keeps its whole steps."""
         if self.state == "running":
             if self.range is not None:
                 self.range.__exit__(None, None, None)  # a step that never ended: not counted
                 self.range = None
-            self.run.note(
+            self.recorder.note(
                 f"profile: the data ran out after {self.profiled} of {self.steps} profiled steps"
             )
             self._stop()
         elif self.state == "waiting":
-            self.run.note(
-                f"profile: the run ended after {self.run.steps_done} steps, before step "
+            self.recorder.note(
+                f"profile: the run ended after {steps_done} steps, before step "
                 f"{self.starts_after + 1}, the first to profile: no time breakdown"
             )
             self.state = "failed"
@@ -198,53 +178,54 @@ class StepProfiler:
             try:
                 self._analyse()
             except Exception as e:
-                self.run.note(f"profile: no breakdown: {e.__class__.__name__}: {e}")
+                self.recorder.note(f"profile: no breakdown: {e.__class__.__name__}: {e}")
             if self.trace_dir is not None:
                 self._export()
         self.prof = None
-        if not self.measuring and self.run.device.type != "cuda":
-            self.run.note(
+        if not self.measuring and self.device.type != "cuda":
+            self.recorder.note(
                 "profile: the timed window starts right after the profiled steps, and peak RSS "
                 "may include memory the profiler freed but the process still holds (about "
                 "0.1 GiB on tiny); --max-steps profiles after the window instead"
             )
-        self.run.print(
-            f"[{self.run.step}] profile analysed in {time.perf_counter() - t0:.1f} s"
+        self.recorder.say(
+            f"[{self.recorder.step}] profile analysed in {time.perf_counter() - t0:.1f} s"
             + (f"; trace: {self.trace}" if self.trace else "")
         )
 
     def _analyse(self) -> None:
-        use_device = self.run.device.type == "cuda"
+        use_device = self.device.type == "cuda"
         events = self.prof.events()
         if use_device:  # torch 2.11: a kernel's launching op, from kineto (breakdown.py)
             link_kernels(events, self.prof.profiler.kineto_results)
         res = breakdown(events, self.profiled, use_device)
-        if use_device and res and res["basis"] != "device time":
-            self.run.note("profile: no device activity recorded (CUPTI?): self CPU time instead")
-        if not res:
-            self.run.note("profile: no profiled step found in the profile: no breakdown")
+        if res is None:
+            self.recorder.note("profile: no profiled step found in the profile: no breakdown")
             return
-        share = shares(res["seconds"])
+        if use_device and res.basis != "device time":
+            self.recorder.note(
+                "profile: no device activity recorded (CUPTI?): self CPU time instead"
+            )
+        share, ms = shares(res.seconds), per_step_ms(res)
         self.result = {
             "time_breakdown": share,
-            "time_breakdown_ms": per_step_ms(res),
-            "time_breakdown_basis": f"{res['basis']}, share of {res['steps']} profiled steps' "
+            "time_breakdown_ms": ms,
+            "time_breakdown_basis": f"{res.basis}, share of {res.steps} profiled steps' "
             "wall time (the uncovered rest is data and host); time_breakdown_ms: ms per step, "
             "the uncovered rest is idle",
-            "profiled_steps": res["steps"],
-            "profiled_ms": round(res["wall_s"] * 1000, 3),
+            "profiled_steps": res.steps,
+            "profiled_ms": round(res.wall_s * 1000, 3),
         }
-        ms = self.result["time_breakdown_ms"]
-        self.run.print(
-            f"[{self.run.step}] where the time goes: {describe(share, 8)}; per step "
-            f"{res['wall_s'] * 1000 / res['steps']:.1f} ms, of it {ms['idle']:.1f} ms idle"
+        self.recorder.say(
+            f"[{self.recorder.step}] where the time goes: {describe(share, 8)}; per step "
+            f"{res.wall_s * 1000 / res.steps:.1f} ms, of it {ms['idle']:.1f} ms idle"
         )
 
     def _export(self) -> None:
         rank = int(os.environ.get("RANK", "0"))
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        stamp = re.sub(r"[^0-9]", "", self.run.started[0][:19])
-        name = f"{self.run.step}-{stamp[:8]}T{stamp[8:]}Z"
+        stamp = re.sub(r"[^0-9]", "", self.started_at[:19])
+        name = f"{self.recorder.step}-{stamp[:8]}T{stamp[8:]}Z"
         if world > 1:
             name += f"-rank{rank}"
         path = Path(self.trace_dir) / f"{name}.json"
@@ -254,7 +235,7 @@ class StepProfiler:
         except (OSError, RuntimeError) as e:
             why = os_error_why(e) if isinstance(e, OSError) else e  # str(e) names the path
             where = portable_path(path, self.trace_dir)  # the record names no place of this host
-            self.run.note(f"profile: trace not written to {where}: {why}")
+            self.recorder.note(f"profile: trace not written to {where}: {why}")
             return
         self.trace = str(path)
 
@@ -263,7 +244,7 @@ class StepProfiler:
         if self.hooks is not None:
             self.hooks.remove()
             self.hooks = None
-        self.run.note(f"profile: {why}; no time breakdown")
+        self.recorder.note(f"profile: {why}; no time breakdown")
 
     def fields(self) -> dict:
         """The record's fields: the breakdown (None when there is none) and the trace."""
@@ -273,7 +254,7 @@ class StepProfiler:
         return out
 
 
-def from_args(args, run) -> StepProfiler | None:
+def from_args(args, spec, device, recorder, started_at: str) -> StepProfiler | None:
     """The run's profiler when `--profile` (or `--trace`, which implies it) is given; the trace
     folder is checked now, before the model is built."""
     steps = getattr(args, "profile", None)
@@ -282,20 +263,9 @@ def from_args(args, run) -> StepProfiler | None:
         return None
     if trace is not None:
         check_dir(trace, "--trace")
-    return StepProfiler(run, steps or PROFILE_STEPS, trace)
+    return StepProfiler(spec, device, recorder, started_at, steps or PROFILE_STEPS, trace)
 
 
 def excluded(profiler: StepProfiler | None):
     """`run.paused()`'s part: what runs inside is left out of a running profile."""
     return nullcontext() if profiler is None else profiler.excluded()
-
-
-def profiled_runs(records: list[dict]) -> int:
-    """How many of a step's latest records in a row are ok and have a time breakdown: the runs
-    a profiled sweep (`python -m speed_ladder run --profile`) counts as done."""
-    n = 0
-    for r in reversed(records):
-        if r.get("status") != "ok" or not isinstance(r.get("time_breakdown"), dict):
-            break
-        n += 1
-    return n

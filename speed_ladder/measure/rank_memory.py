@@ -8,11 +8,9 @@ from dataclasses import asdict
 from speed_ladder.measure import precision
 from speed_ladder.measure.data import train_windows
 from speed_ladder.measure.inactive import liger_unavailable
-from speed_ladder.measure.memory_model import GIB, VOCAB, predict_run
+from speed_ladder.measure.memory_model import GIB, PREDICTED_ENV, VOCAB, predict_run
 from speed_ladder.measure.settings import batch_fits_gpu
 from speed_ladder.presets import PRESETS
-
-PREDICTED_ENV = "SPEED_LADDER_PREDICTED"  # set by the sweep, which printed the prediction itself
 
 
 def announce(spec, step: str, cfg: dict, batch: int, device, model, fused: bool, recorder) -> dict:

@@ -17,7 +17,7 @@ import torch
 
 from speed_ladder.errors import UserError, on_failure
 from speed_ladder.files import check_cache_dir
-from speed_ladder.measure import attention_kernel, profile, rung_checks
+from speed_ladder.measure import attention_kernel, matmul_peak, profile, rung_checks
 from speed_ladder.measure import device as dev
 from speed_ladder.measure.across_ranks import Measured, across_ranks, process_group
 from speed_ladder.measure.clock import StepClock
@@ -36,8 +36,8 @@ from speed_ladder.measure.run_record import (
 from speed_ladder.measure.schedule import Schedule
 from speed_ladder.measure.settings import refuse_unused, resolve_spec
 from speed_ladder.measure.window import TimedWindow
-from speed_ladder.outputs import check_file
 from speed_ladder.records import FIELDS
+from speed_ladder.writable import check_file
 
 # The GPT_CONFIG settings a preset sets (every preset sets them all); vocab_size is the step's.
 MODEL_KEYS = ("context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
@@ -74,7 +74,9 @@ class Run:
         self._t_print = 0.0
         self.window = TimedWindow(self.device, is_rank0)
         self.memory_prediction: dict = {}  # rank_memory.announce, before the first step
-        self.profiler = profile.from_args(args, self)  # --profile/--trace, else None
+        self.profiler = profile.from_args(
+            args, self.spec, self.device, self.recorder, self.started[0]
+        )  # --profile/--trace, else None
         # the SDPA kernel the training call ran, and the rungs that judge by it
         self.attention = attention_kernel.Watch(
             step, self.device, self.spec.warmup_steps, self._kernel_found
@@ -147,7 +149,7 @@ class Run:
         if sized:
             self.note(sized)
         self.flops_per_token = flops_per_token(model, cfg)
-        self.peak = dev.peak_flops(self.device)  # (FLOP/s, what it is); cached after one run
+        self.peak = matmul_peak.peak_flops(self.device)  # (FLOP/s, what it is), cached
         if self.profiler is not None:
             self.profiler.attach(model)
         self.clock.phases.attach(model, self.fused_loss)  # data/forward/... hooks (phases.py)
@@ -291,7 +293,7 @@ class Run:
     def finish(self, train_loss: float | None, val_loss: float | None) -> dict:
         """Reduce across ranks, print the summary and append the record (rank 0)."""
         if self.profiler is not None:
-            self.profiler.close()  # a profile the data cut short keeps its whole steps
+            self.profiler.close(self.steps_done)  # a profile the data cut short: whole steps
         self.curve.pause()  # the training is over
         if val_loss is not None:
             self.curve.add(val_loss)  # the final evaluation

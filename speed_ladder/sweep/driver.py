@@ -56,7 +56,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 
-from speed_ladder import machine, outputs
+from speed_ladder import machine, writable
 from speed_ladder.errors import UserError
 from speed_ladder.files import LOCAL_RESULTS, RESULTS, ROOT, portable_path, shown, tracked
 from speed_ladder.flags import child_argv
@@ -70,7 +70,7 @@ from speed_ladder.ladder import (
 from speed_ladder.measure.data import check_text_file
 from speed_ladder.measure.device import is_rocm
 from speed_ladder.measure.device import resolve as resolve_torch_device
-from speed_ladder.measure.gpus import autocast_for
+from speed_ladder.measure.gpu_specs import autocast_for
 from speed_ladder.measure.settings import resolve_spec
 from speed_ladder.records import code_sha256
 from speed_ladder.report import to_loss
@@ -173,11 +173,11 @@ def check_outputs(tag_dir: Path) -> None:
             "-m speed_ladder publish` adds them to results/"
         )
     try:
-        outputs.check_dir(tag_dir, "results folder")
+        writable.check_dir(tag_dir, "results folder")
     except UserError as e:  # e.g. results/ in a read-only checkout
         raise UserError(f"{e}; --results-dir DIR chooses another place") from None
     for name in (RUNS, SUMMARY):
-        outputs.check_file(tag_dir / name, "results file")
+        writable.check_file(tag_dir / name, "results file")
 
 
 def _others(tag_dir: Path, fp: dict) -> list[dict]:
@@ -226,7 +226,7 @@ def _values(args) -> dict:
     data = str(Path(args.data).resolve()) if args.data is not None else None
     values = dict(vars(args), data=data)
     if args.trace is not None:  # every step writes its trace there (speed_ladder.measure.profile)
-        outputs.check_dir(args.trace, "--trace")
+        writable.check_dir(args.trace, "--trace")
         values["trace"] = str(Path(args.trace).resolve())
     return values
 

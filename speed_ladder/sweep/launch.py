@@ -14,7 +14,7 @@ from pathlib import Path
 from speed_ladder.errors import UserError
 from speed_ladder.files import portable_path
 from speed_ladder.ladder import Step
-from speed_ladder.measure.rank_memory import PREDICTED_ENV
+from speed_ladder.measure.memory_model import PREDICTED_ENV
 from speed_ladder.records import append_jsonl
 from speed_ladder.store import RUNS, step_records, tmp_path
 from speed_ladder.sweep.child import failure_reason, run_child

@@ -12,7 +12,7 @@ from pathlib import Path
 from speed_ladder import machine
 from speed_ladder.files import shown
 from speed_ladder.measure import cpu_load
-from speed_ladder.measure.profile import profiled_runs
+from speed_ladder.measure.breakdown import profiled_runs
 from speed_ladder.records import append_jsonl, file_sha256, read_jsonl
 from speed_ladder.selection import done_runs, matching
 from speed_ladder.spec import config_of, resolved_config
@@ -97,7 +97,7 @@ def _start(p: Plan, force: bool) -> Progress:
 
 def _before_run(p: Plan, job: Job, wait_s: float | None) -> None:
     """The machine's load (waiting for quiet with --wait-quiet), and the memory prediction (the
-    step does not print it again: rank_memory.PREDICTED_ENV)."""
+    step does not print it again: memory_model.PREDICTED_ENV)."""
     check_s = float(os.environ.get("SPEED_LADDER_CHECK_S", cpu_load.CHECK_S))
     if check_s > 0 and cpu_load.supported():
         measure = lambda: cpu_load.measure_others(check_s)

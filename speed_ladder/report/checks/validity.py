@@ -17,7 +17,7 @@ from pathlib import Path
 
 from speed_ladder import ladder, machine
 from speed_ladder.files import ROOT, portable_path
-from speed_ladder.measure.gpus import lookup
+from speed_ladder.measure.gpu_specs import lookup
 from speed_ladder.spec import config_of
 
 REQUIRED = ("tokens_per_sec", "step_time_ms", "world_size", "batch_size", "context_length",

@@ -35,7 +35,7 @@ import re
 import sys
 from pathlib import Path
 
-from speed_ladder import ladder, outputs
+from speed_ladder import ladder, writable
 from speed_ladder.errors import (
     UserError,
     broken_pipe,
@@ -200,15 +200,15 @@ def _main(argv=None) -> int:
         rebuild_summaries(tags)
     for t in tags:  # every summary readable, every output writable, before anything is drawn
         read_summary(t)
-        outputs.check_dir(t, "results folder")
+        writable.check_dir(t, "results folder")
     local = [t for t in tags if is_within(t, LOCAL_RESULTS)]  # this machine's own: charts only
     tags = [t for t in tags if t not in local]
     readme = not args.no_readme and bool(tags)
     if readme and Path(args.readme).exists():  # a missing README is only a warning
-        outputs.check_file(args.readme, "--readme")
-        outputs.check_file(Path(args.readme).parent / PAGE, "the ladder page")
+        writable.check_file(args.readme, "--readme")
+        writable.check_file(Path(args.readme).parent / PAGE, "the ladder page")
         for t in tags:
-            outputs.check_file(t / TAG_PAGE, "a tag's page")
+            writable.check_file(t / TAG_PAGE, "a tag's page")
     for path in draw_charts(local, []) + (draw_charts(tags) if tags else []):
         print(f"wrote {path}")
     if local:

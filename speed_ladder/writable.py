@@ -1,13 +1,7 @@
-"""Output locations, checked before the work: a step's `--results` file, the sweep's tag folder
-and the files in it, the cache folder.
-
-Each check finds what would make the write at the end fail (a folder where the file should be,
-a file where a folder should be, no permission or a read-only disk, a name the filesystem
-refuses, a full disk) and names it in one line, so that a run fails in its first second rather
-than after an hour of training. None creates what it checks: missing folders are left to the
-writer, and writing is tried with a probe file, created and removed again, in the nearest
-folder that exists (a name the sweep's temporary files never have).
-"""
+"""Whether a path can be written, checked before the work (a step's `--results`, the sweep's tag
+folder and its files, `--trace`, the cache folder): a problem is one line in a run's first
+second, not after an hour of training. Nothing is created: writing is tried with a probe file,
+made and removed again in the nearest folder that exists."""
 
 import errno
 import os
@@ -89,18 +83,9 @@ def _space_problem(folder: Path) -> str | None:
     return None
 
 
-def problem(path, kind: str = "file") -> str | None:
-    """Why a file (`kind="file"`) or a folder (`kind="dir"`) at `path` cannot be written, or
-    None when it can. A folder may be missing (the writer makes it), a file too."""
-    if str(path) == "":
-        return "no name given"
-    path = Path(os.path.abspath(os.path.expanduser(str(path))))
-    try:
-        base, missing = _nearest_existing(path)
-        st = os.stat(base)
-    except OSError as e:
-        return f"cannot look there ({_why(e)})"
-    if not stat.S_ISDIR(st.st_mode) and missing:
+def _name_problem(path: Path, base: Path, base_is_dir: bool, missing: list[str]) -> str | None:
+    """A file in the way of the folders to make, or a path or name too long."""
+    if not base_is_dir and missing:
         return f"{base} is a file, not a folder"
     if len(str(path)) > _path_max(base):
         return f"path too long ({len(str(path))} characters; at most {_path_max(base)})"
@@ -108,42 +93,59 @@ def problem(path, kind: str = "file") -> str | None:
     longest = max((len(n.encode()) for n in missing), default=0)
     if longest > limit:
         return f"name too long ({longest} bytes; at most {limit} per file or folder name)"
-    if not missing:  # it exists
-        if kind == "file":
-            if stat.S_ISDIR(st.st_mode):
-                return "is a folder, not a file"
-            if stat.S_ISREG(st.st_mode):
-                try:
-                    with open(path, "ab"):  # exists: opening to append changes nothing
-                        pass
-                except OSError as e:
-                    return f"cannot write it ({_why(e)})"
-            elif not os.access(path, os.W_OK):  # /dev/null and friends: not opened here
-                return "cannot write it (permission denied)"
-            folder = path.parent
-        else:
-            if not stat.S_ISDIR(st.st_mode):
-                return "is a file, not a folder"
-            folder = path
-            e = probe(folder)
-            if e is not None:
-                return f"cannot write in it ({_why(e)})"
-        return _space_problem(folder) if stat.S_ISREG(st.st_mode) or kind == "dir" else None
+    return None
+
+
+def _file_problem(path: Path, mode: int) -> str | None:
+    """An existing file: opening it to append changes nothing."""
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(mode):  # /dev/null and friends: not opened here
+        return None if os.access(path, os.W_OK) else "cannot write it (permission denied)"
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        return f"cannot write it ({_why(e)})"
+    return _space_problem(path.parent)
+
+
+def _dir_problem(path: Path, mode: int) -> str | None:
+    if not stat.S_ISDIR(mode):
+        return "is a file, not a folder"
+    e = probe(path)
+    return f"cannot write in it ({_why(e)})" if e is not None else _space_problem(path)
+
+
+def why_unwritable(path, kind: str = "file") -> str | None:
+    """Why a file (`kind="file"`) or a folder (`kind="dir"`) at `path` cannot be written, or
+    None when it can. A folder may be missing (the writer makes it), a file too."""
+    if str(path) == "":
+        return "no name given"
+    path = Path(os.path.abspath(os.path.expanduser(str(path))))
+    try:
+        base, missing = _nearest_existing(path)
+        mode = os.stat(base).st_mode
+    except OSError as e:
+        return f"cannot look there ({_why(e)})"
+    why = _name_problem(path, base, stat.S_ISDIR(mode), missing)
+    if why is not None or not missing:
+        return why or (_file_problem if kind == "file" else _dir_problem)(path, mode)
     e = probe(base)
-    if e is not None:
-        return f"cannot write in {base} ({_why(e)})"
-    return _space_problem(base)
+    return f"cannot write in {base} ({_why(e)})" if e is not None else _space_problem(base)
+
+
+def _check(path, what: str, kind: str) -> None:
+    why = why_unwritable(path, kind)
+    if why:
+        raise UserError(f"{what} {str(path) or repr('')}: {why}")
 
 
 def check_file(path, what: str) -> None:
     """A file that will be written (appended to or replaced) at the end; UserError if it can't."""
-    why = problem(path, "file")
-    if why:
-        raise UserError(f"{what} {str(path) or repr('')}: {why}")
+    _check(path, what, "file")
 
 
 def check_dir(path, what: str) -> None:
     """A folder files will be written into; UserError if they can't."""
-    why = problem(path, "dir")
-    if why:
-        raise UserError(f"{what} {str(path) or repr('')}: {why}")
+    _check(path, what, "dir")

@@ -1,4 +1,4 @@
-"""speed_ladder.measure.gpus: every GPU of REQUIRED resolves to its datasheet figure, and no
+"""speed_ladder.measure.gpu_specs: every GPU of REQUIRED resolves to its datasheet figure, and no
 other.
 
 The names are torch.cuda.get_device_name() strings as public code and reports print them:
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from speed_ladder.measure import gpus
+from speed_ladder.measure import gpu_specs
 
 
 def _samples() -> list[tuple]:
@@ -46,31 +46,35 @@ REQUIRED = {
 def test_each_gpu_resolves_to_its_figure_through_exactly_one_row(
     name, sms, tflops, precision, label
 ):
-    rows = [r.label for r in gpus.GPU_PEAKS if gpus.re.search(r.pattern, name, gpus.re.I)]
+    rows = [
+        r.label for r in gpu_specs.GPU_PEAKS if gpu_specs.re.search(r.pattern, name, gpu_specs.re.I)
+    ]
     assert rows == [label]  # specificity does not hang on the table's order
-    peak = gpus.lookup(name, sms)
+    peak = gpu_specs.lookup(name, sms)
     assert (peak.flops, peak.precision, peak.label) == (
         pytest.approx(tflops * 1e12),
         precision,
         label,
     )
-    flops, desc = gpus.peak_flops(name, sms)
+    flops, desc = gpu_specs.peak_flops(name, sms)
     assert flops == pytest.approx(tflops * 1e12)
     assert name in desc and label in desc and f"{tflops:.1f} TFLOP/s" in desc
     assert f"dense {precision}" in desc and "http" in desc
 
 
 def test_every_required_gpu_has_a_row_and_a_sample():
-    assert REQUIRED <= {r.label for r in gpus.GPU_PEAKS}
+    assert REQUIRED <= {r.label for r in gpu_specs.GPU_PEAKS}
     assert REQUIRED <= {s[4] for s in SAMPLES}
 
 
 def test_every_row_is_complete_and_sourced():
-    assert {r.label for r in gpus.GPU_PEAKS} == {s[4] for s in SAMPLES}  # a sample for each row
-    for row in gpus.GPU_PEAKS:
+    assert {r.label for r in gpu_specs.GPU_PEAKS} == {
+        s[4] for s in SAMPLES
+    }  # a sample for each row
+    for row in gpu_specs.GPU_PEAKS:
         assert row.source.strip() and "http" in row.source, row.label
         assert row.precision in ("bf16", "fp16") and row.tflops > 0 and row.sms > 0, row.label
-        assert len(row.label) > 1 and gpus.re.compile(row.pattern)
+        assert len(row.label) > 1 and gpu_specs.re.compile(row.pattern)
 
 
 @pytest.mark.parametrize(
@@ -92,7 +96,7 @@ def test_every_row_is_complete_and_sourced():
     ],
 )
 def test_similar_names_are_told_apart(name, label):
-    assert gpus.lookup(name).label == label
+    assert gpu_specs.lookup(name).label == label
 
 
 @pytest.mark.parametrize(
@@ -111,24 +115,24 @@ def test_similar_names_are_told_apart(name, label):
     ],
 )
 def test_an_unknown_gpu_gets_no_peak_and_a_note_on_how_to_add_it(name):
-    assert gpus.lookup(name) is None
-    flops, note = gpus.peak_flops(name, 100)
+    assert gpu_specs.lookup(name) is None
+    flops, note = gpu_specs.peak_flops(name, 100)
     assert flops is None
     assert repr(name) in note and "MFU left empty" in note
-    assert "add a row to GPU_PEAKS in speed_ladder/measure/gpus.py" in note and "sparsity" in note
+    assert "add a row to speed_ladder/data/gpu_peaks.csv" in note and "sparsity" in note
 
 
 def test_the_h100_sxm_is_the_datasheets_sparse_figure_halved():
-    assert gpus.lookup("NVIDIA H100 80GB HBM3").flops == 1979e12 / 2
-    assert "with sparsity" in gpus.lookup("NVIDIA H100 80GB HBM3").source
-    assert "taken as SXM" in gpus.peak_flops("NVIDIA H100")[1]
+    assert gpu_specs.lookup("NVIDIA H100 80GB HBM3").flops == 1979e12 / 2
+    assert "with sparsity" in gpu_specs.lookup("NVIDIA H100 80GB HBM3").source
+    assert "taken as SXM" in gpu_specs.peak_flops("NVIDIA H100")[1]
 
 
 @pytest.mark.parametrize("name", ["Tesla V100-SXM2-16GB", "Tesla V100-PCIE-32GB", "Tesla T4"])
 def test_v100_and_t4_use_their_fp16_peak_and_say_so(name):
-    peak = gpus.lookup(name)
+    peak = gpu_specs.lookup(name)
     assert peak.precision == "fp16" and "no bf16 tensor cores" in peak.note
-    _, desc = gpus.peak_flops(name)
+    _, desc = gpu_specs.peak_flops(name)
     assert "dense fp16" in desc and "no bf16 tensor cores" in desc
 
 
@@ -144,7 +148,7 @@ def test_v100_and_t4_use_their_fp16_peak_and_say_so(name):
     ],
 )
 def test_a_mig_slice_gets_its_share_of_the_peak_and_is_named_a_slice(name, sms, full, full_sms):
-    flops, desc = gpus.peak_flops(name, sms)
+    flops, desc = gpu_specs.peak_flops(name, sms)
     assert flops == pytest.approx(full * 1e12 * sms / full_sms)
     assert flops < full * 1e12
     profile = name.split("MIG")[1].strip(" -")
@@ -153,9 +157,9 @@ def test_a_mig_slice_gets_its_share_of_the_peak_and_is_named_a_slice(name, sms, 
 
 def test_a_mig_slice_without_its_sm_count_gets_no_peak():
     for sms in (None, 0):
-        peak = gpus.lookup("NVIDIA A100-SXM4-40GB MIG 1g.5gb", sms)
+        peak = gpu_specs.lookup("NVIDIA A100-SXM4-40GB MIG 1g.5gb", sms)
         assert peak.flops is None and peak.label == "MIG slice 1g.5gb of an A100 SXM"
-        flops, note = gpus.peak_flops("NVIDIA A100-SXM4-40GB MIG 1g.5gb", sms)
+        flops, note = gpu_specs.peak_flops("NVIDIA A100-SXM4-40GB MIG 1g.5gb", sms)
         assert flops is None and "MIG slice" in note and "SM count" in note
         assert "MFU left empty" in note
 
@@ -163,22 +167,22 @@ def test_a_mig_slice_without_its_sm_count_gets_no_peak():
 def test_amd_partitions_and_shared_names_scale_by_compute_units():
     # ROCm names both products "MI250X/MI250"; an MI250 GCD has 104 CUs, and AMD's MI250 figure
     # (362.1 per module) halves to exactly the scaled value
-    flops, desc = gpus.peak_flops("AMD Instinct MI250X/MI250", 104)
+    flops, desc = gpu_specs.peak_flops("AMD Instinct MI250X/MI250", 104)
     assert flops == pytest.approx(181.05e12, rel=1e-4) and "104 of the 110 CUs" in desc
     # an MI300X in CPX mode shows up as 8 devices of 38 CUs
-    assert gpus.peak_flops("AMD Instinct MI300X", 38)[0] == pytest.approx(1307.4e12 / 8)
+    assert gpu_specs.peak_flops("AMD Instinct MI300X", 38)[0] == pytest.approx(1307.4e12 / 8)
 
 
 def test_a_device_with_more_sms_than_its_row_keeps_the_datasheet_peak_and_says_so():
-    flops, desc = gpus.peak_flops("NVIDIA A10", 80)
+    flops, desc = gpu_specs.peak_flops("NVIDIA A10", 80)
     assert flops == 125e12 and "check the row" in desc
 
 
 def test_a_generic_rocm_name_is_recognised_by_arch_and_cu_count():
-    flops, desc = gpus.peak_flops("AMD Radeon Graphics", 304, "gfx942:sramecc+:xnack-")
+    flops, desc = gpu_specs.peak_flops("AMD Radeon Graphics", 304, "gfx942:sramecc+:xnack-")
     assert flops == pytest.approx(1307.4e12) and "MI300X" in desc and "gfx942" in desc
-    assert gpus.peak_flops("AMD Radeon Graphics", 228, "gfx942")[0] is None  # MI300A: unknown
-    assert gpus.peak_flops("AMD Radeon Graphics", 110, "gfx90a")[0] == pytest.approx(191.5e12)
+    assert gpu_specs.peak_flops("AMD Radeon Graphics", 228, "gfx942")[0] is None  # MI300A: unknown
+    assert gpu_specs.peak_flops("AMD Radeon Graphics", 110, "gfx90a")[0] == pytest.approx(191.5e12)
 
 
 @pytest.mark.parametrize(
@@ -187,7 +191,7 @@ def test_a_generic_rocm_name_is_recognised_by_arch_and_cu_count():
      ((9, 0), True), ((10, 0), True), ((12, 0), True)],
 )  # fmt: skip
 def test_native_bf16_is_compute_capability_8_or_newer(cc, native):
-    ok, why = gpus.has_native_bf16(*cc)
+    ok, why = gpu_specs.has_native_bf16(*cc)
     assert ok is native and f"{cc[0]}.{cc[1]}" in why
     if not native:
         assert "emulated" in why and "is_bf16_supported" in why
@@ -199,7 +203,7 @@ def test_native_bf16_is_compute_capability_8_or_newer(cc, native):
      ("gfx908", True), ("gfx1100", True), ("gfx906:sramecc+:xnack-", False), (None, False)],
 )  # fmt: skip
 def test_rocm_decides_bf16_from_the_arch_not_torch_major_minor(arch, native):
-    ok, why = gpus.has_native_bf16(9, 4, is_rocm=True, arch=arch)  # torch says 9.x for gfx9
+    ok, why = gpu_specs.has_native_bf16(9, 4, is_rocm=True, arch=arch)  # torch says 9.x for gfx9
     assert ok is native and "ROCm" in why
     if not native:
         assert "is_bf16_supported" in why
@@ -209,13 +213,13 @@ def test_wiring_helpers_take_device_properties():
     mig = SimpleNamespace(
         name="NVIDIA H100 80GB HBM3 MIG 1g.10gb", multi_processor_count=16, major=9, minor=0
     )
-    assert gpus.peak_for(mig)[0] == pytest.approx(989.5e12 * 16 / 132)
-    assert gpus.bf16_for(mig, is_rocm=False)[0] is True
+    assert gpu_specs.peak_for(mig)[0] == pytest.approx(989.5e12 * 16 / 132)
+    assert gpu_specs.bf16_for(mig, is_rocm=False)[0] is True
     t4 = SimpleNamespace(name="Tesla T4", multi_processor_count=40, major=7, minor=5)
-    assert gpus.peak_for(t4)[0] == 65e12 and gpus.bf16_for(t4, is_rocm=False)[0] is False
+    assert gpu_specs.peak_for(t4)[0] == 65e12 and gpu_specs.bf16_for(t4, is_rocm=False)[0] is False
     mi = SimpleNamespace(
         name="AMD Radeon Graphics", multi_processor_count=304, major=9, minor=4,
         gcnArchName="gfx942:sramecc+:xnack-",
     )  # fmt: skip
-    assert gpus.peak_for(mi)[0] == pytest.approx(1307.4e12)
-    assert gpus.bf16_for(mi, is_rocm=True)[0] is True
+    assert gpu_specs.peak_for(mi)[0] == pytest.approx(1307.4e12)
+    assert gpu_specs.bf16_for(mi, is_rocm=True)[0] is True
